@@ -1,0 +1,66 @@
+/**
+ * Shared types of the API: the dependencies every route reaches through `app.deps`, the authenticated
+ * principal on `request.principal`, and the per-route config keys the plugins read.
+ */
+import type { Pool } from 'pg';
+import type { Client } from '@temporalio/client';
+import type { Config } from '../config/env';
+import type { BlobStore } from '../storage/blob';
+import type { Scope } from '../domain/scopes';
+
+export interface AppDeps {
+  cfg: Config;
+  db: Pool;
+  blob: BlobStore;
+  temporal: Client;
+}
+
+/** A user acting through an API key (session and ID-token credentials arrive with the key lifecycle). */
+export interface UserPrincipal {
+  kind: 'user';
+  userId: string;
+  email: string;
+  role: 'member' | 'admin' | 'superadmin';
+  /** null when authenticated by session or ID token. */
+  key: null | {
+    keyId: string;
+    name: string;
+    keyPrefix: string;
+    scopes: Scope[];
+    environment: 'live' | 'test';
+    expiresAt: number | null;
+    lastUsedAt: number | null;
+    isLegacy: boolean;
+    primarySiteId: string | null;
+  };
+}
+
+/** A machine's agent acting through its `sat_` agent token. */
+export interface AgentPrincipal {
+  kind: 'agent';
+  siteId: string;
+  machineId: string;
+}
+
+export type Principal = UserPrincipal | AgentPrincipal;
+
+/** Which credentials a route accepts. Default: 'user'. */
+export type AuthMode = 'none' | 'user' | 'agent' | 'userOrAgent';
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    deps: AppDeps;
+  }
+  interface FastifyRequest {
+    principal?: Principal;
+    /** Set by the idempotency plugin while a keyed mutation runs. */
+    idempotency?: { keyHash: string };
+  }
+  interface FastifyContextConfig {
+    auth?: AuthMode;
+    /** Idempotency-Key: required, optional (honoured when sent) or ignored (the default). */
+    idempotency?: 'required' | 'optional' | 'ignored';
+    /** Accept `?api_key=` (event-stream style clients). `x-api-key` is accepted everywhere keys are. */
+    allowQueryKey?: boolean;
+  }
+}

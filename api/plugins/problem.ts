@@ -1,0 +1,74 @@
+/**
+ * Renders every failure once as `application/problem+json` (SPEC.md "Errors"): type, title, status,
+ * detail, code, docsUrl, requestId (+ `X-Request-Id`), and optional param / errors / route extras.
+ * Schema validation failures become `validation_failed` with an `errors` map keyed by dotted paths.
+ */
+import fp from 'fastify-plugin';
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { ApiError, titleFor } from '../../domain/errors';
+
+/** Dotted path of an ajv error: `/files/0/path` → `files.0.path`; a missing property names itself. */
+function dottedPath(prefix: string | undefined, e: { instancePath?: string; params?: Record<string, unknown>; keyword?: string }): string {
+  const parts = (e.instancePath ?? '').split('/').filter(Boolean);
+  if (e.keyword === 'required' && typeof e.params?.missingProperty === 'string') parts.push(e.params.missingProperty);
+  if (e.keyword === 'additionalProperties' && typeof e.params?.additionalProperty === 'string') parts.push(e.params.additionalProperty);
+  const where = prefix && prefix !== 'body' ? [prefix, ...parts] : parts;
+  return where.join('.') || prefix || 'body';
+}
+
+/** Maps any thrown value to an ApiError. */
+export function toApiError(err: unknown): ApiError {
+  if (err instanceof ApiError) return err;
+  const fe = err as FastifyError & { validation?: any[]; validationContext?: string };
+  if (fe && Array.isArray(fe.validation)) {
+    const map: Record<string, string[]> = {};
+    for (const v of fe.validation) {
+      const key = dottedPath(fe.validationContext, v);
+      (map[key] ??= []).push(v.message ?? 'invalid');
+    }
+    const first = Object.keys(map)[0];
+    return new ApiError('validation_failed', `${fe.validationContext ?? 'request'} is invalid: ${first} ${map[first]?.[0] ?? ''}`.trim(), {
+      extras: { errors: map, param: first },
+    });
+  }
+  switch (fe?.code) {
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new ApiError('payload_too_large', 'request body is over this endpoint\'s limit');
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return new ApiError('validation_failed', 'unsupported Content-Type; send application/json', { status: 415 });
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return new ApiError('validation_failed', 'body must not be empty with Content-Type application/json');
+    case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
+      return new ApiError('validation_failed', 'invalid Content-Length');
+  }
+  if (fe instanceof SyntaxError || (fe as { statusCode?: number })?.statusCode === 400) {
+    return new ApiError('validation_failed', `malformed request: ${fe.message}`);
+  }
+  return new ApiError('internal_error', 'an unexpected error occurred', { status: 500 });
+}
+
+/** Sends a problem document for `err` on `reply`. */
+export function sendProblem(request: FastifyRequest, reply: FastifyReply, err: ApiError): FastifyReply {
+  const base = request.server.deps?.cfg.publicUrl ?? '';
+  const body: Record<string, unknown> = {
+    type: `${base}/problems/${err.code.replace(/_/g, '-')}`,
+    title: titleFor(err.code),
+    status: err.status,
+    detail: err.detail,
+    code: err.code,
+    docsUrl: `${base}/docs#error-${err.code}`,
+    requestId: request.id,
+    ...err.extras,
+  };
+  for (const [k, v] of Object.entries(err.headers)) reply.header(k, v);
+  return reply.code(err.status).type('application/problem+json').send(body);
+}
+
+export default fp(async function problemPlugin(app: FastifyInstance) {
+  app.setErrorHandler((error, request, reply) => {
+    const apiErr = toApiError(error);
+    if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
+    return sendProblem(request, reply, apiErr);
+  });
+  app.setNotFoundHandler((request, reply) => sendProblem(request, reply, new ApiError('not_found', `no route ${request.method} ${request.url.split('?')[0]}`)));
+});

@@ -1,0 +1,111 @@
+/**
+ * Configuration, read once from the environment through a TypeBox schema (DESIGN.md: only configuration
+ * differs between the embedded default and production, never code paths).
+ *
+ * Call `loadConfig()` at process start; nothing reads the environment at module load.
+ */
+import path from 'node:path';
+import { Type, Static } from '@sinclair/typebox';
+import { Value } from '@sinclair/typebox/value';
+
+const Port = Type.Integer({ minimum: 1, maximum: 65535 });
+
+export const EnvSchema = Type.Object({
+  /** Folder holding every piece of local state (PostgreSQL cluster, Azurite files, Temporal SQLite, tools). */
+  ROOST_DATA_DIR: Type.String({ default: path.resolve(__dirname, '..', '.data') }),
+  /** Port the API listens on. */
+  ROOST_API_PORT: Type.Integer({ minimum: 0, maximum: 65535, default: 8080 }),
+  /** Host the API binds to. */
+  ROOST_API_HOST: Type.String({ default: '127.0.0.1' }),
+  /** Public base URL of the API, used in problem `type` URIs and docs links. Defaults to http://ROOST_API_HOST:ROOST_API_PORT. */
+  ROOST_PUBLIC_URL: Type.Optional(Type.String()),
+  /** PostgreSQL/CockroachDB connection string. When unset the embedded cluster on ROOST_PG_PORT is used. */
+  DATABASE_URL: Type.Optional(Type.String()),
+  /** Port of the embedded PostgreSQL cluster. */
+  ROOST_PG_PORT: Port,
+  /** Database name on the embedded cluster. */
+  ROOST_PG_DATABASE: Type.String({ default: 'roost' }),
+  /** Azure Storage connection string (shared key). When unset and AZURE_STORAGE_ACCOUNT_URL is unset, the embedded Azurite is used. */
+  AZURE_STORAGE_CONNECTION_STRING: Type.Optional(Type.String()),
+  /** Azure Storage account URL for Entra ID (DefaultAzureCredential) with user-delegation SAS. */
+  AZURE_STORAGE_ACCOUNT_URL: Type.Optional(Type.String()),
+  /** Port of the embedded Azurite blob service. */
+  ROOST_AZURITE_PORT: Port,
+  /** Temporal frontend address host:port. */
+  TEMPORAL_ADDRESS: Type.Optional(Type.String()),
+  /** Temporal namespace. */
+  TEMPORAL_NAMESPACE: Type.String({ default: 'default' }),
+  /** Port of the embedded Temporal dev server frontend. */
+  ROOST_TEMPORAL_PORT: Port,
+  /** Port of the embedded Temporal Web UI. */
+  ROOST_TEMPORAL_UI_PORT: Port,
+  /** Base URL of the Temporal Web UI (for workflow links). Defaults to the embedded UI. */
+  TEMPORAL_UI_URL: Type.Optional(Type.String()),
+  /** Task queue served by the worker. */
+  ROOST_TASK_QUEUE: Type.String({ default: 'roost' }),
+  /** Seconds without a heartbeat after which a machine counts as offline. */
+  ROOST_HEARTBEAT_STALE_SECONDS: Type.Integer({ minimum: 5, default: 90 }),
+  /** Log level for the API (pino levels). */
+  ROOST_LOG_LEVEL: Type.String({ default: 'warn' }),
+});
+
+export type Env = Static<typeof EnvSchema>;
+
+/** Resolved configuration: the raw env plus derived connection settings. */
+export interface Config extends Env {
+  databaseUrl: string;
+  temporalAddress: string;
+  temporalUiUrl: string;
+  publicUrl: string;
+  /** Embedded default: true when this process (or `roost stack`) owns the local services. */
+  embedded: { postgres: boolean; azurite: boolean; temporal: boolean };
+}
+
+const DEFAULT_PORTS = {
+  ROOST_PG_PORT: 55432,
+  ROOST_AZURITE_PORT: 10000,
+  ROOST_TEMPORAL_PORT: 7233,
+  ROOST_TEMPORAL_UI_PORT: 8233,
+};
+
+/**
+ * Reads and validates the environment. Throws an Error naming each invalid variable.
+ * @param source defaults to process.env; tests pass overrides.
+ */
+export function loadConfig(source: NodeJS.ProcessEnv = process.env): Config {
+  const raw: Record<string, unknown> = { ...DEFAULT_PORTS };
+  for (const key of Object.keys(EnvSchema.properties)) {
+    const v = source[key];
+    if (v !== undefined && v !== '') raw[key] = v;
+  }
+  const withDefaults = Value.Default(EnvSchema, raw);
+  const converted = Value.Convert(EnvSchema, withDefaults);
+  const errors = [...Value.Errors(EnvSchema, converted)];
+  if (errors.length > 0) {
+    throw new Error(`invalid configuration: ${errors.map((e) => `${e.path.slice(1)} ${e.message}`).join('; ')}`);
+  }
+  const env = converted as Env;
+  const databaseUrl = env.DATABASE_URL ?? `postgres://roost@127.0.0.1:${env.ROOST_PG_PORT}/${env.ROOST_PG_DATABASE}`;
+  const temporalAddress = env.TEMPORAL_ADDRESS ?? `127.0.0.1:${env.ROOST_TEMPORAL_PORT}`;
+  return {
+    ...env,
+    databaseUrl,
+    temporalAddress,
+    temporalUiUrl: env.TEMPORAL_UI_URL ?? `http://127.0.0.1:${env.ROOST_TEMPORAL_UI_PORT}`,
+    publicUrl: env.ROOST_PUBLIC_URL ?? `http://${env.ROOST_API_HOST}:${env.ROOST_API_PORT}`,
+    embedded: {
+      postgres: env.DATABASE_URL === undefined,
+      azurite: env.AZURE_STORAGE_CONNECTION_STRING === undefined && env.AZURE_STORAGE_ACCOUNT_URL === undefined,
+      temporal: env.TEMPORAL_ADDRESS === undefined,
+    },
+  };
+}
+
+/** Azurite's well-known development account (public, documented by Microsoft). */
+export const AZURITE_ACCOUNT = 'devstoreaccount1';
+export const AZURITE_KEY = 'Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==';
+
+/** Connection string of the embedded Azurite blob endpoint. */
+export function azuriteConnectionString(port: number): string {
+  return `DefaultEndpointsProtocol=http;AccountName=${AZURITE_ACCOUNT};AccountKey=${AZURITE_KEY};BlobEndpoint=http://127.0.0.1:${port}/${AZURITE_ACCOUNT};`;
+}

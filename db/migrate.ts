@@ -1,0 +1,35 @@
+/**
+ * Applies db/migrations/NNN_name.sql in order, once each, recording them in schema_migrations.
+ * Each file runs in its own transaction; a failing migration aborts with its error (never swallowed).
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { Pool } from 'pg';
+
+export const MIGRATIONS_DIR = path.join(__dirname, 'migrations');
+
+/** Applies pending migrations; returns the names applied in this call. */
+export async function migrate(pool: Pool): Promise<string[]> {
+  await pool.query(`CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`);
+  const done = new Set((await pool.query<{ name: string }>('SELECT name FROM schema_migrations')).rows.map((r) => r.name));
+  const files = fs.readdirSync(MIGRATIONS_DIR).filter((f) => /^\d+_.*\.sql$/.test(f)).sort();
+  const applied: string[] = [];
+  for (const file of files) {
+    if (done.has(file)) continue;
+    const sql = fs.readFileSync(path.join(MIGRATIONS_DIR, file), 'utf8');
+    const client = await pool.connect();
+    try {
+      await client.query('BEGIN');
+      await client.query(sql);
+      await client.query('INSERT INTO schema_migrations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING', [file]);
+      await client.query('COMMIT');
+      applied.push(file);
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      throw new Error(`migration ${file} failed: ${(err as Error).message}`);
+    } finally {
+      client.release();
+    }
+  }
+  return applied;
+}

@@ -1,0 +1,110 @@
+/**
+ * The one error type of the service (SPEC.md "Errors"). Thrown from anywhere (routes, repositories,
+ * plugins) and rendered once by api/plugins/problem.ts as `application/problem+json`.
+ */
+
+/** Every stable error code of SPEC.md with its HTTP status. Route-specific codes are added here too. */
+export const ERROR_STATUS = {
+  unauthorized: 401,
+  token_expired: 401,
+  forbidden: 403,
+  scope_insufficient: 403,
+  not_found: 404,
+  gone: 410,
+  version_not_found: 404,
+  validation_failed: 400,
+  unsupported_version: 400,
+  forbidden_field: 400,
+  version_ref_malformed: 400,
+  version_content_immutable: 400,
+  rollback_no_op: 400,
+  idempotency_key_required: 400,
+  idempotency_key_invalid: 400,
+  idempotency_key_mismatch: 422,
+  idempotency_key_in_use: 409,
+  precondition_failed: 412,
+  version_stale: 412,
+  conflict: 409,
+  machine_offline: 409,
+  payload_too_large: 413,
+  over_quota: 413,
+  quota_exceeded: 402,
+  rate_limited: 429,
+  cortex_unavailable: 503,
+  service_unavailable: 503,
+  internal_error: 500,
+  deployment_in_flight: 409,
+  last_superadmin: 409,
+  orphan_sites: 409,
+  unknown_site: 400,
+  successor_invalid: 400,
+  duplicate_process_name: 409,
+  process_not_found: 404,
+  unsupported_command_type: 400,
+} as const;
+
+export type ErrorCode = keyof typeof ERROR_STATUS;
+
+const TITLES: Partial<Record<ErrorCode, string>> = {
+  unauthorized: 'Unauthorized',
+  token_expired: 'Token expired',
+  forbidden: 'Forbidden',
+  scope_insufficient: 'Scope insufficient',
+  not_found: 'Not found',
+  version_not_found: 'Version not found',
+  validation_failed: 'Validation failed',
+  internal_error: 'Internal error',
+  conflict: 'Conflict',
+  precondition_failed: 'Precondition failed',
+  version_stale: 'Version stale',
+};
+
+/** Title for a code: a fixed title where one is set, otherwise the code in sentence case. */
+export function titleFor(code: string): string {
+  const t = TITLES[code as ErrorCode];
+  if (t) return t;
+  const words = code.replace(/_/g, ' ');
+  return words.charAt(0).toUpperCase() + words.slice(1);
+}
+
+/**
+ * A client-visible failure. `extras` are merged into the problem body (for example `missingChunks`,
+ * `required`, `sent`/`supported`, `quota`); `errors` is the dotted-path map of validation messages.
+ */
+export class ApiError extends Error {
+  readonly code: string;
+  readonly status: number;
+  readonly detail: string;
+  readonly extras: Record<string, unknown>;
+  readonly headers: Record<string, string>;
+
+  constructor(
+    code: ErrorCode | string,
+    detail: string,
+    opts: { status?: number; extras?: Record<string, unknown>; headers?: Record<string, string> } = {},
+  ) {
+    super(detail);
+    this.name = 'ApiError';
+    this.code = code;
+    this.status = opts.status ?? (ERROR_STATUS as Record<string, number>)[code] ?? 400;
+    this.detail = detail;
+    this.extras = opts.extras ?? {};
+    this.headers = opts.headers ?? {};
+  }
+}
+
+/** Shorthand constructors for the most common failures. */
+export const errors = {
+  validation(detail: string, fieldErrors?: Record<string, string[]>, param?: string): ApiError {
+    const extras: Record<string, unknown> = {};
+    if (fieldErrors) extras.errors = fieldErrors;
+    if (param) extras.param = param;
+    return new ApiError('validation_failed', detail, { extras });
+  },
+  notFound(what = 'resource'): ApiError {
+    return new ApiError('not_found', `${what} not found`);
+  },
+  conflict(detail: string): ApiError {
+    return new ApiError('conflict', detail);
+  },
+};

@@ -1,0 +1,115 @@
+/**
+ * Version body rules (SPEC.md "Version body", "File entry", "Chunk reference", "Version id").
+ * Pure: no I/O. The version id is SHA-256 hex of the RFC 8785 (JCS) canonical JSON of the body exactly
+ * as received, extra keys included (DESIGN.md decision), computed with the maintained `canonicalize`.
+ */
+import canonicalize from 'canonicalize';
+import { isSha256Hex, sha256Hex } from './hex';
+
+export const CHUNK_SIZE = 4194304;
+export const VERSION_SCHEMA_VERSION = 2;
+export const VERSION_MEDIA_TYPE = 'application/vnd.svc.version.v1+json';
+
+export interface ChunkRef {
+  hash: string;
+  size: number;
+}
+export interface FileEntry {
+  path: string;
+  size: number;
+  chunks: ChunkRef[];
+}
+export interface VersionBody {
+  schemaVersion: 2;
+  mediaType: string;
+  config: Record<string, unknown>;
+  files: FileEntry[];
+  [extra: string]: unknown;
+}
+
+/** RFC 8785 canonical JSON text of a value. Throws TypeError on values JSON cannot carry. */
+export function canonicalJson(value: unknown): string {
+  const text = canonicalize(value);
+  if (text === undefined) throw new TypeError('value has no canonical JSON form');
+  return text;
+}
+
+/** versionId: SHA-256 hex (64 chars) of the canonical JSON of the version body. */
+export function computeVersionId(body: unknown): string {
+  return sha256Hex(canonicalJson(body));
+}
+
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** True for a non-empty, forward-slash, relative path with no `.`/`..`/empty segments, backslashes or drive letters. */
+export function isSafeRelativePath(p: string): boolean {
+  if (p.length === 0 || p.length > 1024) return false;
+  if (p.startsWith('/') || p.includes('\\') || p.includes('\0') || /^[A-Za-z]:/.test(p)) return false;
+  return p.split('/').every((seg) => seg !== '' && seg !== '.' && seg !== '..');
+}
+
+/**
+ * Validates a version body. Returns a map from dotted path (e.g. `version.files.3.chunks.0.hash`) to
+ * messages, or null when valid. `prefix` is prepended to every path.
+ */
+export function validateVersionBody(body: unknown, prefix = 'version'): Record<string, string[]> | null {
+  const errs: Record<string, string[]> = {};
+  const add = (path: string, msg: string) => {
+    const key = `${prefix}${path ? '.' + path : ''}`;
+    (errs[key] ??= []).push(msg);
+  };
+  if (!isPlainObject(body)) {
+    add('', 'must be an object');
+    return errs;
+  }
+  if (body.schemaVersion !== VERSION_SCHEMA_VERSION) add('schemaVersion', 'must be exactly 2');
+  if (body.mediaType !== VERSION_MEDIA_TYPE) add('mediaType', `must be exactly ${VERSION_MEDIA_TYPE}`);
+  if (!isPlainObject(body.config)) add('config', 'must be a JSON object');
+  if (!Array.isArray(body.files)) {
+    add('files', 'must be an array');
+  } else if (body.files.length === 0) {
+    add('files', 'must not be empty');
+  } else {
+    const seen = new Set<string>();
+    body.files.forEach((f: unknown, i: number) => {
+      const at = `files.${i}`;
+      if (!isPlainObject(f)) return add(at, 'must be an object');
+      if (typeof f.path !== 'string' || !isSafeRelativePath(f.path)) {
+        add(`${at}.path`, 'must be a non-empty forward-slash relative path');
+      } else if (seen.has(f.path)) {
+        add(`${at}.path`, 'duplicate path');
+      } else seen.add(f.path);
+      if (typeof f.size !== 'number' || !Number.isSafeInteger(f.size) || f.size < 0) add(`${at}.size`, 'must be a non-negative integer');
+      if (!Array.isArray(f.chunks)) return add(`${at}.chunks`, 'must be an array');
+      const n = f.chunks.length;
+      f.chunks.forEach((c: unknown, j: number) => {
+        const cat = `${at}.chunks.${j}`;
+        if (!isPlainObject(c)) return add(cat, 'must be an object');
+        if (!isSha256Hex(c.hash)) add(`${cat}.hash`, 'must be lowercase bare SHA-256 hex (64 chars)');
+        const s = c.size;
+        if (typeof s !== 'number' || !Number.isSafeInteger(s) || s <= 0) add(`${cat}.size`, 'must be a positive integer');
+        else if (j < n - 1 && s !== CHUNK_SIZE) add(`${cat}.size`, `every chunk but the last must be exactly ${CHUNK_SIZE} bytes`);
+        else if (s > CHUNK_SIZE) add(`${cat}.size`, `must be at most ${CHUNK_SIZE} bytes`);
+      });
+      if (f.size === 0 && n !== 0) add(`${at}.chunks`, 'a zero-byte file has no chunks');
+      if (typeof f.size === 'number' && f.size > 0 && n === 0) add(`${at}.chunks`, 'a non-empty file needs chunks');
+    });
+  }
+  return Object.keys(errs).length ? errs : null;
+}
+
+/** Summary figures of a valid body: total bytes (sum of file sizes) and file count. */
+export function summarize(body: VersionBody): { totalSize: number; totalFiles: number } {
+  let totalSize = 0;
+  for (const f of body.files) totalSize += f.size;
+  return { totalSize, totalFiles: body.files.length };
+}
+
+/** Distinct chunk references of a body, each hash once with its size. */
+export function distinctChunks(body: VersionBody): ChunkRef[] {
+  const m = new Map<string, number>();
+  for (const f of body.files) for (const c of f.chunks) m.set(c.hash, c.size);
+  return [...m].map(([hash, size]) => ({ hash, size }));
+}

@@ -1,0 +1,13 @@
+/** Jest runs TypeScript through SWC; the services (PostgreSQL, Azurite, Temporal) are started once in globalSetup. */
+const swc = ['@swc/jest', { jsc: { target: 'es2022', parser: { syntax: 'typescript' } }, module: { type: 'commonjs' } }];
+module.exports = {
+  testEnvironment: 'node',
+  // A few dependencies ship ESM only; SWC turns them into CommonJS for Jest on Node 20.
+  transform: { '^.+\\.ts$': swc, '^.+\\.m?js$': ['@swc/jest', { jsc: { target: 'es2022' }, module: { type: 'commonjs' } }] },
+  transformIgnorePatterns: ['/node_modules/(?!(.*/)?(cookie|set-cookie-parser)/)'],
+  testMatch: ['<rootDir>/test/**/*.test.ts'],
+  globalSetup: '<rootDir>/test/support/global-setup.ts',
+  globalTeardown: '<rootDir>/test/support/global-teardown.ts',
+  testTimeout: 120000,
+  maxWorkers: 2,
+};

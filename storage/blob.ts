@@ -1,0 +1,152 @@
+/**
+ * Azure Blob access (DESIGN.md "Blob layout"): chunks per site under `sites/{siteId}/chunks/{hash}` in the
+ * `chunks` container, version bodies in `versions`, screenshots and installers in their own containers.
+ * SAS URLs are per blob and least privilege: upload URLs may only create/write that one blob (60 min),
+ * download URLs may only read it (15 min). Shared-key signing is used with a connection string (Azurite,
+ * or an account key); with Entra ID (`AZURE_STORAGE_ACCOUNT_URL` + DefaultAzureCredential) URLs are signed
+ * with a user delegation key.
+ */
+import {
+  BlobSASPermissions,
+  BlobServiceClient,
+  ContainerClient,
+  SASProtocol,
+  StorageSharedKeyCredential,
+  UserDelegationKey,
+  generateBlobSASQueryParameters,
+} from '@azure/storage-blob';
+import { DefaultAzureCredential } from '@azure/identity';
+import { Config, azuriteConnectionString } from '../config/env';
+
+export const CONTAINERS = { chunks: 'chunks', versions: 'versions', screenshots: 'screenshots', installers: 'installers' } as const;
+
+/** SAS lifetimes in ms (SPEC.md Limits). */
+export const UPLOAD_URL_TTL_MS = 60 * 60 * 1000;
+export const DOWNLOAD_URL_TTL_MS = 15 * 60 * 1000;
+
+export function chunkBlobName(siteId: string, hash: string): string {
+  return `sites/${siteId}/chunks/${hash}`;
+}
+export function versionBlobName(siteId: string, roostId: string, versionId: string): string {
+  return `sites/${siteId}/roosts/${roostId}/versions/${versionId}.json`;
+}
+
+/** A signed URL and its expiry (epoch ms). */
+export interface SignedUrl {
+  url: string;
+  expiresAt: number;
+}
+
+export class BlobStore {
+  private delegationKey?: { key: UserDelegationKey; expiresOn: number };
+
+  private constructor(
+    readonly service: BlobServiceClient,
+    private readonly sharedKey: StorageSharedKeyCredential | undefined,
+    private readonly https: boolean,
+  ) {}
+
+  /** Builds the store from configuration; does no I/O (call `ensureContainers` once at start-up). */
+  static fromConfig(cfg: Config): BlobStore {
+    if (cfg.AZURE_STORAGE_ACCOUNT_URL && !cfg.AZURE_STORAGE_CONNECTION_STRING) {
+      const service = new BlobServiceClient(cfg.AZURE_STORAGE_ACCOUNT_URL, new DefaultAzureCredential());
+      return new BlobStore(service, undefined, true);
+    }
+    const conn = cfg.AZURE_STORAGE_CONNECTION_STRING ?? azuriteConnectionString(cfg.ROOST_AZURITE_PORT);
+    const service = BlobServiceClient.fromConnectionString(conn);
+    const cred = service.credential instanceof StorageSharedKeyCredential ? service.credential : undefined;
+    return new BlobStore(service, cred, service.url.startsWith('https:'));
+  }
+
+  container(name: keyof typeof CONTAINERS): ContainerClient {
+    return this.service.getContainerClient(CONTAINERS[name]);
+  }
+
+  /** Creates the containers if missing (private access). */
+  async ensureContainers(): Promise<void> {
+    await Promise.all(Object.values(CONTAINERS).map((c) => this.service.getContainerClient(c).createIfNotExists()));
+  }
+
+  private async sign(container: string, blobName: string, permissions: string, ttlMs: number): Promise<SignedUrl> {
+    const now = Date.now();
+    const startsOn = new Date(now - 5 * 60 * 1000); // clock skew allowance
+    const expiresOn = new Date(now + ttlMs);
+    const common = {
+      containerName: container,
+      blobName,
+      permissions: BlobSASPermissions.parse(permissions),
+      startsOn,
+      expiresOn,
+      protocol: this.https ? SASProtocol.Https : SASProtocol.HttpsAndHttp,
+    };
+    let query: string;
+    if (this.sharedKey) {
+      query = generateBlobSASQueryParameters(common, this.sharedKey).toString();
+    } else {
+      const key = await this.userDelegationKey();
+      query = generateBlobSASQueryParameters(common, key, this.service.accountName).toString();
+    }
+    const blobUrl = this.service.getContainerClient(container).getBlobClient(blobName).url;
+    return { url: `${blobUrl}?${query}`, expiresAt: expiresOn.getTime() };
+  }
+
+  private async userDelegationKey(): Promise<UserDelegationKey> {
+    const now = Date.now();
+    if (this.delegationKey && this.delegationKey.expiresOn - now > 2 * 60 * 60 * 1000) return this.delegationKey.key;
+    const expiresOn = now + 6 * 60 * 60 * 1000;
+    const key = await this.service.getUserDelegationKey(new Date(now - 5 * 60 * 1000), new Date(expiresOn));
+    this.delegationKey = { key, expiresOn };
+    return key;
+  }
+
+  /** Signed PUT URL for one chunk: create+write only, 60 minutes. */
+  chunkUploadUrl(siteId: string, hash: string): Promise<SignedUrl> {
+    return this.sign(CONTAINERS.chunks, chunkBlobName(siteId, hash), 'cw', UPLOAD_URL_TTL_MS);
+  }
+
+  /** Signed GET URL for one chunk: read only, 15 minutes. */
+  chunkDownloadUrl(siteId: string, hash: string): Promise<SignedUrl> {
+    return this.sign(CONTAINERS.chunks, chunkBlobName(siteId, hash), 'r', DOWNLOAD_URL_TTL_MS);
+  }
+
+  /** Signed GET URL for any blob of a container: read only, `ttlMs` (default 15 minutes). */
+  readUrl(container: keyof typeof CONTAINERS, blobName: string, ttlMs = DOWNLOAD_URL_TTL_MS): Promise<SignedUrl> {
+    return this.sign(CONTAINERS[container], blobName, 'r', ttlMs);
+  }
+
+  /** Plain (unsigned) URL of a blob: the stable location reported as `versionUrl`. */
+  blobUrl(container: keyof typeof CONTAINERS, blobName: string): string {
+    return this.service.getContainerClient(CONTAINERS[container]).getBlobClient(blobName).url;
+  }
+
+  /** Stored size in bytes of a site's chunk, or null when no blob exists. */
+  async chunkSize(siteId: string, hash: string): Promise<number | null> {
+    try {
+      const props = await this.container('chunks').getBlobClient(chunkBlobName(siteId, hash)).getProperties();
+      return props.contentLength ?? null;
+    } catch (err) {
+      if ((err as { statusCode?: number }).statusCode === 404) return null;
+      throw err;
+    }
+  }
+
+  /** Uploads bytes to a blob (overwrites). */
+  async put(container: keyof typeof CONTAINERS, blobName: string, data: Buffer, contentType: string): Promise<void> {
+    await this.container(container).getBlockBlobClient(blobName).uploadData(data, { blobHTTPHeaders: { blobContentType: contentType } });
+  }
+
+  /** Downloads a whole blob, or null when it does not exist. */
+  async get(container: keyof typeof CONTAINERS, blobName: string): Promise<Buffer | null> {
+    try {
+      return await this.container(container).getBlobClient(blobName).downloadToBuffer();
+    } catch (err) {
+      if ((err as { statusCode?: number }).statusCode === 404) return null;
+      throw err;
+    }
+  }
+
+  /** Deletes a blob if present. */
+  async delete(container: keyof typeof CONTAINERS, blobName: string): Promise<void> {
+    await this.container(container).getBlobClient(blobName).deleteIfExists();
+  }
+}

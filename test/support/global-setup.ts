@@ -1,0 +1,24 @@
+/**
+ * Jest global setup: starts (or reuses) PostgreSQL, Azurite and the Temporal dev server, creates a fresh
+ * database for this run (its name goes to the workers through ROOST_TEST_DATABASE) and applies
+ * migrations. Handles are kept on globalThis for global-teardown.ts.
+ */
+import { randomBytes } from 'node:crypto';
+import { createDatabase, ensureServices } from '../../stack/services';
+import { createPool } from '../../db/pool';
+import { migrate } from '../../db/migrate';
+import { testConfig } from './env';
+
+export default async function globalSetup(): Promise<void> {
+  if (!process.env.ROOST_TEST_DATABASE) process.env.ROOST_TEST_DATABASE = `roost_test_${randomBytes(4).toString('hex')}`;
+  const cfg = testConfig();
+  const handles = await ensureServices(cfg);
+  (globalThis as Record<string, unknown>).__ROOST_SERVICES__ = handles;
+  if (cfg.embedded.postgres) createDatabase(cfg, process.env.ROOST_TEST_DATABASE, true);
+  const pool = createPool(cfg.databaseUrl, 2);
+  try {
+    await migrate(pool);
+  } finally {
+    await pool.end();
+  }
+}

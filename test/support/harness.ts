@@ -1,0 +1,73 @@
+/**
+ * Per-test-file harness: builds the real app (real PostgreSQL, Azurite, Temporal) once, bootstraps a
+ * fresh site with a full-access key, and offers small helpers around `app.inject`.
+ */
+import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
+import { randomBytes } from 'node:crypto';
+import { buildApp } from '../../api/app';
+import { closeDeps, createDeps } from '../../api/deps';
+import type { AppDeps } from '../../api/context';
+import { bootstrap } from '../../db/bootstrap';
+import { testConfig } from './env';
+
+export interface Harness {
+  app: FastifyInstance;
+  deps: AppDeps;
+  siteId: string;
+  userId: string;
+  apiKey: string;
+  /** A second, unrelated site with its own full-access key (for cross-site checks). */
+  other: () => Promise<{ siteId: string; userId: string; apiKey: string }>;
+  /** app.inject with the site's key unless `key` is given (null sends no credential). */
+  request: (opts: {
+    method: string;
+    url: string;
+    body?: unknown;
+    key?: string | null;
+    headers?: Record<string, string>;
+    idempotencyKey?: string | true;
+  }) => Promise<LightMyRequestResponse>;
+  close: () => Promise<void>;
+}
+
+/** A random idempotency key. */
+export function idemKey(): string {
+  return `idem-${randomBytes(8).toString('hex')}`;
+}
+
+/** Builds the harness; `overrides` adjust configuration (task queue etc.). */
+export async function createHarness(overrides: Record<string, string> = {}): Promise<Harness> {
+  const cfg = testConfig({ ROOST_TASK_QUEUE: `roost-test-${randomBytes(4).toString('hex')}`, ...overrides });
+  const deps = await createDeps(cfg);
+  const app = await buildApp(deps, { logger: false });
+  await app.ready();
+  const secret = 'test-bootstrap-secret';
+  const tag = randomBytes(4).toString('hex');
+  const main = await bootstrap(deps.db, { siteName: `test-site-${tag}`, email: `owner-${tag}@example.test`, secret });
+  const request: Harness['request'] = async (opts) => {
+    const headers: Record<string, string> = { ...(opts.headers ?? {}) };
+    const key = opts.key === undefined ? main.apiKey : opts.key;
+    if (key) headers.authorization = `Bearer ${key}`;
+    if (opts.idempotencyKey) headers['idempotency-key'] = opts.idempotencyKey === true ? idemKey() : opts.idempotencyKey;
+    return app.inject({ method: opts.method as any, url: opts.url, headers, payload: opts.body as any });
+  };
+  return {
+    app,
+    deps,
+    siteId: main.siteId,
+    userId: main.userId,
+    apiKey: main.apiKey,
+    other: async () => {
+      const t = randomBytes(4).toString('hex');
+      const o = await bootstrap(deps.db, { siteName: `other-site-${t}`, email: `other-${t}@example.test`, secret });
+      // A plain member, not superadmin, so site membership is really checked.
+      await deps.db.query(`UPDATE users SET role = 'member' WHERE uid = $1`, [o.userId]);
+      return { siteId: o.siteId, userId: o.userId, apiKey: o.apiKey };
+    },
+    request,
+    close: async () => {
+      await app.close();
+      await closeDeps(deps);
+    },
+  };
+}
