@@ -5,6 +5,7 @@
 import Fastify, { FastifyInstance } from 'fastify';
 import { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import swagger from '@fastify/swagger';
+import swaggerUi from '@fastify/swagger-ui';
 import { randomBytes } from 'node:crypto';
 import type { AppDeps } from './context';
 import problem from './plugins/problem';
@@ -40,6 +41,11 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
       security: [{ bearer: [] }],
     },
   });
+  // The API reference page is public: its routes are marked before the UI plugin adds them.
+  app.addHook('onRoute', (route) => {
+    if (route.url.startsWith('/docs')) route.config = { ...(route.config ?? {}), auth: 'none' };
+  });
+  await app.register(swaggerUi, { routePrefix: '/docs' });
   await app.register(apiVersion);
   await app.register(auth);
   await app.register(idempotency);

@@ -45,6 +45,8 @@ export const EnvSchema = Type.Object({
   ROOST_TASK_QUEUE: Type.String({ default: 'roost' }),
   /** Seconds without a heartbeat after which a machine counts as offline. */
   ROOST_HEARTBEAT_STALE_SECONDS: Type.Integer({ minimum: 5, default: 90 }),
+  /** Secret from which `roost admin bootstrap` derives its reproducible key. Embedded default: a random secret kept in DATA/bootstrap-secret. */
+  ROOST_BOOTSTRAP_SECRET: Type.Optional(Type.String({ minLength: 16 })),
   /** Log level for the API (pino levels). */
   ROOST_LOG_LEVEL: Type.String({ default: 'warn' }),
 });

@@ -52,3 +52,18 @@ describe('GET /api/whoami', () => {
     expect(res.statusCode).toBe(200);
   });
 });
+
+describe('API reference', () => {
+  it('serves the OpenAPI 3.1 document generated from the route schemas', async () => {
+    const res = await h.request({ method: 'GET', url: '/api/openapi.json', key: null });
+    expect(res.statusCode).toBe(200);
+    const doc = res.json();
+    expect(doc.openapi).toBe('3.1.0');
+    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining(['/api/version', '/api/whoami']));
+  });
+  it('renders the reference page without credentials', async () => {
+    const res = await h.request({ method: 'GET', url: '/docs/', key: null });
+    expect(res.statusCode).toBe(200);
+    expect(res.headers['content-type']).toMatch(/text\/html/);
+  });
+});
