@@ -1,0 +1,317 @@
+/**
+ * Chunk routes (SPEC.md "Chunks", "Chunk reference", "Chunk referrer entry", Limits):
+ *
+ *   POST /api/chunks/check                  site write   → { missing }
+ *   POST /api/chunks/upload-urls            site write   → { urls, expiresAt }   (60 min create+write SAS)
+ *   POST /api/chunks/download-urls          site read or an agent token of the site
+ *   GET  /api/chunks/download-urls          same, query siteId and repeated `hash` → { urls, expiresAt, missing }
+ *   POST /api/chunks/{digest}/mount         site write   → 201 { digest, siteId, from, to, mounted, zeroByte }
+ *   GET  /api/chunks/{digest}/referrers     site read    → { digest, siteId, referrers, items, next_page_token, nextPageToken }
+ *
+ * Bytes never pass through the API: clients PUT to and GET from per-blob SAS URLs. Decisions where the
+ * spec is silent: docs/decisions/chunk-*.md.
+ */
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { Static, TSchema, Type } from '@sinclair/typebox';
+import { ApiError } from '../../domain/errors';
+import { SHA256_HEX } from '../../domain/hex';
+import type { Requirement } from '../../domain/scopes';
+import { DOWNLOAD_URL_TTL_MS, UPLOAD_URL_TTL_MS, SignedUrl } from '../../storage/blob';
+import { chunkHeld, heldHashes, isReferrerPosition, listReferrers, mountChunk, ReferrerPosition } from '../../db/chunks';
+import { authorizeSite } from '../plugins/auth';
+import { PagingQuery, pageTokens, parsePaging } from '../pagination';
+
+/** Hashes per check, upload-urls or download-urls call (SPEC.md Limits). */
+export const MAX_HASHES = 1000;
+/** Referrers page size (SPEC.md Limits). */
+export const REFERRERS_PAGE = { defaultSize: 50, maxSize: 200 };
+
+// ---------------------------------------------------------------------------------------------- schemas
+
+const Digest = Type.String({ pattern: SHA256_HEX.source, description: 'lowercase bare SHA-256 hex (64 chars)' });
+const SiteId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: 'site id' });
+/** Same rule as the roost routes' RoostId (api/routes/roosts.ts). */
+const RoostId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: 'roost id' });
+const Hashes = Type.Array(Digest, { minItems: 1, maxItems: MAX_HASHES, description: `1..${MAX_HASHES} chunk digests` });
+const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
+
+/** Problem document (SPEC.md "Errors"); route extras such as `errors`, `required`, `param` pass through. */
+const Problem = Type.Object(
+  {
+    type: Type.String(),
+    title: Type.String(),
+    status: Type.Integer(),
+    detail: Type.String(),
+    code: Type.String(),
+    docsUrl: Type.String(),
+    requestId: Type.String(),
+  },
+  { additionalProperties: true },
+);
+const Errors = { '4xx': Problem, '5xx': Problem };
+
+const SiteHashesBody = Type.Object({ siteId: SiteId, hashes: Hashes });
+type SiteHashesBody = Static<typeof SiteHashesBody>;
+
+const CheckResponse = Type.Object({ missing: Type.Array(Type.String(), { description: 'digests the site lacks, request order, distinct' }) });
+type CheckResponse = Static<typeof CheckResponse>;
+
+const UrlMap = Type.Record(Type.String(), Type.String(), { description: 'digest → signed URL' });
+const UploadUrlsResponse = Type.Object({ urls: UrlMap, expiresAt: Type.String({ description: 'RFC 3339 UTC' }) });
+type UploadUrlsResponse = Static<typeof UploadUrlsResponse>;
+
+const DownloadUrlsQuery = Type.Object({ siteId: SiteId, hash: Hashes });
+type DownloadUrlsQuery = Static<typeof DownloadUrlsQuery>;
+const DownloadUrlsResponse = Type.Object({
+  urls: UrlMap,
+  expiresAt: Type.String({ description: 'RFC 3339 UTC' }),
+  missing: Type.Array(Type.String(), { description: 'requested digests the site does not hold (no URL issued)' }),
+});
+type DownloadUrlsResponse = Static<typeof DownloadUrlsResponse>;
+
+const DigestParams = Type.Object({ digest: Digest });
+type DigestParams = Static<typeof DigestParams>;
+
+const MountFields = Type.Object({ siteId: Type.Optional(SiteId), from: Type.Optional(RoostId), to: Type.Optional(RoostId) });
+type MountFields = Static<typeof MountFields>;
+const MountResponse = Type.Object({
+  digest: Type.String(),
+  siteId: Type.String(),
+  from: Type.String(),
+  to: Type.String(),
+  mounted: Type.Literal(true),
+  zeroByte: Type.Literal(true),
+});
+type MountResponse = Static<typeof MountResponse>;
+
+const ReferrersQuery = Type.Object({ siteId: SiteId, ...PagingQuery });
+type ReferrersQuery = Static<typeof ReferrersQuery>;
+const ReferrerEntry = Type.Object({
+  entryId: Type.String(),
+  source: Type.String({ description: 'mount | version' }),
+  roostId: Nullable(Type.String()),
+  fromRoostId: Nullable(Type.String()),
+  toRoostId: Nullable(Type.String()),
+  versionId: Nullable(Type.String()),
+  versionNumber: Nullable(Type.Integer()),
+  fileCount: Nullable(Type.Integer()),
+  pathCount: Nullable(Type.Integer()),
+  totalBytes: Nullable(Type.Integer()),
+  referencedAt: Type.String(),
+  createdAt: Type.String(),
+  createdBy: Type.String(),
+  mountedAt: Nullable(Type.String()),
+  mountedBy: Nullable(Type.String()),
+});
+const ReferrersResponse = Type.Object({
+  digest: Type.String(),
+  siteId: Type.String(),
+  referrers: Type.Array(ReferrerEntry),
+  items: Type.Array(ReferrerEntry),
+  next_page_token: Type.String(),
+  nextPageToken: Type.String(),
+});
+type ReferrersResponse = Static<typeof ReferrersResponse>;
+
+// ---------------------------------------------------------------------------------------------- helpers
+
+function siteNeeds(siteId: string, permission: Requirement['permission']): Requirement[] {
+  return [{ resource: 'site', id: siteId, permission }];
+}
+
+/** Distinct values in first-seen order. */
+function distinct(hashes: string[]): string[] {
+  return [...new Set(hashes)];
+}
+
+/** Signs one URL per hash; returns the map and the earliest expiry as RFC 3339 UTC. */
+async function signAll(hashes: string[], ttlMs: number, sign: (hash: string) => Promise<SignedUrl>): Promise<{ urls: Record<string, string>; expiresAt: string }> {
+  const signed = await Promise.all(hashes.map(sign));
+  const urls: Record<string, string> = {};
+  let expiresAt = Date.now() + ttlMs;
+  hashes.forEach((h, i) => {
+    urls[h] = signed[i].url;
+    expiresAt = Math.min(expiresAt, signed[i].expiresAt);
+  });
+  return { urls, expiresAt: new Date(expiresAt).toISOString() };
+}
+
+/**
+ * Download access: an agent token bound to `siteId` (another site's agent gets 404 not_found, the site
+ * stays hidden), or a user with site read.
+ */
+async function authorizeDownload(request: FastifyRequest, siteId: string): Promise<void> {
+  const p = request.principal;
+  if (p?.kind === 'agent') {
+    if (p.siteId !== siteId) throw new ApiError('not_found', 'site not found');
+    return;
+  }
+  await authorizeSite(request, siteId, siteNeeds(siteId, 'read'));
+}
+
+/**
+ * Merges mount fields sent in the body and the query (either place is accepted; a field sent in both
+ * must carry the same value). Throws 400 validation_failed listing every missing or conflicting field,
+ * or `to` equal to `from`.
+ */
+function mountFields(body: MountFields, query: MountFields): { siteId: string; from: string; to: string } {
+  const errs: Record<string, string[]> = {};
+  const pick = (name: keyof MountFields): string => {
+    const b = body[name];
+    const q = query[name];
+    if (b !== undefined && q !== undefined && b !== q) (errs[name] ??= []).push('sent in both body and query with different values');
+    const v = b ?? q;
+    if (v === undefined) (errs[name] ??= []).push('is required (body or query)');
+    return v ?? '';
+  };
+  const siteId = pick('siteId');
+  const from = pick('from');
+  const to = pick('to');
+  if (!errs.from && !errs.to && from === to) errs.to = ['must differ from from'];
+  const keys = Object.keys(errs);
+  if (keys.length) throw new ApiError('validation_failed', `${keys[0]} ${errs[keys[0]][0]}`, { extras: { errors: errs, param: keys[0] } });
+  return { siteId, from, to };
+}
+
+// ---------------------------------------------------------------------------------------------- routes
+
+/** Registers the chunk routes. */
+export default async function chunkRoutes(fastify: FastifyInstance): Promise<void> {
+  const app = fastify.withTypeProvider<TypeBoxTypeProvider>();
+  const { db, blob } = app.deps;
+
+  app.post(
+    '/api/chunks/check',
+    {
+      schema: {
+        summary: 'Which of these chunks does the site lack?',
+        tags: ['chunks'],
+        body: SiteHashesBody,
+        response: { 200: CheckResponse, ...Errors },
+      },
+    },
+    async (request): Promise<CheckResponse> => {
+      const { siteId, hashes } = request.body;
+      const wanted = distinct(hashes);
+      // The membership check and the lookup run side by side; the lookup's rows are used only once the
+      // check passed (Promise.all rejects with the authorisation error otherwise).
+      const [, held] = await Promise.all([authorizeSite(request, siteId, siteNeeds(siteId, 'write')), heldHashes(db, siteId, wanted)]);
+      return { missing: held.size === wanted.length ? [] : wanted.filter((h) => !held.has(h)) };
+    },
+  );
+
+  app.post(
+    '/api/chunks/upload-urls',
+    {
+      config: { idempotency: 'ignored' },
+      schema: {
+        summary: 'Signed PUT URLs (create+write, one blob each, 60 minutes)',
+        tags: ['chunks'],
+        body: SiteHashesBody,
+        response: { 200: UploadUrlsResponse, ...Errors },
+      },
+    },
+    async (request): Promise<UploadUrlsResponse> => {
+      const { siteId, hashes } = request.body;
+      await authorizeSite(request, siteId, siteNeeds(siteId, 'write'));
+      return signAll(distinct(hashes), UPLOAD_URL_TTL_MS, (h) => blob.chunkUploadUrl(siteId, h));
+    },
+  );
+
+  const download = async (request: FastifyRequest, siteId: string, hashes: string[]): Promise<DownloadUrlsResponse> => {
+    await authorizeDownload(request, siteId);
+    const wanted = distinct(hashes);
+    const held = await heldHashes(db, siteId, wanted);
+    const present = wanted.filter((h) => held.has(h));
+    const { urls, expiresAt } = await signAll(present, DOWNLOAD_URL_TTL_MS, (h) => blob.chunkDownloadUrl(siteId, h));
+    return { urls, expiresAt, missing: wanted.filter((h) => !held.has(h)) };
+  };
+
+  app.post(
+    '/api/chunks/download-urls',
+    {
+      config: { auth: 'userOrAgent' },
+      schema: {
+        summary: 'Signed GET URLs (read only, 15 minutes) for chunks the site holds',
+        tags: ['chunks'],
+        body: SiteHashesBody,
+        response: { 200: DownloadUrlsResponse, ...Errors },
+      },
+    },
+    async (request) => download(request, request.body.siteId, request.body.hashes),
+  );
+
+  app.get(
+    '/api/chunks/download-urls',
+    {
+      config: { auth: 'userOrAgent' },
+      schema: {
+        summary: 'Signed GET URLs; query siteId and repeated hash',
+        tags: ['chunks'],
+        querystring: DownloadUrlsQuery,
+        response: { 200: DownloadUrlsResponse, ...Errors },
+      },
+    },
+    async (request) => download(request, request.query.siteId, request.query.hash),
+  );
+
+  app.post(
+    '/api/chunks/:digest/mount',
+    {
+      config: { idempotency: 'optional' },
+      // The fields may all come in the query: a POST without a body validates as an empty object.
+      preValidation: async (request) => {
+        request.body ??= {};
+      },
+      schema: {
+        summary: 'Mount a stored chunk from one roost into another (no bytes move)',
+        tags: ['chunks'],
+        params: DigestParams,
+        querystring: MountFields,
+        body: MountFields,
+        response: { 201: MountResponse, ...Errors },
+      },
+    },
+    async (request, reply): Promise<MountResponse> => {
+      const { digest } = request.params;
+      const { siteId, from, to } = mountFields(request.body, request.query);
+      const user = await authorizeSite(request, siteId, siteNeeds(siteId, 'write'));
+      await mountChunk(db, { siteId, digest, from, to, createdBy: user.userId });
+      reply.code(201);
+      return { digest, siteId, from, to, mounted: true, zeroByte: true };
+    },
+  );
+
+  app.get(
+    '/api/chunks/:digest/referrers',
+    {
+      schema: {
+        summary: 'Mount and version entries that reference a chunk',
+        tags: ['chunks'],
+        params: DigestParams,
+        querystring: ReferrersQuery,
+        response: { 200: ReferrersResponse, ...Errors },
+      },
+    },
+    async (request): Promise<ReferrersResponse> => {
+      const { digest } = request.params;
+      const { siteId } = request.query;
+      const paging = parsePaging<unknown>(request.query, REFERRERS_PAGE);
+      let after: ReferrerPosition | undefined;
+      if (paging.after !== undefined) {
+        if (!isReferrerPosition(paging.after)) {
+          const param = request.query.page_token !== undefined ? 'page_token' : 'cursor';
+          throw new ApiError('validation_failed', `${param} is not a token this server issued`, {
+            extras: { param, errors: { [param]: ['unrecognised page token'] } },
+          });
+        }
+        after = paging.after;
+      }
+      await authorizeSite(request, siteId, siteNeeds(siteId, 'read'));
+      if (!(await chunkHeld(db, siteId, digest))) throw new ApiError('not_found', 'chunk not stored for this site', { extras: { param: 'digest' } });
+      const { entries, next } = await listReferrers(db, siteId, digest, { pageSize: paging.pageSize, after });
+      return { digest, siteId, referrers: entries, items: entries, ...pageTokens(next) };
+    },
+  );
+}

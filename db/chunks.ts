@@ -1,0 +1,217 @@
+/**
+ * Chunk repository (SPEC.md "Chunk reference", "Chunk referrer entry", "Chunks"). A site's chunks are the
+ * rows of `chunks` (recorded by publish once the stored size was checked); referrers are mount rows of
+ * `chunk_referrers` plus the versions that list the chunk (`version_chunks` joined to `roost_versions`).
+ * Every query names `site_id`: chunks of one site are never visible to another.
+ */
+import type { Pool } from 'pg';
+import { ApiError } from '../domain/errors';
+import { sha256Hex } from '../domain/hex';
+import { withTx, Queryable } from './pool';
+
+/**
+ * The subset of `hashes` the site holds (one indexed query on the `chunks` primary key).
+ * `hashes` should already be distinct; order is irrelevant.
+ */
+export async function heldHashes(db: Queryable, siteId: string, hashes: string[]): Promise<Set<string>> {
+  const { rows } = await db.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2)', [siteId, hashes]);
+  return new Set(rows.map((r) => r.hash));
+}
+
+/** True when the site holds the chunk `hash`. */
+export async function chunkHeld(db: Queryable, siteId: string, hash: string): Promise<boolean> {
+  const { rows } = await db.query('SELECT 1 FROM chunks WHERE site_id = $1 AND hash = $2', [siteId, hash]);
+  return rows.length > 0;
+}
+
+/**
+ * Deterministic id of a mount referrer entry: SHA-256 hex of `digest|siteId|from|to`, so a retried mount
+ * lands on the same row (SPEC.md "Chunks": retry-safe).
+ */
+export function mountEntryId(digest: string, siteId: string, from: string, to: string): string {
+  return sha256Hex(`${digest}|${siteId}|${from}|${to}`);
+}
+
+/** Deterministic id of a version referrer entry: SHA-256 hex of `version|digest|siteId|roostId|versionId`. */
+export function versionEntryId(digest: string, siteId: string, roostId: string, versionId: string): string {
+  return sha256Hex(`version|${digest}|${siteId}|${roostId}|${versionId}`);
+}
+
+export interface MountInput {
+  siteId: string;
+  digest: string;
+  from: string;
+  to: string;
+  /** Acting user id. */
+  createdBy: string;
+}
+
+/**
+ * Records a cross-roost mount of chunk `digest` from roost `from` into roost `to` (no bytes move).
+ * One serializable transaction: both roosts must exist and not be tombstoned, and the site must hold
+ * the chunk; the entry is inserted with `ON CONFLICT DO NOTHING`, so a repeat is a no-op.
+ * @returns the entry id and whether this call created the row.
+ * @throws ApiError 404 not_found (param `from`, `to` or `digest`) when a roost or the chunk is missing.
+ */
+export async function mountChunk(pool: Pool, m: MountInput): Promise<{ entryId: string; created: boolean }> {
+  const entryId = mountEntryId(m.digest, m.siteId, m.from, m.to);
+  return withTx(pool, async (tx) => {
+    const roosts = await tx.query<{ roost_id: string }>(
+      'SELECT roost_id FROM roosts WHERE site_id = $1 AND roost_id = ANY($2) AND deleted_at IS NULL',
+      [m.siteId, [m.from, m.to]],
+    );
+    const found = new Set(roosts.rows.map((r) => r.roost_id));
+    for (const [param, roostId] of [['from', m.from], ['to', m.to]] as const) {
+      if (!found.has(roostId)) throw new ApiError('not_found', `roost ${roostId} not found in this site`, { extras: { param } });
+    }
+    if (!(await chunkHeld(tx, m.siteId, m.digest))) {
+      throw new ApiError('not_found', 'chunk not stored for this site', { extras: { param: 'digest' } });
+    }
+    const ins = await tx.query(
+      `INSERT INTO chunk_referrers (site_id, hash, entry_id, source, roost_id, from_roost_id, to_roost_id, created_by)
+       VALUES ($1, $2, $3, 'mount', $4, $5, $4, $6)
+       ON CONFLICT (site_id, hash, entry_id) DO NOTHING`,
+      [m.siteId, m.digest, entryId, m.to, m.from, m.createdBy],
+    );
+    return { entryId, created: ins.rowCount === 1 };
+  });
+}
+
+/** A referrer entry as the spec lists it; fields that do not apply to the source are null. */
+export interface ReferrerEntry {
+  entryId: string;
+  source: string;
+  roostId: string | null;
+  fromRoostId: string | null;
+  toRoostId: string | null;
+  versionId: string | null;
+  versionNumber: number | null;
+  fileCount: number | null;
+  pathCount: number | null;
+  totalBytes: number | null;
+  referencedAt: string;
+  createdAt: string;
+  createdBy: string;
+  mountedAt: string | null;
+  mountedBy: string | null;
+}
+
+/**
+ * Keyset position of the referrer list: (roost key, source, number key, text key). Entries are ordered by
+ * referring roost, then source (`mount` before `version`), then version number, then entry/version id.
+ */
+export type ReferrerPosition = [string, string, number, string];
+
+/** True for a well-formed decoded page position. */
+export function isReferrerPosition(v: unknown): v is ReferrerPosition {
+  return (
+    Array.isArray(v) &&
+    v.length === 4 &&
+    typeof v[0] === 'string' &&
+    typeof v[1] === 'string' &&
+    Number.isSafeInteger(v[2]) &&
+    typeof v[3] === 'string'
+  );
+}
+
+interface ReferrerRow {
+  entry_id: string | null;
+  source: string;
+  roost_id: string | null;
+  from_roost_id: string | null;
+  to_roost_id: string | null;
+  version_id: string | null;
+  version_number: number | null;
+  file_count: number | null;
+  total_bytes: number | null;
+  created_at: Date;
+  created_by: string;
+  k_roost: string;
+  k_num: number;
+  k_text: string;
+}
+
+const REFERRERS_SQL = `
+SELECT * FROM (
+  SELECT r.entry_id, r.source, r.roost_id, r.from_roost_id, r.to_roost_id,
+         CAST(NULL AS TEXT) AS version_id, CAST(NULL AS INT) AS version_number, CAST(NULL AS INT) AS file_count,
+         CAST(NULL AS BIGINT) AS total_bytes, r.created_at, r.created_by,
+         COALESCE(r.roost_id, r.to_roost_id, '') AS k_roost, 0 AS k_num, r.entry_id AS k_text
+    FROM chunk_referrers r
+   WHERE r.site_id = $1 AND r.hash = $2
+  UNION ALL
+  SELECT CAST(NULL AS TEXT), 'version', v.roost_id, CAST(NULL AS TEXT), CAST(NULL AS TEXT),
+         v.version_id, v.version_number, vc.file_count, v.total_size, v.created_at, v.created_by,
+         v.roost_id, v.version_number, v.version_id
+    FROM version_chunks vc
+    JOIN roost_versions v ON v.site_id = vc.site_id AND v.roost_id = vc.roost_id AND v.version_id = vc.version_id
+   WHERE vc.site_id = $1 AND vc.hash = $2
+) e`;
+const REFERRERS_ORDER = 'ORDER BY e.k_roost, e.source, e.k_num, e.k_text';
+
+/**
+ * One page of the referrers of chunk `digest` in the site: mount entries and version entries.
+ * `after` is the last position of the previous page. Returns the entries and the next position
+ * (undefined on the last page). Does not check that the chunk is held (see `chunkHeld`).
+ */
+export async function listReferrers(
+  db: Queryable,
+  siteId: string,
+  digest: string,
+  page: { pageSize: number; after?: ReferrerPosition },
+): Promise<{ entries: ReferrerEntry[]; next: ReferrerPosition | undefined }> {
+  const params: unknown[] = [siteId, digest];
+  let where = '';
+  if (page.after) {
+    params.push(...page.after);
+    where = 'WHERE (e.k_roost, e.source, e.k_num, e.k_text) > (CAST($3 AS TEXT), CAST($4 AS TEXT), CAST($5 AS INT), CAST($6 AS TEXT))';
+  }
+  params.push(page.pageSize + 1);
+  const { rows } = await db.query<ReferrerRow>(`${REFERRERS_SQL} ${where} ${REFERRERS_ORDER} LIMIT $${params.length}`, params);
+  const more = rows.length > page.pageSize;
+  const pageRows = more ? rows.slice(0, page.pageSize) : rows;
+  const entries = pageRows.map((r) => toEntry(siteId, digest, r));
+  const last = pageRows[pageRows.length - 1];
+  return { entries, next: more && last ? [last.k_roost, last.source, last.k_num, last.k_text] : undefined };
+}
+
+function toEntry(siteId: string, digest: string, r: ReferrerRow): ReferrerEntry {
+  const at = r.created_at.toISOString();
+  if (r.source === 'version') {
+    return {
+      entryId: versionEntryId(digest, siteId, r.roost_id ?? '', r.version_id ?? ''),
+      source: 'version',
+      roostId: r.roost_id,
+      fromRoostId: null,
+      toRoostId: null,
+      versionId: r.version_id,
+      versionNumber: r.version_number,
+      fileCount: r.file_count,
+      pathCount: r.file_count,
+      totalBytes: r.total_bytes,
+      referencedAt: at,
+      createdAt: at,
+      createdBy: r.created_by,
+      mountedAt: null,
+      mountedBy: null,
+    };
+  }
+  const mount = r.source === 'mount';
+  return {
+    entryId: r.entry_id ?? '',
+    source: r.source,
+    roostId: r.roost_id,
+    fromRoostId: r.from_roost_id,
+    toRoostId: r.to_roost_id,
+    versionId: null,
+    versionNumber: null,
+    fileCount: null,
+    pathCount: null,
+    totalBytes: null,
+    referencedAt: at,
+    createdAt: at,
+    createdBy: r.created_by,
+    mountedAt: mount ? at : null,
+    mountedBy: mount ? r.created_by : null,
+  };
+}
