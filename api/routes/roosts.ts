@@ -1,0 +1,380 @@
+/**
+ * Roosts (SPEC.md "Roost record", "Roosts"): POST /api/roosts, GET /api/roosts, GET/PATCH/DELETE
+ * /api/roosts/{roostId}. Version pointer fields are server-managed (publish and rollback, see
+ * versions.ts); a client sending them gets 400 forbidden_field.
+ *
+ * Also exports the TypeBox pieces the version routes share (siteId, roostId, roost fields, Problem).
+ */
+import type { FastifyInstance } from 'fastify';
+import { Static, TSchema, Type } from '@sinclair/typebox';
+import { ApiError } from '../../domain/errors';
+import { newId } from '../../domain/hex';
+import type { Requirement } from '../../domain/scopes';
+import { createRoost, getRoostView, listRoosts, RoostChanges, RoostView, softDeleteRoost, updateRoost, VersionSummaryRow, versionUrlOf } from '../../db/roosts';
+import type { BlobStore } from '../../storage/blob';
+import { PagingQuery, pageTokens, parsePaging } from '../pagination';
+import { authorizeSite, roostRequirement, SITE_ID_RE } from '../plugins/auth';
+
+// ---------------------------------------------------------------------------------------------------
+// Shared schemas
+
+/** `application/problem+json` body (SPEC.md "Errors"); route extras (errors, required, missingChunks…) ride along. */
+export const Problem = Type.Object(
+  {
+    type: Type.Optional(Type.String()),
+    title: Type.Optional(Type.String()),
+    status: Type.Optional(Type.Integer()),
+    detail: Type.Optional(Type.String()),
+    code: Type.Optional(Type.String()),
+    docsUrl: Type.Optional(Type.String()),
+    requestId: Type.Optional(Type.String()),
+    param: Type.Optional(Type.String()),
+    errors: Type.Optional(Type.Record(Type.String(), Type.Array(Type.String()))),
+  },
+  { additionalProperties: true, description: 'problem+json' },
+);
+
+/** The problem responses every authenticated roost route can return, plus `extra` statuses. */
+export function problems(...extra: number[]): Record<number, TSchema> {
+  const out: Record<number, TSchema> = {};
+  for (const s of [400, 401, 403, 404, ...extra]) out[s] = Problem;
+  return out;
+}
+
+export const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
+
+/** Site ids: `site_<hex>` or any 1..64 of [A-Za-z0-9_-] (same rule as auth). */
+export const SiteId = Type.String({ pattern: SITE_ID_RE.source, description: 'site id' });
+/** Roost ids are server-made (`rst_<24 hex>`); anything outside 1..64 of [A-Za-z0-9_-] is malformed. */
+export const RoostId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: 'roost id (rst_…)' });
+export const RoostParams = Type.Object({ roostId: RoostId });
+export const SiteQuery = Type.Object({ siteId: SiteId });
+
+/** Display name: 1..200 characters, not blank. */
+export const RoostName = Type.String({ minLength: 1, maxLength: 200, pattern: '\\S' });
+/** Machine ids (1..128 of [A-Za-z0-9._:-]), distinct, at most 10,000. */
+export const MachineId = Type.String({ pattern: '^[A-Za-z0-9._:-]{1,128}$' });
+export const Targets = Type.Array(MachineId, { maxItems: 10000, uniqueItems: true, description: 'target machine ids' });
+/** Destination root on the target machines (no control characters). */
+export const ExtractPath = Type.String({ maxLength: 1024, pattern: '^[^\\u0000-\\u001f]*$' });
+
+export const DateTime = Type.String({ format: 'date-time' });
+
+export const VersionSummary = Type.Object({
+  versionId: Type.String(),
+  versionNumber: Type.Integer(),
+  description: Nullable(Type.String()),
+  totalFiles: Type.Integer(),
+  totalSize: Type.Number(),
+  createdBy: Type.String(),
+  createdAt: DateTime,
+});
+
+/** The roost record of SPEC.md plus ids, tombstone fields and the resolved current/previous summaries. */
+export const RoostRecord = Type.Object({
+  roostId: Type.String(),
+  siteId: Type.String(),
+  schemaVersion: Type.Literal(2),
+  name: Type.String(),
+  targets: Type.Array(Type.String()),
+  extractPath: Type.String(),
+  versionCounter: Type.Integer(),
+  currentVersionId: Nullable(Type.String()),
+  currentVersionNumber: Nullable(Type.Integer()),
+  currentVersionDescription: Nullable(Type.String()),
+  previousVersionId: Nullable(Type.String()),
+  versionUrl: Nullable(Type.String()),
+  totalFiles: Type.Integer(),
+  totalSize: Type.Number(),
+  createdAt: DateTime,
+  createdBy: Type.String(),
+  updatedAt: DateTime,
+  deleted: Type.Boolean(),
+  deletedAt: Nullable(DateTime),
+  current: Nullable(VersionSummary),
+  previous: Nullable(VersionSummary),
+});
+export type RoostRecord = Static<typeof RoostRecord>;
+
+function summary(s: VersionSummaryRow | null): Static<typeof VersionSummary> | null {
+  if (!s) return null;
+  return {
+    versionId: s.version_id,
+    versionNumber: s.version_number,
+    description: s.description,
+    totalFiles: s.total_files,
+    totalSize: s.total_size,
+    createdBy: s.created_by,
+    createdAt: s.created_at.toISOString(),
+  };
+}
+
+/** Maps a roost view to its wire record. `versionUrl` and totals describe the current version (0 when none). */
+export function roostRecord(v: RoostView, blob: BlobStore): RoostRecord {
+  return {
+    roostId: v.roost_id,
+    siteId: v.site_id,
+    schemaVersion: 2,
+    name: v.name,
+    targets: v.targets,
+    extractPath: v.extract_path,
+    versionCounter: v.version_counter,
+    currentVersionId: v.current_version_id,
+    currentVersionNumber: v.current?.version_number ?? null,
+    currentVersionDescription: v.current?.description ?? null,
+    previousVersionId: v.previous_version_id,
+    versionUrl: v.current ? versionUrlOf(blob, v.current) : null,
+    totalFiles: v.current?.total_files ?? 0,
+    totalSize: v.current?.total_size ?? 0,
+    createdAt: v.created_at.toISOString(),
+    createdBy: v.created_by,
+    updatedAt: v.updated_at.toISOString(),
+    deleted: v.deleted_at !== null,
+    deletedAt: v.deleted_at ? v.deleted_at.toISOString() : null,
+    current: summary(v.current),
+    previous: summary(v.previous),
+  };
+}
+
+/** Version pointer and audit fields of the roost record: only the server sets them. */
+const SERVER_FIELDS = new Set([
+  'roostId',
+  'schemaVersion',
+  'versionCounter',
+  'currentVersionId',
+  'currentVersionNumber',
+  'currentVersionDescription',
+  'previousVersionId',
+  'versionUrl',
+  'totalFiles',
+  'totalSize',
+  'createdAt',
+  'createdBy',
+  'updatedAt',
+  'deleted',
+  'deletedAt',
+  'current',
+  'previous',
+]);
+
+/** Throws 400 forbidden_field when `body` has keys outside `allowed` (listed in `fields`). */
+export function rejectForeignFields(body: Record<string, unknown>, allowed: ReadonlySet<string>): void {
+  const extra = Object.keys(body).filter((k) => !allowed.has(k));
+  if (!extra.length) return;
+  const pointer = extra.filter((k) => SERVER_FIELDS.has(k));
+  const detail = pointer.length
+    ? `${pointer.join(', ')} ${pointer.length > 1 ? 'are' : 'is'} set by the server (publish and rollback move the version pointers)`
+    : `unknown field${extra.length > 1 ? 's' : ''}: ${extra.join(', ')}`;
+  throw new ApiError('forbidden_field', detail, { extras: { param: extra[0], fields: extra } });
+}
+
+/** The roost changes a body carries (name trimmed). */
+function cleanChanges(body: { name?: string; targets?: string[]; extractPath?: string }): RoostChanges {
+  const c: RoostChanges = {};
+  if (body.name !== undefined) c.name = body.name.trim();
+  if (body.targets !== undefined) c.targets = body.targets;
+  if (body.extractPath !== undefined) c.extractPath = body.extractPath;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Route schemas
+
+const CreateBody = Type.Object({
+  siteId: SiteId,
+  name: RoostName,
+  targets: Type.Optional(Targets),
+  extractPath: Type.Optional(ExtractPath),
+});
+const CREATE_FIELDS = new Set(['siteId', 'name', 'targets', 'extractPath']);
+
+const ListQuery = Type.Object({
+  siteId: SiteId,
+  includeDeleted: Type.Optional(Type.Boolean({ description: 'include tombstoned roosts' })),
+  ...PagingQuery,
+});
+const ListResponse = Type.Object({
+  roosts: Type.Array(RoostRecord),
+  next_page_token: Type.String(),
+  nextPageToken: Type.String(),
+});
+
+const GetQuery = Type.Object({ siteId: SiteId, includeDeleted: Type.Optional(Type.Boolean()) });
+
+const PatchBody = Type.Object({
+  siteId: SiteId,
+  name: Type.Optional(RoostName),
+  targets: Type.Optional(Targets),
+  extractPath: Type.Optional(ExtractPath),
+});
+
+const DeleteResponse = Type.Object({
+  roostId: Type.String(),
+  siteId: Type.String(),
+  deleted: Type.Literal(true),
+  deletedAt: DateTime,
+  alreadyDeleted: Type.Boolean(),
+});
+
+/** Roost list paging: default 20, max 100 (SPEC.md "Roosts"). */
+export const ROOST_PAGE = { defaultSize: 20, maxSize: 100 };
+
+function createRequirement(siteId: string): Requirement[] {
+  return [
+    { resource: 'site', id: siteId, permission: 'write' },
+    { resource: 'roost', id: '*', permission: 'write' },
+  ];
+}
+
+function listRequirement(siteId: string): Requirement[] {
+  return [
+    { resource: 'site', id: siteId, permission: 'read' },
+    { resource: 'roost', id: '*', permission: 'read' },
+  ];
+}
+
+/** Server timestamp text as PostgreSQL/CockroachDB print timestamptz (what list tokens carry). */
+const POSITION_AT = /^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}(:?\d{2})?)$/;
+
+/** True for a list position this server could have issued: [created_at text, roost id]. */
+function isPosition(p: unknown): p is [string, string] {
+  return Array.isArray(p) && p.length === 2 && typeof p[0] === 'string' && typeof p[1] === 'string' && POSITION_AT.test(p[0]) && /^[A-Za-z0-9_-]{1,64}$/.test(p[1]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Routes
+
+export default async function roostRoutes(app: FastifyInstance): Promise<void> {
+  const { db, blob } = app.deps;
+
+  async function viewOrThrow(siteId: string, roostId: string, includeDeleted = false): Promise<RoostRecord> {
+    const v = await getRoostView(db, siteId, roostId, includeDeleted);
+    if (!v) throw new ApiError('not_found', 'roost not found', { extras: { param: 'roostId' } });
+    return roostRecord(v, blob);
+  }
+
+  app.post<{ Body: Static<typeof CreateBody> }>(
+    '/api/roosts',
+    {
+      config: { idempotency: 'ignored' },
+      schema: {
+        summary: 'Create a roost',
+        tags: ['roosts'],
+        body: CreateBody,
+        response: { 201: RoostRecord, ...problems() },
+      },
+    },
+    async (request, reply) => {
+      const body = request.body;
+      rejectForeignFields(body, CREATE_FIELDS);
+      const user = await authorizeSite(request, body.siteId, createRequirement(body.siteId));
+      const c = cleanChanges(body);
+      const roostId = newId('rst');
+      await createRoost(db, {
+        siteId: body.siteId,
+        roostId,
+        name: c.name!,
+        targets: c.targets ?? [],
+        extractPath: c.extractPath ?? '',
+        createdBy: user.userId,
+      });
+      return reply.code(201).send(await viewOrThrow(body.siteId, roostId));
+    },
+  );
+
+  app.get<{ Querystring: Static<typeof ListQuery> }>(
+    '/api/roosts',
+    {
+      schema: {
+        summary: 'List roosts, newest first',
+        tags: ['roosts'],
+        querystring: ListQuery,
+        response: { 200: ListResponse, ...problems() },
+      },
+    },
+    async (request) => {
+      const q = request.query;
+      const paging = parsePaging<[string, string]>(q, ROOST_PAGE);
+      const tokenParam = q.page_token !== undefined ? 'page_token' : 'cursor';
+      const badToken = () =>
+        new ApiError('validation_failed', `${tokenParam} is not a token this server issued`, { extras: { param: tokenParam, errors: { [tokenParam]: ['unrecognised page token'] } } });
+      if (paging.after !== undefined && !isPosition(paging.after)) throw badToken();
+      await authorizeSite(request, q.siteId, listRequirement(q.siteId));
+      const page = await listRoosts(db, q.siteId, { limit: paging.pageSize, after: paging.after, includeDeleted: q.includeDeleted === true }).catch((err) => {
+        // A forged position with an impossible timestamp fails the cast (SQLSTATE class 22: data exception).
+        if (paging.after !== undefined && String((err as { code?: string }).code ?? '').startsWith('22')) throw badToken();
+        throw err;
+      });
+      const last = page.rows[page.rows.length - 1];
+      return { roosts: page.rows.map((r) => roostRecord(r, blob)), ...pageTokens(page.more && last ? last.position : undefined) };
+    },
+  );
+
+  app.get<{ Params: Static<typeof RoostParams>; Querystring: Static<typeof GetQuery> }>(
+    '/api/roosts/:roostId',
+    {
+      schema: {
+        summary: 'Fetch a roost with its current and previous version summaries',
+        tags: ['roosts'],
+        params: RoostParams,
+        querystring: GetQuery,
+        response: { 200: RoostRecord, ...problems() },
+      },
+    },
+    async (request) => {
+      const { roostId } = request.params;
+      const { siteId, includeDeleted } = request.query;
+      await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'read'));
+      return viewOrThrow(siteId, roostId, includeDeleted === true);
+    },
+  );
+
+  app.patch<{ Params: Static<typeof RoostParams>; Body: Static<typeof PatchBody> }>(
+    '/api/roosts/:roostId',
+    {
+      config: { idempotency: 'optional' },
+      schema: {
+        summary: 'Update a roost (name, targets, extractPath)',
+        tags: ['roosts'],
+        params: RoostParams,
+        body: PatchBody,
+        response: { 200: RoostRecord, ...problems() },
+      },
+    },
+    async (request) => {
+      const { roostId } = request.params;
+      const body = request.body;
+      rejectForeignFields(body, CREATE_FIELDS);
+      await authorizeSite(request, body.siteId, roostRequirement(body.siteId, roostId, 'write'));
+      const changes = cleanChanges(body);
+      if (!Object.keys(changes).length) {
+        throw new ApiError('validation_failed', 'send at least one of name, targets, extractPath', {
+          extras: { errors: { body: ['must contain at least one of name, targets, extractPath'] } },
+        });
+      }
+      await updateRoost(db, body.siteId, roostId, changes);
+      return viewOrThrow(body.siteId, roostId);
+    },
+  );
+
+  app.delete<{ Params: Static<typeof RoostParams>; Querystring: Static<typeof SiteQuery> }>(
+    '/api/roosts/:roostId',
+    {
+      config: { idempotency: 'optional' },
+      schema: {
+        summary: 'Soft-delete (tombstone) a roost; repeating is harmless',
+        tags: ['roosts'],
+        params: RoostParams,
+        querystring: SiteQuery,
+        response: { 200: DeleteResponse, ...problems() },
+      },
+    },
+    async (request) => {
+      const { roostId } = request.params;
+      const { siteId } = request.query;
+      await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'write'));
+      const r = await softDeleteRoost(db, siteId, roostId);
+      return { roostId, siteId, deleted: true as const, deletedAt: r.deletedAt.toISOString(), alreadyDeleted: r.alreadyDeleted };
+    },
+  );
+}
