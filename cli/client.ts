@@ -1,0 +1,338 @@
+/**
+ * HTTP client of the `roost` CLI (SPEC.md Conventions, Errors, Authentication).
+ *
+ * - JSON in and out, `Authorization: Bearer <key>`, base URL from `--api`.
+ * - Any non-2xx answer becomes a ClientError carrying the problem's `code`, `status`, `detail` and the
+ *   whole problem body; network failures and timeouts become ClientError code `network_error`
+ *   (status 0) once retries are spent.
+ * - Retries (SPEC.md Errors, "Retry with backoff"): 429 always, honouring Retry-After; 500, 502, 503,
+ *   504, network failures and timeouts only for GET/HEAD, for read-only POSTs marked `retrySafe`, and
+ *   for mutations that carry an Idempotency-Key. Fallback delay min(60000, 500 * 2^attempt) ms times
+ *   a random factor in 0.5..1.0; at most 6 attempts. Nothing else is retried (400, 401, 403, 404, 409,
+ *   412, 422, 402 surface at once). docs/decisions/cli-http-retries.md says why no retry library.
+ * - `idempotencyKey: true` generates one key per logical call; every retry of that call reuses it
+ *   with the identical method, path, query and body bytes.
+ */
+import { randomUUID } from 'node:crypto';
+import { CLI_VERSION } from './version';
+
+/** HTTP statuses retried with backoff (429 also, with Retry-After). */
+export const RETRYABLE_STATUSES: ReadonlySet<number> = new Set([429, 500, 502, 503, 504]);
+/** Attempts per logical request, first try included (SPEC.md: at most 6 for interactive requests). */
+export const DEFAULT_MAX_ATTEMPTS = 6;
+/** Per-attempt timeout in ms before the attempt counts as a network failure. */
+export const DEFAULT_TIMEOUT_MS = 60_000;
+/** Longest Retry-After the client is willing to sleep through (ms); longer waits surface the 429. */
+export const MAX_RETRY_AFTER_MS = 10 * 60_000;
+
+/** A failed request: the problem+json body of the API (or a synthesized one for network failures). */
+export class ClientError extends Error {
+  /** Stable problem code (`validation_failed`, `rate_limited`, …; `network_error` when no answer came). */
+  readonly code: string;
+  /** HTTP status (0 when no answer came). */
+  readonly status: number;
+  readonly detail: string;
+  /** The parsed problem body (or `{}`), for extras such as `errors`, `missingChunks`, `required`. */
+  readonly body: Record<string, unknown>;
+  readonly requestId?: string;
+  readonly method: string;
+  readonly url: string;
+  /** How many attempts were made. */
+  readonly attempts: number;
+
+  constructor(init: { code: string; status: number; detail: string; body?: Record<string, unknown>; requestId?: string; method: string; url: string; attempts: number; cause?: unknown }) {
+    super(`${init.code}: ${init.detail}`, init.cause === undefined ? undefined : { cause: init.cause });
+    this.name = 'ClientError';
+    this.code = init.code;
+    this.status = init.status;
+    this.detail = init.detail;
+    this.body = init.body ?? {};
+    this.requestId = init.requestId;
+    this.method = init.method;
+    this.url = init.url;
+    this.attempts = init.attempts;
+  }
+}
+
+/** Told before each retry sleep (for progress output). `attempt` is the 1-based attempt that failed. */
+export interface RetryInfo {
+  method: string;
+  url: string;
+  attempt: number;
+  delayMs: number;
+  reason: string;
+}
+
+export interface ClientOptions {
+  /** API base URL, e.g. http://127.0.0.1:8080 (a trailing slash is ignored). */
+  baseUrl: string;
+  /** Raw API key (`svk_…`) or agent token; omitted for unauthenticated calls. */
+  apiKey?: string;
+  maxAttempts?: number;
+  timeoutMs?: number;
+  onRetry?: (info: RetryInfo) => void;
+  /** Sleep used between attempts (default: a real timer). */
+  sleep?: (ms: number) => Promise<void>;
+  /** Source of the jitter factor in [0, 1) (default Math.random). */
+  random?: () => number;
+}
+
+export type QueryValue = string | number | boolean | undefined | null | Array<string | number>;
+
+export interface RequestOptions {
+  /** Query parameters; arrays become repeated keys; undefined/null are left out. */
+  query?: Record<string, QueryValue>;
+  /** JSON body (serialised once; every attempt sends the same bytes). */
+  body?: unknown;
+  /** An explicit Idempotency-Key, or true to generate one for this logical call. */
+  idempotencyKey?: string | true;
+  /** A POST that changes nothing (chunk check, upload-urls): retried like a GET. */
+  retrySafe?: boolean;
+  headers?: Record<string, string>;
+}
+
+export interface ApiResponse<T> {
+  status: number;
+  body: T;
+  headers: Headers;
+  /** True when the server answered from its idempotency cache (`Idempotent-Replayed: true`). */
+  replayed: boolean;
+  requestId?: string;
+  /** The Idempotency-Key sent, if any. */
+  idempotencyKey?: string;
+  attempts: number;
+}
+
+/** A fresh Idempotency-Key for one logical mutation. */
+export function newIdempotencyKey(): string {
+  return `roost-cli-${randomUUID()}`;
+}
+
+/** Fallback backoff (ms) after the failed attempt number `attempt` (0-based): min(60000, 500·2^attempt)·[0.5, 1.0). */
+export function backoffDelayMs(attempt: number, random: () => number = Math.random): number {
+  return Math.min(60_000, 500 * 2 ** attempt) * (0.5 + 0.5 * random());
+}
+
+/**
+ * Retry-After as ms: delta-seconds or an HTTP-date (RFC 9110 §10.2.3). Falls back to a body's
+ * `retryAfter` (seconds). Undefined when neither is usable.
+ */
+export function retryAfterMs(header: string | null | undefined, body?: unknown, now: number = Date.now()): number | undefined {
+  if (header) {
+    const h = header.trim();
+    if (/^\d+(\.\d+)?$/.test(h)) return Math.round(Number(h) * 1000);
+    const date = Date.parse(h);
+    if (!Number.isNaN(date)) return Math.max(0, date - now);
+  }
+  const b = body as { retryAfter?: unknown } | undefined;
+  if (b && typeof b.retryAfter === 'number' && b.retryAfter >= 0) return Math.round(b.retryAfter * 1000);
+  return undefined;
+}
+
+/**
+ * Whether a failed attempt may be retried (SPEC.md Errors). `status` undefined means no HTTP answer
+ * (network failure or timeout). `replayable`: GET/HEAD, retrySafe, or a mutation with an Idempotency-Key.
+ */
+export function isRetryable(status: number | undefined, replayable: boolean): boolean {
+  if (status === 429) return true;
+  if (status === undefined) return replayable;
+  return replayable && RETRYABLE_STATUSES.has(status);
+}
+
+const defaultSleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+function buildQuery(query: Record<string, QueryValue> | undefined): string {
+  if (!query) return '';
+  const params = new URLSearchParams();
+  for (const [k, v] of Object.entries(query)) {
+    if (v === undefined || v === null) continue;
+    if (Array.isArray(v)) for (const item of v) params.append(k, String(item));
+    else params.append(k, String(v));
+  }
+  const s = params.toString();
+  return s ? `?${s}` : '';
+}
+
+/** Encodes one path segment (a `#3` version ref becomes `%233`, SPEC.md "Version id and version refs"). */
+export function seg(value: string): string {
+  return encodeURIComponent(value);
+}
+
+function describeNetworkError(err: unknown): string {
+  const e = err as { name?: string; message?: string; cause?: { code?: string; message?: string } };
+  if (e?.name === 'TimeoutError') return 'request timed out';
+  const cause = e?.cause?.code ?? e?.cause?.message;
+  return cause ? `${e?.message ?? 'fetch failed'} (${cause})` : (e?.message ?? String(err));
+}
+
+/** Parses a response body: JSON when the content type says so, else the text (or undefined when empty). */
+async function readBody(res: Response): Promise<unknown> {
+  const text = await res.text();
+  if (!text) return undefined;
+  const type = res.headers.get('content-type') ?? '';
+  if (type.includes('json')) {
+    try {
+      return JSON.parse(text);
+    } catch {
+      return text;
+    }
+  }
+  return text;
+}
+
+/** The Roost HTTP API as the CLI sees it. Stateless apart from its options; safe to share. */
+export class RoostClient {
+  readonly baseUrl: string;
+  private readonly apiKey?: string;
+  private readonly maxAttempts: number;
+  private readonly timeoutMs: number;
+  private readonly sleep: (ms: number) => Promise<void>;
+  private readonly random: () => number;
+  private readonly onRetry?: (info: RetryInfo) => void;
+
+  constructor(opts: ClientOptions) {
+    this.baseUrl = opts.baseUrl.replace(/\/+$/, '');
+    this.apiKey = opts.apiKey;
+    this.maxAttempts = Math.max(1, opts.maxAttempts ?? DEFAULT_MAX_ATTEMPTS);
+    this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.sleep = opts.sleep ?? defaultSleep;
+    this.random = opts.random ?? Math.random;
+    this.onRetry = opts.onRetry;
+  }
+
+  /**
+   * One logical API call with the retry policy above. Resolves with the 2xx response.
+   * @throws ClientError for any non-2xx answer (after retries where allowed) and for network failures.
+   */
+  async request<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<ApiResponse<T>> {
+    const m = method.toUpperCase();
+    const url = `${this.baseUrl}${path}${buildQuery(opts.query)}`;
+    const idempotencyKey = opts.idempotencyKey === true ? newIdempotencyKey() : opts.idempotencyKey;
+    const headers: Record<string, string> = { accept: 'application/json, application/problem+json', 'user-agent': `roost-cli/${CLI_VERSION}`, ...opts.headers };
+    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
+    if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
+    let payload: string | undefined;
+    if (opts.body !== undefined) {
+      payload = JSON.stringify(opts.body);
+      headers['content-type'] = 'application/json';
+    }
+    const replayable = m === 'GET' || m === 'HEAD' || opts.retrySafe === true || idempotencyKey !== undefined;
+
+    for (let attempt = 0; ; attempt++) {
+      const last = attempt + 1 >= this.maxAttempts;
+      let res: Response;
+      try {
+        res = await fetch(url, { method: m, headers, body: payload, signal: AbortSignal.timeout(this.timeoutMs) });
+      } catch (err) {
+        const reason = describeNetworkError(err);
+        if (!last && isRetryable(undefined, replayable)) {
+          await this.pause(m, url, attempt, backoffDelayMs(attempt, this.random), reason);
+          continue;
+        }
+        throw new ClientError({ code: 'network_error', status: 0, detail: `${m} ${url}: ${reason}`, method: m, url, attempts: attempt + 1, cause: err });
+      }
+      const body = await readBody(res);
+      const requestId = res.headers.get('x-request-id') ?? undefined;
+      if (res.ok) {
+        return {
+          status: res.status,
+          body: body as T,
+          headers: res.headers,
+          replayed: res.headers.get('idempotent-replayed') === 'true',
+          requestId,
+          idempotencyKey,
+          attempts: attempt + 1,
+        };
+      }
+      const problem = body && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
+      if (!last && isRetryable(res.status, replayable)) {
+        const after = res.status === 429 ? retryAfterMs(res.headers.get('retry-after'), problem) : undefined;
+        if (after === undefined || after <= MAX_RETRY_AFTER_MS) {
+          await this.pause(m, url, attempt, after ?? backoffDelayMs(attempt, this.random), `HTTP ${res.status}`);
+          continue;
+        }
+      }
+      throw new ClientError({
+        code: typeof problem.code === 'string' ? problem.code : `http_${res.status}`,
+        status: res.status,
+        detail: typeof problem.detail === 'string' ? problem.detail : typeof body === 'string' && body ? body.slice(0, 500) : res.statusText || `HTTP ${res.status}`,
+        body: problem,
+        requestId: requestId ?? (typeof problem.requestId === 'string' ? problem.requestId : undefined),
+        method: m,
+        url,
+        attempts: attempt + 1,
+      });
+    }
+  }
+
+  private async pause(method: string, url: string, attempt: number, delayMs: number, reason: string): Promise<void> {
+    this.onRetry?.({ method, url, attempt: attempt + 1, delayMs, reason });
+    await this.sleep(delayMs);
+  }
+
+  /** GET returning the body. */
+  async get<T = unknown>(path: string, query?: Record<string, QueryValue>): Promise<T> {
+    return (await this.request<T>('GET', path, { query })).body;
+  }
+
+  /** POST returning the body. */
+  async post<T = unknown>(path: string, body: unknown, opts: Omit<RequestOptions, 'body'> = {}): Promise<T> {
+    return (await this.request<T>('POST', path, { ...opts, body })).body;
+  }
+
+  /** PATCH returning the body. */
+  async patch<T = unknown>(path: string, body: unknown, opts: Omit<RequestOptions, 'body'> = {}): Promise<T> {
+    return (await this.request<T>('PATCH', path, { ...opts, body })).body;
+  }
+
+  /** DELETE returning the body. */
+  async delete<T = unknown>(path: string, opts: RequestOptions = {}): Promise<T> {
+    return (await this.request<T>('DELETE', path, opts)).body;
+  }
+
+  /**
+   * PUTs bytes to a signed blob URL (no API credential is sent; the URL carries its own SAS) as a
+   * BlockBlob with `Content-Type: application/octet-stream`. Writing the same bytes again is harmless,
+   * so 429/5xx/network failures are always retried. @throws ClientError code `upload_forbidden` (403,
+   * e.g. an expired URL), `upload_failed` (other statuses) or `network_error`.
+   */
+  async putBlob(url: string, bytes: Buffer): Promise<void> {
+    const display = url.split('?')[0];
+    for (let attempt = 0; ; attempt++) {
+      const last = attempt + 1 >= this.maxAttempts;
+      let res: Response;
+      try {
+        res = await fetch(url, {
+          method: 'PUT',
+          headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': String(bytes.length) },
+          body: bytes,
+          signal: AbortSignal.timeout(Math.max(this.timeoutMs, 5 * 60_000)),
+        });
+      } catch (err) {
+        const reason = describeNetworkError(err);
+        if (!last) {
+          await this.pause('PUT', display, attempt, backoffDelayMs(attempt, this.random), reason);
+          continue;
+        }
+        throw new ClientError({ code: 'network_error', status: 0, detail: `PUT ${display}: ${reason}`, method: 'PUT', url: display, attempts: attempt + 1, cause: err });
+      }
+      const text = await res.text();
+      if (res.ok) return;
+      if (!last && isRetryable(res.status, true)) {
+        const after = res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined;
+        await this.pause('PUT', display, attempt, Math.min(after ?? backoffDelayMs(attempt, this.random), MAX_RETRY_AFTER_MS), `HTTP ${res.status}`);
+        continue;
+      }
+      const storageCode = /<Code>([^<]+)<\/Code>/.exec(text)?.[1] ?? res.headers.get('x-ms-error-code') ?? undefined;
+      throw new ClientError({
+        code: res.status === 403 ? 'upload_forbidden' : 'upload_failed',
+        status: res.status,
+        detail: `PUT ${display}: HTTP ${res.status}${storageCode ? ` ${storageCode}` : ''}`,
+        body: storageCode ? { storageCode } : {},
+        method: 'PUT',
+        url: display,
+        attempts: attempt + 1,
+      });
+    }
+  }
+}

@@ -1,0 +1,167 @@
+/**
+ * `roost deploy <roostId> [versionRef]`: queue a canary-then-fleet rollout of a version (SPEC.md POST
+ * /api/roosts/{roostId}/deploy; one Idempotency-Key per invocation) and print the rollout record.
+ * The version ref takes any form (a positional, since `--version` belongs to the program); a non-id
+ * ref is resolved to its concrete id first (the route takes a concrete versionId).
+ * `--watch` then polls every machine of the rollout through
+ * GET /api/sites/{siteId}/machines/{machineId}/deployments until each reports the version committed,
+ * failed or cancelled (or the machine is unknown: `not_found`), or `--timeout` passes
+ * (docs/decisions/cli-deploy-watch.md). Exit code 1 when a watched machine failed or the watch timed out.
+ */
+import { Command } from 'commander';
+import pLimit from 'p-limit';
+import { ClientError, RoostClient, seg } from '../client';
+import { CommandContext, commandContext, idList, positiveInt, table, withJson } from '../context';
+import { createProgress } from '../progress';
+
+/** Rollout record (SPEC.md "Rollout"). */
+export interface Rollout {
+  rolloutId: string;
+  versionId: string;
+  siteId: string;
+  roostId: string;
+  stage: string;
+  canary: string[];
+  fleet: string[];
+  extractRoot: string;
+  versionUrl: string;
+  alreadyRunning?: boolean;
+  dryRun?: boolean;
+  [extra: string]: unknown;
+}
+
+/** What one machine reports for the rollout's roost (SPEC.md "Roost target state"). */
+export interface MachineProgress {
+  machineId: string;
+  wave: 'canary' | 'fleet';
+  /** Reported status for this version; `waiting` until the machine reports the rollout's version. */
+  status: string;
+  reportedVersionId: string | null;
+  error: string | null;
+}
+
+export interface WatchOutcome {
+  outcome: 'committed' | 'failed' | 'timeout';
+  machines: MachineProgress[];
+}
+
+const TERMINAL = new Set(['committed', 'failed', 'cancelled', 'not_found']);
+
+/** One poll of a machine: its per-roost deployment row for `roostId`. */
+async function pollMachine(client: RoostClient, siteId: string, roostId: string, versionId: string, machineId: string, wave: 'canary' | 'fleet'): Promise<MachineProgress> {
+  let res: { deployments?: Array<Record<string, unknown>> };
+  try {
+    res = await client.get(`/api/sites/${seg(siteId)}/machines/${seg(machineId)}/deployments`);
+  } catch (err) {
+    // A target id no machine ever enrolled under will never report: count it as finished, not committed.
+    if (err instanceof ClientError && err.code === 'not_found') return { machineId, wave, status: 'not_found', reportedVersionId: null, error: 'machine not found' };
+    throw err;
+  }
+  const row = (res.deployments ?? []).find((d) => d.roostId === roostId);
+  const reported = typeof row?.reportedVersionId === 'string' ? row.reportedVersionId : null;
+  const status = reported === versionId && typeof row?.status === 'string' ? row.status : 'waiting';
+  const error = reported === versionId && typeof row?.error === 'string' ? row.error : null;
+  return { machineId, wave, status, reportedVersionId: reported, error };
+}
+
+/**
+ * Polls until every machine of the rollout is terminal for its version, or `timeoutMs` passes.
+ * `onTick` sees each round's states. Polling uses at most 8 requests in flight.
+ */
+export async function watchRollout(
+  client: RoostClient,
+  rollout: Rollout,
+  opts: { intervalMs: number; timeoutMs: number; onTick?: (machines: MachineProgress[]) => void },
+): Promise<WatchOutcome> {
+  const targets = [...rollout.canary.map((m) => ({ m, wave: 'canary' as const })), ...rollout.fleet.map((m) => ({ m, wave: 'fleet' as const }))];
+  const deadline = Date.now() + opts.timeoutMs;
+  const limit = pLimit(8);
+  for (;;) {
+    const machines = await Promise.all(targets.map((t) => limit(() => pollMachine(client, rollout.siteId, rollout.roostId, rollout.versionId, t.m, t.wave))));
+    opts.onTick?.(machines);
+    if (machines.every((m) => TERMINAL.has(m.status))) {
+      return { outcome: machines.every((m) => m.status === 'committed') ? 'committed' : 'failed', machines };
+    }
+    // A failed canary stops the rollout before the fleet wave: nothing more will move.
+    const canary = machines.filter((m) => m.wave === 'canary');
+    if (canary.length > 0 && canary.every((m) => TERMINAL.has(m.status)) && canary.some((m) => m.status !== 'committed') && machines.filter((m) => m.wave === 'fleet').every((m) => m.status === 'waiting')) {
+      return { outcome: 'failed', machines };
+    }
+    if (Date.now() >= deadline) return { outcome: 'timeout', machines };
+    await new Promise((r) => setTimeout(r, opts.intervalMs));
+  }
+}
+
+async function resolveVersionId(ctx: CommandContext, siteId: string, roostId: string, ref: string): Promise<string> {
+  if (/^[0-9a-f]{64}$/.test(ref)) return ref;
+  const v = await ctx.client().get<{ versionId: string }>(`/api/roosts/${seg(roostId)}/versions/${seg(ref)}`, { siteId });
+  return v.versionId;
+}
+
+export function registerDeploy(program: Command): void {
+  withJson(
+    program
+      .command('deploy')
+      .description('roll a version of a roost out to its target machines (canary, then fleet)')
+      .argument('<roostId>', 'roost id')
+      .argument('[versionRef]', 'version to deploy: id, number (3, #3, v3) or alias (default: current)')
+      .option('--machines <ids>', 'comma-separated machine ids (default: the roost targets)', idList)
+      .option('--schedule-at <iso>', 'start time (ISO 8601)')
+      .option('--dry-run', 'plan only; nothing is written')
+      .option('--watch', 'poll the machines until every one reports the version committed or failed')
+      .option('--interval <seconds>', 'with --watch: seconds between polls', positiveInt('--interval'), 3)
+      .option('--timeout <seconds>', 'with --watch: give up after this many seconds', positiveInt('--timeout'), 1800),
+  ).action(
+    async (
+      roostId: string,
+      versionRef: string | undefined,
+      opts: { machines?: string[]; scheduleAt?: string; dryRun?: boolean; watch?: boolean; interval: number; timeout: number },
+      cmd: Command,
+    ) => {
+      const ctx = commandContext(cmd);
+      const client = ctx.client();
+      const siteId = ctx.siteId();
+      const body: Record<string, unknown> = { siteId };
+      if (versionRef !== undefined) body.versionId = await resolveVersionId(ctx, siteId, roostId, versionRef);
+      if (opts.machines !== undefined) body.machines = opts.machines;
+      if (opts.scheduleAt !== undefined) body.scheduleAt = opts.scheduleAt;
+      if (opts.dryRun) body.dryRun = true;
+      const rollout = await client.post<Rollout>(`/api/roosts/${seg(roostId)}/deploy`, body, { idempotencyKey: true });
+
+      let watched: WatchOutcome | undefined;
+      if (opts.watch && !rollout.dryRun) {
+        const progress = createProgress(ctx);
+        const total = rollout.canary.length + rollout.fleet.length;
+        try {
+          watched = await watchRollout(client, rollout, {
+            intervalMs: opts.interval * 1000,
+            timeoutMs: opts.timeout * 1000,
+            onTick: (ms) => progress.update({ stage: 'machines', done: ms.filter((m) => TERMINAL.has(m.status)).length, total }),
+          });
+        } finally {
+          progress.stop();
+        }
+        if (watched.outcome !== 'committed') {
+          const notCommitted = watched.machines.filter((m) => m.status !== 'committed').length;
+          process.stderr.write(`error: rollout_${watched.outcome}: ${notCommitted} of ${total} machine(s) did not commit version ${rollout.versionId}\n`);
+          process.exitCode = 1;
+        }
+      }
+
+      ctx.emit(watched ? { rollout, watch: watched } : rollout, () => {
+        const lines = [
+          `${rollout.dryRun ? 'dry run: would roll out' : rollout.alreadyRunning ? 'already rolling out' : 'rolling out'} ${roostId} version ${rollout.versionId}`,
+          `  rollout   ${rollout.rolloutId ?? '-'} (stage ${rollout.stage})`,
+          `  canary    ${rollout.canary.join(', ') || '-'}`,
+          `  fleet     ${rollout.fleet.join(', ') || '-'}`,
+          `  extract   ${rollout.extractRoot}`,
+        ];
+        if (watched) {
+          lines.push('', `outcome: ${watched.outcome}`);
+          lines.push(table(['MACHINE', 'WAVE', 'STATUS', 'ERROR'], watched.machines.map((m) => [m.machineId, m.wave, m.status, m.error])));
+        }
+        process.stdout.write(lines.join('\n') + '\n');
+      });
+    },
+  );
+}

@@ -1,0 +1,171 @@
+/**
+ * What every `roost` command shares: the global options (`--api`, `--key`, `--site`, `--quiet`), the
+ * API client built from them, the output contract and error reporting (DESIGN.md "Operator surface").
+ *
+ * Output contract (docs/decisions/cli-output.md): with `--json` a command writes exactly one JSON
+ * document to stdout and nothing else (on failure: `{"error": <problem>}`); without it, human text.
+ * Progress, retries and warnings always go to stderr. Exit code 0 on success, 1 on any failure
+ * (API refusal, network, bad tree), 2 on usage errors.
+ */
+import { Command, Option } from 'commander';
+import { ClientError, RetryInfo, RoostClient } from './client';
+import { ChunkerError } from './chunker';
+
+export const DEFAULT_API_URL = 'http://127.0.0.1:8080';
+
+/** Values of the global options after env fallbacks. */
+export interface GlobalOptions {
+  api: string;
+  key?: string;
+  site?: string;
+  quiet?: boolean;
+}
+
+/** A usage problem detected by the CLI itself (missing --site, bad flag value): exit code 2. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UsageError';
+  }
+}
+
+/** Adds the global options to the root program (env ROOST_API_URL, ROOST_API_KEY, ROOST_SITE_ID). */
+export function addGlobalOptions(program: Command): Command {
+  return program
+    .addOption(new Option('--api <url>', 'API base URL').env('ROOST_API_URL').default(DEFAULT_API_URL))
+    .addOption(new Option('--key <key>', 'API key (svk_…)').env('ROOST_API_KEY'))
+    .addOption(new Option('--site <siteId>', 'site id').env('ROOST_SITE_ID'))
+    .addOption(new Option('-q, --quiet', 'no progress output on stderr'));
+}
+
+/** Adds `--json` to a command (every command has it). */
+export function withJson(cmd: Command): Command {
+  return cmd.option('--json', 'print one machine-readable JSON document on stdout');
+}
+
+let jsonMode = false;
+
+/** True once a command running with `--json` has started (main.ts uses it to shape error output). */
+export function isJsonMode(): boolean {
+  return jsonMode;
+}
+
+/** Per-invocation context handed to a command's action. */
+export interface CommandContext {
+  globals: GlobalOptions;
+  json: boolean;
+  /** True when progress may be drawn as a bar (stderr is a TTY, not --quiet). */
+  tty: boolean;
+  quiet: boolean;
+  /** The API client; throws UsageError when no key is configured. */
+  client(): RoostClient;
+  /** The site id from --site / ROOST_SITE_ID; throws UsageError when missing. */
+  siteId(): string;
+  /** A line on stderr (suppressed by --quiet). */
+  info(line: string): void;
+  /** Prints the command's result: the JSON document with --json, else `human()` output. */
+  emit(value: unknown, human: () => void): void;
+}
+
+/** Builds the context of a running command from its merged options. */
+export function commandContext(cmd: Command): CommandContext {
+  const opts = cmd.optsWithGlobals<GlobalOptions & { json?: boolean }>();
+  const json = opts.json === true;
+  jsonMode = json;
+  const quiet = opts.quiet === true;
+  const info = (line: string) => {
+    if (!quiet) process.stderr.write(`${line}\n`);
+  };
+  let client: RoostClient | undefined;
+  return {
+    globals: { api: opts.api, key: opts.key, site: opts.site, quiet },
+    json,
+    quiet,
+    tty: !quiet && process.stderr.isTTY === true,
+    client() {
+      if (!opts.key) throw new UsageError('no API key: pass --key or set ROOST_API_KEY');
+      client ??= new RoostClient({
+        baseUrl: opts.api,
+        apiKey: opts.key,
+        onRetry: (r: RetryInfo) => info(`retrying ${r.method} ${r.url.split('?')[0]} in ${(r.delayMs / 1000).toFixed(1)}s (attempt ${r.attempt} failed: ${r.reason})`),
+      });
+      return client;
+    },
+    siteId() {
+      if (!opts.site) throw new UsageError('no site: pass --site or set ROOST_SITE_ID');
+      return opts.site;
+    },
+    info,
+    emit(value, human) {
+      if (json) process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+      else human();
+    },
+  };
+}
+
+/** Parses a positive integer flag value. @throws UsageError */
+export function positiveInt(name: string): (raw: string) => number {
+  return (raw) => {
+    const n = Number(raw);
+    if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(n) || n < 1) throw new UsageError(`${name} must be a positive integer, got "${raw}"`);
+    return n;
+  };
+}
+
+/** Splits a comma/space separated id list, dropping empties. */
+export function idList(raw: string): string[] {
+  return raw
+    .split(/[\s,]+/)
+    .map((s) => s.trim())
+    .filter(Boolean);
+}
+
+/** Human byte count: 1536 → "1.5 KiB". */
+export function formatBytes(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = n;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return i === 0 ? `${n} B` : `${v.toFixed(1)} ${units[i]}`;
+}
+
+/** A plain text table: columns padded to their widest cell. */
+export function table(headers: string[], rows: Array<Array<string | number | null | undefined>>): string {
+  const cells = [headers, ...rows.map((r) => r.map((c) => (c === null || c === undefined ? '-' : String(c))))];
+  const widths = headers.map((_, i) => Math.max(...cells.map((r) => (r[i] ?? '').length)));
+  return cells.map((r) => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]))).join('  ')).join('\n');
+}
+
+/** The error as a JSON-able problem: the API's problem body, or a CLI-side one. */
+export function problemOf(err: unknown): Record<string, unknown> {
+  if (err instanceof ClientError) {
+    return { ...err.body, code: err.code, status: err.status, detail: err.detail, ...(err.requestId ? { requestId: err.requestId } : {}) };
+  }
+  if (err instanceof UsageError) return { code: 'usage_error', detail: err.message };
+  if (err instanceof ChunkerError) return { code: 'invalid_tree', detail: err.message, paths: err.paths.slice(0, 100) };
+  const e = err as { code?: unknown; message?: unknown };
+  if (typeof e?.code === 'string' && e.code.startsWith('commander.')) return { code: 'usage_error', detail: String(e.message ?? err) };
+  return { code: 'cli_error', detail: err instanceof Error ? err.message : String(err) };
+}
+
+/**
+ * Reports a failure: `error: <code>: <detail>` plus useful extras on stderr (validation errors by path,
+ * the required scope, missing chunks, the request id); with --json also `{"error": …}` on stdout.
+ * Returns the exit code to use (2 usage, 1 otherwise).
+ */
+export function reportError(err: unknown, json: boolean): number {
+  const p = problemOf(err);
+  const lines = [`error: ${String(p.code)}: ${String(p.detail)}`];
+  const errors = p.errors as Record<string, unknown> | undefined;
+  if (errors && typeof errors === 'object') for (const [k, v] of Object.entries(errors)) lines.push(`  ${k}: ${Array.isArray(v) ? v.join('; ') : String(v)}`);
+  const required = p.required as { resource?: string; id?: string; permission?: string } | undefined;
+  if (required && typeof required === 'object') lines.push(`  required scope: ${required.resource}=${required.id}:${required.permission}`);
+  if (Array.isArray(p.missingChunks)) lines.push(`  missing chunks: ${(p.missingChunks as string[]).slice(0, 5).join(', ')}${p.missingChunks.length > 5 ? ', …' : ''}`);
+  if (typeof p.status === 'number' && p.status > 0) lines.push(`  (HTTP ${p.status}${p.requestId ? `, request ${String(p.requestId)}` : ''})`);
+  process.stderr.write(`${lines.join('\n')}\n`);
+  if (json) process.stdout.write(`${JSON.stringify({ error: p }, null, 2)}\n`);
+  return p.code === 'usage_error' ? 2 : 1;
+}

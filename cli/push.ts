@@ -1,0 +1,282 @@
+/**
+ * The push pipeline (SPEC.md Chunks "Upload flow": check, then upload-urls for the missing hashes, then
+ * PUT each, then publish; "Roost versions" POST /api/roosts/{roostId}/versions).
+ *
+ * Stages, each timed in ms:
+ * 1. hash: walk and chunk the tree (cli/chunker.ts), building the version body;
+ * 2. check: `POST /api/chunks/check` in batches of at most 1000 distinct hashes;
+ * 3. upload: per batch of at most 1000 missing hashes, `POST /api/chunks/upload-urls`, then PUT every
+ *    chunk straight to its signed URL with bounded concurrency, re-reading its bytes from the file at
+ *    its offset (at most `concurrency` chunks are in memory); an expired or refused URL (403) is
+ *    re-issued once;
+ * 4. publish: one Idempotency-Key for the whole push, reused on every retry. A 412
+ *    precondition_failed naming missingChunks (say a chunk vanished between check and publish) uploads
+ *    those and publishes again (at most 3 publish attempts).
+ * Each stage is also exported (findMissing, uploadChunks, publishScan) for callers that drive them.
+ * Errors: ClientError from the API (problem code/status/detail), ChunkerError from the tree.
+ */
+import { performance } from 'node:perf_hooks';
+import pLimit from 'p-limit';
+import { ChunkLocation, ScanResult, SkippedEntry, readChunk, scanTree } from './chunker';
+import { ClientError, RoostClient, newIdempotencyKey, seg } from './client';
+import { computeVersionId, VersionBody } from '../domain/version';
+
+/** Most hashes per chunk check or upload-urls call (SPEC.md Limits). */
+export const HASH_BATCH = 1000;
+/** Publish attempts after 412 precondition_failed with missingChunks. */
+const MISSING_CHUNK_ROUNDS = 3;
+
+export type PushStage = 'hash' | 'check' | 'upload' | 'publish';
+
+/** One progress tick. `done`/`total` count bytes for hash and upload, hashes for check, 0..1 for publish. */
+export interface PushProgress {
+  stage: PushStage;
+  done: number;
+  total: number;
+  /** Stage-specific figures (files hashed, chunks uploaded, …). */
+  detail?: Record<string, number>;
+}
+
+export interface PushOptions {
+  client: RoostClient;
+  siteId: string;
+  roostId: string;
+  /** Root folder of the tree to publish. */
+  dir: string;
+  /** Chunk uploads in flight at once (default 4). */
+  concurrency?: number;
+  onProgress?: (p: PushProgress) => void;
+  /** Version description (max 500 chars, SPEC.md Limits). */
+  description?: string;
+  /** Publish only if the roost's current version is still this id (412 version_stale otherwise). */
+  expectedCurrentVersionId?: string;
+  /** Replaces the default producer config of the body (tests pin createdAt with it). */
+  config?: Record<string, unknown>;
+  /** Idempotency-Key of the publish (default: a fresh one per push). */
+  idempotencyKey?: string;
+}
+
+/** Publish response fields (SPEC.md: 201 versionId, versionNumber, currentVersionId, previousVersionId). */
+export interface PublishResponse {
+  versionId: string;
+  versionNumber: number;
+  currentVersionId: string;
+  previousVersionId: string | null;
+}
+
+export interface PushResult {
+  roostId: string;
+  siteId: string;
+  versionId: string;
+  versionNumber: number;
+  previousVersionId: string | null;
+  filesTotal: number;
+  bytesTotal: number;
+  /** Distinct chunks the version references. */
+  chunksTotal: number;
+  /** Chunks PUT to storage by this push. */
+  chunksUploaded: number;
+  /** Chunks the site already held (not uploaded). */
+  chunksSkipped: number;
+  bytesUploaded: number;
+  /** Entries left out of the version (symlinks, sockets, …). */
+  skipped: SkippedEntry[];
+  /** True when the server answered the publish from its idempotency cache. */
+  replayed: boolean;
+  /** Wall time per stage in ms. */
+  timings: Record<PushStage, number>;
+  /** The version body that was published (its JCS SHA-256 is versionId). */
+  body: VersionBody;
+}
+
+function batches<T>(items: T[], size: number): T[][] {
+  const out: T[][] = [];
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
+  return out;
+}
+
+interface UploadUrlsResponse {
+  urls: Record<string, string>;
+  expiresAt?: string;
+}
+
+/** Accumulates per-stage wall time (ms). */
+export class StageTimer {
+  readonly timings: Record<PushStage, number> = { hash: 0, check: 0, upload: 0, publish: 0 };
+  async run<T>(stage: PushStage, fn: () => Promise<T>): Promise<T> {
+    const t0 = performance.now();
+    try {
+      return await fn();
+    } finally {
+      this.timings[stage] += Math.round(performance.now() - t0);
+    }
+  }
+}
+
+/** What the upload and publish stages share. */
+export interface StageContext {
+  client: RoostClient;
+  siteId: string;
+  scan: ScanResult;
+  /** Chunk uploads in flight at once (default 4). */
+  concurrency?: number;
+  onProgress?: (p: PushProgress) => void;
+}
+
+/**
+ * Check stage: which of the scan's distinct chunks the site lacks (`POST /api/chunks/check`, batches of
+ * at most 1000). Returns them in path order. @throws ClientError
+ */
+export async function findMissing(ctx: StageContext): Promise<string[]> {
+  const all = [...ctx.scan.locations.keys()];
+  const progress = ctx.onProgress ?? (() => undefined);
+  const found = new Set<string>();
+  let done = 0;
+  progress({ stage: 'check', done, total: all.length });
+  for (const batch of batches(all, HASH_BATCH)) {
+    const res = await ctx.client.post<{ missing: string[] }>('/api/chunks/check', { siteId: ctx.siteId, hashes: batch }, { retrySafe: true });
+    for (const h of res.missing ?? []) if (ctx.scan.locations.has(h)) found.add(h);
+    done += batch.length;
+    progress({ stage: 'check', done, total: all.length });
+  }
+  return all.filter((h) => found.has(h));
+}
+
+/** Upload stage result: the chunks PUT and their bytes. */
+export interface UploadTally {
+  uploaded: Set<string>;
+  bytes: number;
+}
+
+/**
+ * Upload stage: signed URLs per batch of at most 1000, then one PUT per chunk with bounded concurrency,
+ * its bytes re-read from the file (and re-verified). A 403 from storage re-signs that URL once.
+ * Adds to `tally`. @throws ClientError, ChunkerError (a file changed since hashing)
+ */
+export async function uploadChunks(ctx: StageContext, hashes: string[], tally: UploadTally = { uploaded: new Set(), bytes: 0 }): Promise<UploadTally> {
+  const { client, siteId, scan } = ctx;
+  const progress = ctx.onProgress ?? (() => undefined);
+  const total = hashes.reduce((n, h) => n + (scan.locations.get(h)?.size ?? 0), 0);
+  let done = 0;
+  let chunksDone = 0;
+  progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });
+  const limit = pLimit(Math.max(1, ctx.concurrency ?? 4));
+  for (const batch of batches(hashes, HASH_BATCH)) {
+    const { urls } = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: batch }, { retrySafe: true });
+    await Promise.all(
+      batch.map((hash) =>
+        limit(async () => {
+          const loc = scan.locations.get(hash) as ChunkLocation;
+          const url = urls?.[hash];
+          if (!url) throw new Error(`the server issued no upload URL for chunk ${hash}`);
+          const bytes = await readChunk(loc, hash);
+          try {
+            await client.putBlob(url, bytes);
+          } catch (err) {
+            if (!(err instanceof ClientError) || err.code !== 'upload_forbidden') throw err;
+            const fresh = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: [hash] }, { retrySafe: true });
+            const again = fresh.urls?.[hash];
+            if (!again) throw err;
+            await client.putBlob(again, bytes);
+          }
+          tally.uploaded.add(hash);
+          tally.bytes += loc.size;
+          done += loc.size;
+          chunksDone += 1;
+          progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });
+        }),
+      ),
+    );
+  }
+  return tally;
+}
+
+export interface PublishOptions extends StageContext {
+  roostId: string;
+  description?: string;
+  expectedCurrentVersionId?: string;
+  /** Default: a fresh key; the same key is used for every attempt and recovery round. */
+  idempotencyKey?: string;
+  /** Receives the uploads of recovery rounds (default: a fresh tally). */
+  tally?: UploadTally;
+}
+
+/**
+ * Publish stage: `POST /api/roosts/{roostId}/versions` with one Idempotency-Key. On 412
+ * precondition_failed whose missingChunks are all chunks of this scan, uploads them and publishes again
+ * (at most 3 publish attempts). Checks that the returned versionId is the body's JCS SHA-256.
+ * @throws ClientError (any other refusal, or missing chunks this scan cannot supply), Error on an id mismatch
+ */
+export async function publishScan(opts: PublishOptions, timer: StageTimer = new StageTimer()): Promise<{ response: PublishResponse; replayed: boolean; tally: UploadTally }> {
+  const { client, siteId, roostId, scan } = opts;
+  const progress = opts.onProgress ?? (() => undefined);
+  const tally = opts.tally ?? { uploaded: new Set<string>(), bytes: 0 };
+  const idempotencyKey = opts.idempotencyKey ?? newIdempotencyKey();
+  const body: Record<string, unknown> = { siteId, version: scan.body };
+  if (opts.description !== undefined) body.description = opts.description;
+  if (opts.expectedCurrentVersionId !== undefined) body.expectedCurrentVersionId = opts.expectedCurrentVersionId;
+  progress({ stage: 'publish', done: 0, total: 1 });
+  let published: { body: PublishResponse; replayed: boolean } | undefined;
+  for (let round = 0; !published; round++) {
+    try {
+      published = await timer.run('publish', () => client.request<PublishResponse>('POST', `/api/roosts/${seg(roostId)}/versions`, { body, idempotencyKey }));
+    } catch (err) {
+      const lacking = err instanceof ClientError && err.code === 'precondition_failed' ? (err.body.missingChunks as unknown) : undefined;
+      if (round + 1 >= MISSING_CHUNK_ROUNDS || !Array.isArray(lacking) || lacking.length === 0) throw err;
+      const ours = lacking.filter((h): h is string => typeof h === 'string' && scan.locations.has(h));
+      if (ours.length !== lacking.length) throw err;
+      await timer.run('upload', () => uploadChunks(opts, ours, tally));
+      progress({ stage: 'publish', done: 0, total: 1 });
+    }
+  }
+  progress({ stage: 'publish', done: 1, total: 1 });
+  const expected = computeVersionId(scan.body);
+  if (published.body.versionId !== expected) {
+    throw new Error(`the server published version ${published.body.versionId}, but the body sent hashes to ${expected}`);
+  }
+  return { response: published.body, replayed: published.replayed, tally };
+}
+
+/**
+ * Runs the whole pipeline (hash, check, upload, publish) and returns what it did. @throws ClientError
+ * (API refusals: scope, 404, 412 version_stale, quota…), ChunkerError (unusable tree), Error when the
+ * server's version id is not the SHA-256 of the canonical body sent.
+ */
+export async function push(opts: PushOptions): Promise<PushResult> {
+  const { client, siteId, roostId } = opts;
+  const progress = opts.onProgress ?? (() => undefined);
+  const timer = new StageTimer();
+
+  const scan: ScanResult = await timer.run('hash', () =>
+    scanTree(opts.dir, {
+      config: opts.config,
+      onProgress: (p) => progress({ stage: 'hash', done: p.bytesDone, total: p.bytesTotal, detail: { filesDone: p.filesDone, filesTotal: p.filesTotal } }),
+    }),
+  );
+  const ctx: StageContext = { client, siteId, scan, concurrency: opts.concurrency, onProgress: opts.onProgress };
+  const missing = await timer.run('check', () => findMissing(ctx));
+  const tally = await timer.run('upload', () => uploadChunks(ctx, missing));
+  const published = await publishScan(
+    { ...ctx, roostId, description: opts.description, expectedCurrentVersionId: opts.expectedCurrentVersionId, idempotencyKey: opts.idempotencyKey, tally },
+    timer,
+  );
+  const chunksTotal = scan.locations.size;
+  const res = published.response;
+  return {
+    roostId,
+    siteId,
+    versionId: res.versionId,
+    versionNumber: res.versionNumber,
+    previousVersionId: res.previousVersionId ?? null,
+    filesTotal: scan.body.files.length,
+    bytesTotal: scan.bytesTotal,
+    chunksTotal,
+    chunksUploaded: tally.uploaded.size,
+    chunksSkipped: chunksTotal - tally.uploaded.size,
+    bytesUploaded: tally.bytes,
+    skipped: scan.skipped,
+    replayed: published.replayed,
+    timings: timer.timings,
+    body: scan.body,
+  };
+}

@@ -1,0 +1,206 @@
+import { createHash } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { ChunkerError, buildVersionBody, chunkFile, comparePaths, readChunk, scanTree, walkTree } from '../../cli/chunker';
+import { CHUNK_SIZE, VERSION_MEDIA_TYPE, computeVersionId, validateVersionBody } from '../../domain/version';
+
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+const PINNED = { producer: 'roost-cli', cliVersion: 'test', createdAt: '2024-01-01T00:00:00.000Z', hostname: 'h', platform: 'linux' };
+
+/** Deterministic pseudo-random bytes (xorshift32), so chunks at different offsets differ. */
+function bytes(n: number, seed: number): Buffer {
+  const words = new Uint32Array(Math.ceil(n / 4));
+  let x = (seed * 2654435761) >>> 0 || 1;
+  for (let i = 0; i < words.length; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    words[i] = x >>> 0;
+  }
+  return Buffer.from(words.buffer, 0, n);
+}
+
+let tmp: string;
+beforeEach(async () => {
+  tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'roost-chunker-'));
+});
+afterEach(async () => {
+  await fsp.rm(tmp, { recursive: true, force: true });
+});
+
+async function write(rel: string, data: Buffer | string): Promise<string> {
+  const abs = path.join(tmp, ...rel.split('/'));
+  await fsp.mkdir(path.dirname(abs), { recursive: true });
+  await fsp.writeFile(abs, data);
+  return abs;
+}
+
+describe('chunkFile boundaries', () => {
+  it('a file of exactly 4 MiB is one full chunk', async () => {
+    const data = bytes(CHUNK_SIZE, 1);
+    const chunks = await chunkFile(await write('exact.bin', data), CHUNK_SIZE);
+    expect(chunks).toEqual([{ hash: sha(data), size: CHUNK_SIZE }]);
+  });
+
+  it('4 MiB + 1 byte is a full chunk and a 1-byte chunk', async () => {
+    const data = bytes(CHUNK_SIZE + 1, 2);
+    const chunks = await chunkFile(await write('plus1.bin', data), data.length);
+    expect(chunks).toEqual([
+      { hash: sha(data.subarray(0, CHUNK_SIZE)), size: CHUNK_SIZE },
+      { hash: sha(data.subarray(CHUNK_SIZE)), size: 1 },
+    ]);
+  });
+
+  it('8 MiB + 5 bytes gives three chunks, concatenation reproducing the file', async () => {
+    const data = bytes(2 * CHUNK_SIZE + 5, 3);
+    const chunks = await chunkFile(await write('big.bin', data), data.length);
+    expect(chunks.map((c) => c.size)).toEqual([CHUNK_SIZE, CHUNK_SIZE, 5]);
+    expect(chunks.map((c) => c.hash)).toEqual([
+      sha(data.subarray(0, CHUNK_SIZE)),
+      sha(data.subarray(CHUNK_SIZE, 2 * CHUNK_SIZE)),
+      sha(data.subarray(2 * CHUNK_SIZE)),
+    ]);
+  });
+
+  it('a zero-byte file has no chunks; a small file has one chunk of its size', async () => {
+    expect(await chunkFile(await write('empty', ''), 0)).toEqual([]);
+    expect(await chunkFile(await write('small', 'hello'), 5)).toEqual([{ hash: sha(Buffer.from('hello')), size: 5 }]);
+  });
+
+  it('fails when the file is not the size the walk saw', async () => {
+    const abs = await write('grew.txt', 'abc');
+    await expect(chunkFile(abs, 2)).rejects.toBeInstanceOf(ChunkerError);
+  });
+});
+
+describe('walkTree', () => {
+  it('lists regular files with forward-slash paths sorted by UTF-8 bytes, skipping and reporting symlinks', async () => {
+    await write('b.txt', 'b');
+    await write('a/b/c.txt', 'c');
+    await write('a-b.txt', 'x');
+    await write('B.txt', 'B');
+    await write('a/z.txt', 'z');
+    await fsp.mkdir(path.join(tmp, 'empty-dir'));
+    await fsp.symlink(path.join(tmp, 'b.txt'), path.join(tmp, 'link-to-file'));
+    await fsp.symlink(path.join(tmp, 'a'), path.join(tmp, 'a', 'loop'));
+    const { files, skipped } = await walkTree(tmp);
+    // '-' (0x2d) sorts before '/' (0x2f); uppercase before lowercase.
+    expect(files.map((f) => f.path)).toEqual(['B.txt', 'a-b.txt', 'a/b/c.txt', 'a/z.txt', 'b.txt']);
+    expect(files.find((f) => f.path === 'a/b/c.txt')).toMatchObject({ size: 1, absPath: path.join(tmp, 'a', 'b', 'c.txt') });
+    expect(skipped).toEqual([
+      { path: 'a/loop', reason: 'symlink' },
+      { path: 'link-to-file', reason: 'symlink' },
+    ]);
+  });
+
+  it('normalises names to Unicode NFC', async () => {
+    const nfd = 'cafe\u0301.txt';
+    await write(nfd, 'x');
+    const { files } = await walkTree(tmp);
+    expect(files.map((f) => f.path)).toEqual(['caf\u00e9.txt']);
+    expect(path.basename(files[0].absPath)).toBe(nfd); // still read from the name on disk
+  });
+
+  it('refuses names a version cannot carry instead of leaving them out', async () => {
+    await write('ok.txt', 'x');
+    await write('bad\\name.txt', 'x');
+    await expect(walkTree(tmp)).rejects.toMatchObject({ name: 'ChunkerError', paths: ['bad\\name.txt'] });
+  });
+
+  it('refuses a root that is not a directory', async () => {
+    const abs = await write('f.txt', 'x');
+    await expect(walkTree(abs)).rejects.toBeInstanceOf(ChunkerError);
+    await expect(walkTree(path.join(tmp, 'nope'))).rejects.toBeInstanceOf(ChunkerError);
+  });
+});
+
+describe('scanTree', () => {
+  async function makeTree(order: 'forward' | 'reverse'): Promise<void> {
+    const entries: Array<[string, Buffer | string]> = [
+      ['bin/app.exe', bytes(CHUNK_SIZE + 100, 7)],
+      ['config/settings.json', '{"a":1}'],
+      ['config/empty.cfg', ''],
+      ['readme.txt', 'hello'],
+      ['dup/copy.txt', 'hello'],
+    ];
+    for (const [rel, data] of order === 'forward' ? entries : [...entries].reverse()) await write(rel, data);
+  }
+
+  it('builds a valid version body: schemaVersion 2, media type, producer config, files sorted, zero-byte without chunks', async () => {
+    await makeTree('forward');
+    const scan = await scanTree(tmp);
+    const { body } = scan;
+    expect(validateVersionBody(body)).toBeNull();
+    expect(body.schemaVersion).toBe(2);
+    expect(body.mediaType).toBe(VERSION_MEDIA_TYPE);
+    expect(body.config).toMatchObject({ producer: 'roost-cli', hostname: os.hostname(), platform: process.platform });
+    expect(typeof body.config.cliVersion).toBe('string');
+    expect(new Date(String(body.config.createdAt)).toISOString()).toBe(body.config.createdAt);
+    expect(body.files.map((f) => f.path)).toEqual(['bin/app.exe', 'config/empty.cfg', 'config/settings.json', 'dup/copy.txt', 'readme.txt']);
+    expect(body.files[1]).toEqual({ path: 'config/empty.cfg', size: 0, chunks: [] });
+    expect(body.files[0].chunks.map((c) => c.size)).toEqual([CHUNK_SIZE, 100]);
+    expect(scan.bytesTotal).toBe(CHUNK_SIZE + 100 + 7 + 5 + 5);
+    // identical content is one distinct chunk with one location; the empty file contributes none
+    expect(scan.locations.size).toBe(4);
+    const second = body.files[0].chunks[1];
+    expect(scan.locations.get(second.hash)).toEqual({ absPath: path.join(tmp, 'bin', 'app.exe'), offset: CHUNK_SIZE, size: 100 });
+  });
+
+  it('is deterministic: same tree, any creation order, any concurrency → same body and version id', async () => {
+    await makeTree('forward');
+    const a = await scanTree(tmp, { config: PINNED, concurrency: 1 });
+    await fsp.rm(tmp, { recursive: true, force: true });
+    await fsp.mkdir(tmp);
+    await makeTree('reverse');
+    const b = await scanTree(tmp, { config: PINNED, concurrency: 4 });
+    expect(b.body).toEqual(a.body);
+    expect(computeVersionId(b.body)).toBe(computeVersionId(a.body));
+  });
+
+  it('reports progress up to every byte and file', async () => {
+    await makeTree('forward');
+    const ticks: Array<{ filesDone: number; bytesDone: number; bytesTotal: number }> = [];
+    await scanTree(tmp, { onProgress: (p) => ticks.push(p) });
+    const last = ticks[ticks.length - 1];
+    expect(last).toMatchObject({ filesDone: 5, filesTotal: 5, bytesDone: last.bytesTotal });
+  });
+
+  it('rejects a tree with no regular files', async () => {
+    await fsp.mkdir(path.join(tmp, 'only-dirs', 'deeper'), { recursive: true });
+    await expect(scanTree(tmp)).rejects.toThrow(/no regular files/);
+  });
+});
+
+describe('readChunk', () => {
+  it('reads a chunk back from its offset and checks its digest', async () => {
+    const data = bytes(CHUNK_SIZE + 10, 9);
+    const abs = await write('f.bin', data);
+    const tail = data.subarray(CHUNK_SIZE);
+    expect((await readChunk({ absPath: abs, offset: CHUNK_SIZE, size: 10 }, sha(tail))).equals(tail)).toBe(true);
+  });
+
+  it('fails when the file changed since hashing', async () => {
+    const abs = await write('f.txt', 'hello');
+    const hash = sha(Buffer.from('hello'));
+    await fsp.writeFile(abs, 'jello');
+    await expect(readChunk({ absPath: abs, offset: 0, size: 5 }, hash)).rejects.toBeInstanceOf(ChunkerError);
+  });
+});
+
+describe('ordering helpers', () => {
+  it('buildVersionBody sorts files by path whatever the input order', () => {
+    const body = buildVersionBody(
+      [
+        { path: 'z', size: 0, chunks: [] },
+        { path: 'a/b', size: 0, chunks: [] },
+      ],
+      PINNED,
+    );
+    expect(body.files.map((f) => f.path)).toEqual(['a/b', 'z']);
+  });
+
+  it('comparePaths orders by UTF-8 bytes (astral after BMP private use)', () => {
+    expect(['\u{1F600}', '\uE000', 'a'].sort(comparePaths)).toEqual(['a', '\uE000', '\u{1F600}']);
+  });
+});

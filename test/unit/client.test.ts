@@ -1,0 +1,186 @@
+/**
+ * The CLI's HTTP client against a real local HTTP server that answers from a script: retry policy
+ * (SPEC.md Errors), Idempotency-Key reuse, problem+json → ClientError, blob PUTs. Sleeps are recorded
+ * instead of waited so the delays can be checked exactly.
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { ClientError, RoostClient, backoffDelayMs, isRetryable, retryAfterMs } from '../../cli/client';
+
+interface Seen {
+  method: string;
+  url: string;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+type Reply = { status: number; body?: unknown; headers?: Record<string, string> } | 'destroy';
+
+let server: http.Server;
+let base: string;
+let script: Reply[] = [];
+let seen: Seen[] = [];
+
+beforeAll(async () => {
+  server = http.createServer((req, res) => {
+    const parts: Buffer[] = [];
+    req.on('data', (c: Buffer) => parts.push(c));
+    req.on('end', () => {
+      seen.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body: Buffer.concat(parts).toString('utf8') });
+      const reply = script.shift() ?? { status: 200, body: { ok: true } };
+      if (reply === 'destroy') return void req.socket.destroy();
+      const isProblem = reply.status >= 400;
+      res.writeHead(reply.status, { 'content-type': isProblem ? 'application/problem+json' : 'application/json', 'x-request-id': `req_${seen.length}`, ...reply.headers });
+      res.end(reply.body === undefined ? '' : typeof reply.body === 'string' ? reply.body : JSON.stringify(reply.body));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+afterAll(async () => {
+  await new Promise((r) => server.close(r));
+});
+beforeEach(() => {
+  script = [];
+  seen = [];
+});
+
+function client(delays: number[], random = () => 0) {
+  return new RoostClient({ baseUrl: `${base}/`, apiKey: 'svk_test_abc', sleep: async (ms) => void delays.push(ms), random });
+}
+const problem = (status: number, code: string, extra: Record<string, unknown> = {}) => ({ status, body: { type: `x/problems/${code}`, title: code, status, code, detail: `${code} happened`, ...extra } });
+
+describe('requests', () => {
+  it('sends the key, JSON body and query, and returns the parsed body', async () => {
+    script = [{ status: 201, body: { id: 'x' }, headers: { 'idempotent-replayed': 'true' } }];
+    const res = await client([]).request('POST', '/api/things', { query: { siteId: 's1', hash: ['a', 'b'], skip: undefined }, body: { n: 1 }, idempotencyKey: 'k-1' });
+    expect(res).toMatchObject({ status: 201, body: { id: 'x' }, replayed: true, requestId: 'req_1', idempotencyKey: 'k-1', attempts: 1 });
+    expect(seen[0]).toMatchObject({ method: 'POST', url: '/api/things?siteId=s1&hash=a&hash=b', body: '{"n":1}' });
+    expect(seen[0].headers).toMatchObject({ authorization: 'Bearer svk_test_abc', 'content-type': 'application/json', 'idempotency-key': 'k-1' });
+  });
+
+  it('turns problem+json into a ClientError with code, status, detail and extras, without retrying a 400', async () => {
+    script = [problem(400, 'validation_failed', { errors: { 'version.files': ['must not be empty'] } })];
+    const delays: number[] = [];
+    const err = (await client(delays).get('/api/x').catch((e) => e)) as ClientError;
+    expect(err).toBeInstanceOf(ClientError);
+    expect(err).toMatchObject({ code: 'validation_failed', status: 400, detail: 'validation_failed happened', requestId: 'req_1', attempts: 1 });
+    expect(err.body.errors).toEqual({ 'version.files': ['must not be empty'] });
+    expect(seen).toHaveLength(1);
+    expect(delays).toEqual([]);
+  });
+
+  it.each([401, 403, 404, 409, 412, 422, 402])('never retries %i, even for a GET', async (status) => {
+    script = [problem(status, 'nope')];
+    await expect(client([]).get('/api/x')).rejects.toMatchObject({ status, code: 'nope' });
+    expect(seen).toHaveLength(1);
+  });
+});
+
+describe('retries', () => {
+  it('retries a GET on 500/502/503/504 with the fallback backoff, then succeeds', async () => {
+    script = [problem(500, 'internal_error'), problem(502, 'bad_gateway'), problem(503, 'service_unavailable'), problem(504, 'timeout'), { status: 200, body: { ok: 1 } }];
+    const delays: number[] = [];
+    expect(await client(delays, () => 0).get('/api/x')).toEqual({ ok: 1 });
+    expect(seen).toHaveLength(5);
+    // min(60000, 500·2^attempt) × 0.5 with random 0
+    expect(delays).toEqual([250, 500, 1000, 2000]);
+  });
+
+  it('gives up after 6 attempts with the last problem', async () => {
+    script = Array.from({ length: 8 }, () => problem(503, 'service_unavailable'));
+    const delays: number[] = [];
+    await expect(client(delays, () => 0.999999).get('/api/x')).rejects.toMatchObject({ code: 'service_unavailable', attempts: 6 });
+    expect(seen).toHaveLength(6);
+    expect(delays).toHaveLength(5);
+    delays.forEach((d, i) => expect(d).toBeCloseTo(500 * 2 ** i, -1));
+  });
+
+  it('does not retry a 5xx on a mutation without an Idempotency-Key', async () => {
+    script = [problem(503, 'service_unavailable')];
+    await expect(client([]).post('/api/x', { a: 1 })).rejects.toMatchObject({ code: 'service_unavailable', attempts: 1 });
+    expect(seen).toHaveLength(1);
+  });
+
+  it('retries a 5xx on a keyed mutation, reusing the generated key and the exact body bytes', async () => {
+    script = [problem(503, 'service_unavailable'), problem(500, 'internal_error'), { status: 201, body: { ok: true } }];
+    const res = await client([]).request('POST', '/api/x', { body: { b: [1, 2], a: 'x' }, idempotencyKey: true });
+    expect(seen).toHaveLength(3);
+    const keys = seen.map((s) => s.headers['idempotency-key']);
+    expect(keys[0]).toMatch(/^roost-cli-[0-9a-f-]{36}$/);
+    expect(new Set(keys).size).toBe(1);
+    expect(res.idempotencyKey).toBe(keys[0]);
+    expect(new Set(seen.map((s) => s.body)).size).toBe(1);
+    // a second logical call gets a new key
+    await client([]).request('POST', '/api/x', { body: {}, idempotencyKey: true });
+    expect(seen[3].headers['idempotency-key']).not.toBe(keys[0]);
+  });
+
+  it('retries a read-only POST marked retrySafe', async () => {
+    script = [problem(502, 'bad_gateway'), { status: 200, body: { missing: [] } }];
+    expect(await client([]).post('/api/chunks/check', { hashes: [] }, { retrySafe: true })).toEqual({ missing: [] });
+    expect(seen).toHaveLength(2);
+  });
+
+  it('retries 429 even on an unkeyed mutation, honouring Retry-After (seconds or HTTP date) over the fallback', async () => {
+    script = [
+      { ...problem(429, 'rate_limited', { retryAfter: 9 }), headers: { 'retry-after': '3' } },
+      problem(429, 'rate_limited', { retryAfter: 7 }),
+      { status: 200, body: { ok: true } },
+    ];
+    const delays: number[] = [];
+    await client(delays).post('/api/x', {});
+    expect(delays).toEqual([3000, 7000]); // header first, then the body's retryAfter
+    expect(retryAfterMs(new Date(Date.UTC(2030, 0, 1, 0, 0, 30)).toUTCString(), undefined, Date.UTC(2030, 0, 1))).toBe(30000);
+    expect(retryAfterMs('soon', undefined)).toBeUndefined();
+  });
+
+  it('surfaces a 429 whose Retry-After is beyond the ten-minute ceiling', async () => {
+    script = [{ ...problem(429, 'rate_limited'), headers: { 'retry-after': '3600' } }];
+    await expect(client([]).get('/api/x')).rejects.toMatchObject({ code: 'rate_limited', status: 429 });
+    expect(seen).toHaveLength(1);
+  });
+
+  it('retries a dropped connection on a GET and on a keyed mutation, but not on an unkeyed one', async () => {
+    script = ['destroy', { status: 200, body: { ok: 1 } }];
+    expect(await client([]).get('/api/x')).toEqual({ ok: 1 });
+    script = ['destroy', { status: 200, body: { ok: 2 } }];
+    expect(await client([]).post('/api/x', {}, { idempotencyKey: 'k' })).toEqual({ ok: 2 });
+    seen = [];
+    script = ['destroy'];
+    await expect(client([]).post('/api/x', {})).rejects.toMatchObject({ code: 'network_error', status: 0, attempts: 1 });
+    expect(seen).toHaveLength(1);
+  });
+
+  it('policy helpers follow the spec table', () => {
+    expect(backoffDelayMs(0, () => 0)).toBe(250);
+    expect(backoffDelayMs(20, () => 0.999999)).toBeLessThanOrEqual(60000);
+    expect(backoffDelayMs(20, () => 0)).toBe(30000);
+    expect(isRetryable(429, false)).toBe(true);
+    expect(isRetryable(503, false)).toBe(false);
+    expect(isRetryable(503, true)).toBe(true);
+    expect(isRetryable(501, true)).toBe(false);
+    expect(isRetryable(undefined, false)).toBe(false);
+    expect(isRetryable(undefined, true)).toBe(true);
+  });
+});
+
+describe('putBlob', () => {
+  it('PUTs the bytes as a BlockBlob octet-stream without the API key', async () => {
+    script = [{ status: 503, body: '' }, { status: 201 }];
+    await client([]).putBlob(`${base}/chunks/abc?sig=1`, Buffer.from('bytes!'));
+    expect(seen).toHaveLength(2);
+    expect(seen[1]).toMatchObject({ method: 'PUT', url: '/chunks/abc?sig=1', body: 'bytes!' });
+    expect(seen[1].headers).toMatchObject({ 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': '6' });
+    expect(seen[1].headers.authorization).toBeUndefined();
+  });
+
+  it('reports a refused URL as upload_forbidden with the storage error code', async () => {
+    script = [{ status: 403, body: '<?xml version="1.0"?><Error><Code>AuthenticationFailed</Code></Error>', headers: { 'content-type': 'application/xml' } }];
+    await expect(client([]).putBlob(`${base}/chunks/abc?sig=1`, Buffer.from('x'))).rejects.toMatchObject({
+      code: 'upload_forbidden',
+      status: 403,
+      body: { storageCode: 'AuthenticationFailed' },
+    });
+    expect(seen).toHaveLength(1);
+  });
+});
