@@ -23,6 +23,8 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
   const app = Fastify({
     logger: opts.logger ?? { level: deps.cfg.ROOST_LOG_LEVEL },
     bodyLimit: 1024 * 1024,
+    // Agents hold keep-alive connections and long-polls; closing the app must not wait for them.
+    forceCloseConnections: true,
     genReqId: () => `req_${randomBytes(10).toString('hex')}`,
     ajv: { customOptions: { coerceTypes: 'array', removeAdditional: false, useDefaults: true, allErrors: true } },
     routerOptions: { maxParamLength: 512 },

@@ -9,6 +9,7 @@ import { createPool } from '../db/pool';
 import { migrate } from '../db/migrate';
 import { startApi, RunningApi } from '../api/server';
 import { ensureServices, ServiceHandle, stopServices } from './services';
+import { closeWorkerConnections, createWorker } from '../worker/worker';
 
 export interface RunningStack {
   cfg: Config;
@@ -48,7 +49,6 @@ export async function startStack(cfg: Config, opts: { worker?: boolean; log?: (l
   let worker: Worker | undefined;
   let workerRun: Promise<void> | undefined;
   const startWorker = async () => {
-    const { createWorker } = await import('../worker/worker');
     worker = await createWorker(cfg, { cfg, db: api.deps.db, blob: api.deps.blob });
     workerRun = worker.run();
   };
@@ -74,6 +74,7 @@ export async function startStack(cfg: Config, opts: { worker?: boolean; log?: (l
     startWorker,
     async stop() {
       await stopWorker();
+      await closeWorkerConnections();
       await api.close().catch(() => undefined);
       await stopServices(services);
     },

@@ -1,0 +1,125 @@
+/**
+ * Temporal client wrappers for the API (DESIGN.md "Temporal"): workflow ids are derived from business
+ * keys and are the dedupe keys. A rollout's workflow id is derived from (site, roost, version) and the
+ * workflow is started with the USE_EXISTING conflict policy, so a second start for the same version
+ * attaches to the running workflow instead of starting another (SPEC.md `alreadyRunning`).
+ */
+import { Client } from '@temporalio/client';
+import { SearchAttributeType, defineSearchAttributeKey } from '@temporalio/common';
+import type { Config } from '../config/env';
+import type { rolloutWorkflow } from '../workflows/rollout';
+
+/** Workflow type name of roost rollouts (workflows/rollout.ts). */
+export const ROLLOUT_WORKFLOW_TYPE = 'rolloutWorkflow';
+
+/** The rollout search attributes (same names as workflows/rollout.ts and stack/services.ts). */
+const SA = {
+  site: defineSearchAttributeKey('RoostSiteId', SearchAttributeType.KEYWORD),
+  roost: defineSearchAttributeKey('RoostRoostId', SearchAttributeType.KEYWORD),
+  version: defineSearchAttributeKey('RoostVersionId', SearchAttributeType.KEYWORD),
+  stage: defineSearchAttributeKey('RoostStage', SearchAttributeType.KEYWORD),
+};
+
+/** Workflow id of the rollout of `versionId` of a roost: `rollout:<siteId>:<roostId>:<versionId>`. */
+export function rolloutWorkflowId(siteId: string, roostId: string, versionId: string): string {
+  return `rollout:${siteId}:${roostId}:${versionId}`;
+}
+
+/** Temporal Web UI page of a workflow run (history view); the latest run when `runId` is omitted. */
+export function workflowUiUrl(cfg: Pick<Config, 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>, workflowId: string, runId?: string): string {
+  const base = `${cfg.temporalUiUrl.replace(/\/+$/, '')}/namespaces/${encodeURIComponent(cfg.TEMPORAL_NAMESPACE)}/workflows/${encodeURIComponent(workflowId)}`;
+  return runId ? `${base}/${encodeURIComponent(runId)}/history` : base;
+}
+
+/** The ids and business keys of a rollout to start. */
+export interface RolloutStartRequest {
+  siteId: string;
+  roostId: string;
+  versionId: string;
+  rolloutId: string;
+}
+
+/** A started (or already running) rollout workflow. */
+export interface StartedWorkflow {
+  workflowId: string;
+  runId: string;
+  /** Web UI link to the run. */
+  url: string;
+}
+
+/** Raised when the rollout's workflow id stays held by a run of a different (finished) rollout. */
+export class WorkflowIdBusyError extends Error {
+  constructor(readonly workflowId: string) {
+    super(`workflow ${workflowId} is still held by a previous rollout's run`);
+    this.name = 'WorkflowIdBusyError';
+  }
+}
+
+/**
+ * Starts the rollout workflow (input ids only; memo `rolloutId`; search attributes RoostSiteId,
+ * RoostRoostId, RoostVersionId, RoostStage=canary) on `taskQueue` (default cfg.ROOST_TASK_QUEUE) with
+ * WorkflowIdConflictPolicy USE_EXISTING. Safe to call again for the same rollout: it attaches to the
+ * running workflow. When the id is still held by the run of an earlier rollout of the same version (which
+ * finished in the database and is returning), waits up to `waitMs` (default 2 s) for that run to close and
+ * tries again (three tries in all).
+ * @throws WorkflowIdBusyError when the earlier run does not close in time; Temporal client errors when the
+ *   service is unavailable.
+ */
+export async function startRolloutWorkflow(
+  client: Client,
+  cfg: Pick<Config, 'ROOST_TASK_QUEUE' | 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>,
+  r: RolloutStartRequest,
+  opts: { taskQueue?: string; waitMs?: number } = {},
+): Promise<StartedWorkflow> {
+  const workflowId = rolloutWorkflowId(r.siteId, r.roostId, r.versionId);
+  const waitMs = opts.waitMs ?? 2_000;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const handle = await client.workflow.start<typeof rolloutWorkflow>(ROLLOUT_WORKFLOW_TYPE, {
+      taskQueue: opts.taskQueue ?? cfg.ROOST_TASK_QUEUE,
+      workflowId,
+      args: [{ siteId: r.siteId, rolloutId: r.rolloutId }],
+      workflowIdConflictPolicy: 'USE_EXISTING',
+      memo: { rolloutId: r.rolloutId },
+      typedSearchAttributes: [
+        { key: SA.site, value: r.siteId },
+        { key: SA.roost, value: r.roostId },
+        { key: SA.version, value: r.versionId },
+        { key: SA.stage, value: 'canary' },
+      ],
+    });
+    const runId = handle.firstExecutionRunId;
+    const desc = await handle.describe();
+    if (desc.memo?.rolloutId === r.rolloutId) {
+      return { workflowId, runId, url: workflowUiUrl(cfg, workflowId, runId) };
+    }
+    // The id belongs to another rollout's run that is finishing: wait for it to close, then start ours.
+    if (attempt === 2) break;
+    const previous = client.workflow.getHandle(workflowId, runId);
+    await Promise.race([previous.result().catch(() => undefined), delay(waitMs)]);
+  }
+  throw new WorkflowIdBusyError(workflowId);
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}
+
+/** Status of a workflow run, or null when no workflow has that id. */
+export interface WorkflowStatusView {
+  workflowId: string;
+  runId: string;
+  status: string;
+  historyLength: number;
+  memo: Record<string, unknown> | undefined;
+}
+
+/** Describes the latest run of `workflowId` (null when none exists). */
+export async function describeWorkflow(client: Client, workflowId: string): Promise<WorkflowStatusView | null> {
+  try {
+    const d = await client.workflow.getHandle(workflowId).describe();
+    return { workflowId, runId: d.runId, status: d.status.name, historyLength: d.historyLength, memo: d.memo };
+  } catch (err) {
+    if ((err as Error).name === 'WorkflowNotFoundError') return null;
+    throw err;
+  }
+}

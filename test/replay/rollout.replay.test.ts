@@ -1,0 +1,47 @@
+/**
+ * Replay gate of the rollout workflow (DESIGN.md "Temporal": every workflow has a replay test from a
+ * recorded history). Each history under histories/ was recorded from a real run (rollout.test.ts with
+ * ROOST_RECORD_HISTORIES=1, or scripts/record-history.ts) and must replay against today's
+ * workflows/index.ts bundle; a workflow changed without `patched()` fails here. The negative test proves
+ * the gate works: a variant with one extra activity call fails replay with a DeterminismViolationError.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { DefaultLogger, Runtime, Worker, bundleWorkflowCode } from '@temporalio/worker';
+import { DeterminismViolationError } from '@temporalio/workflow';
+import { historyFromJson } from '../../scripts/record-history';
+import { workflowBundle } from '../../worker/worker';
+
+const HISTORIES = path.join(__dirname, 'histories');
+const files = fs.readdirSync(HISTORIES).filter((f) => f.endsWith('.json')).sort();
+
+function load(file: string) {
+  return historyFromJson(JSON.parse(fs.readFileSync(path.join(HISTORIES, file), 'utf8')));
+}
+
+beforeAll(() => {
+  try {
+    Runtime.install({ logger: new DefaultLogger('ERROR'), telemetryOptions: { logging: { filter: { core: 'ERROR', other: 'ERROR' } } } });
+  } catch {
+    /* already installed */
+  }
+});
+
+it('has recorded histories of a completed, a failed and a scheduled rollout', () => {
+  expect(files).toEqual(expect.arrayContaining(['rollout-completed.json', 'rollout-canary-failed.json', 'rollout-scheduled.json']));
+  for (const f of files) {
+    const first = load(f).events![0];
+    expect(first.workflowExecutionStartedEventAttributes?.workflowType?.name).toBe('rolloutWorkflow');
+  }
+});
+
+it.each(files)('replays %s against the current workflow code', async (file) => {
+  await expect(Worker.runReplayHistory({ workflowBundle: await workflowBundle() }, load(file), file)).resolves.toBeUndefined();
+});
+
+it('fails replay with a DeterminismViolationError when the workflow gained an activity call', async () => {
+  const changed = await bundleWorkflowCode({ workflowsPath: require.resolve('./fixtures/rollout-changed'), logger: new DefaultLogger('ERROR') });
+  await expect(Worker.runReplayHistory({ workflowBundle: changed }, load('rollout-completed.json'), 'changed')).rejects.toBeInstanceOf(
+    DeterminismViolationError,
+  );
+});

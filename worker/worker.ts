@@ -1,0 +1,111 @@
+/**
+ * Worker wiring (DESIGN.md "worker"): a Temporal worker serving every workflow of workflows/index.ts
+ * (bundled once per process) and every activity of activities/index.ts (built by the `createActivities`
+ * factory over the caller's pool, blob store and configuration) on the configured task queue
+ * (ROOST_TASK_QUEUE), through a NativeConnection to `cfg.temporalAddress`.
+ *
+ * Workers of one process share one NativeConnection per address (a restarted worker reuses it); close
+ * them with `closeWorkerConnections()` when the process is done with Temporal.
+ */
+import { DefaultLogger, LogLevel, NativeConnection, Runtime, Worker, bundleWorkflowCode, WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import type { Duration } from '@temporalio/common';
+import type { Config } from '../config/env';
+import { createActivities, ActivityDeps } from '../activities';
+
+/** Absolute path of the workflow bundle's entry point. */
+export const WORKFLOWS_PATH = require.resolve('../workflows');
+
+let bundle: Promise<WorkflowBundleWithSourceMap> | undefined;
+let runtimeInstalled = false;
+
+/**
+ * Installs the SDK Runtime once per process: logs at ROOST_WORKER_LOG_LEVEL (default WARN, so the demo and
+ * the stack are not drowned in per-activity lines) and no SDK signal handlers (our entry points own
+ * SIGINT/SIGTERM and shut workers down gracefully). A Runtime installed earlier by the host is kept.
+ */
+export function installRuntime(): void {
+  if (runtimeInstalled) return;
+  runtimeInstalled = true;
+  const level = (process.env.ROOST_WORKER_LOG_LEVEL ?? 'WARN').toUpperCase() as LogLevel;
+  try {
+    Runtime.install({ logger: new DefaultLogger(level), shutdownSignals: [] });
+  } catch {
+    /* already installed (e.g. by a test): keep it */
+  }
+}
+
+/** The workflow bundle of workflows/index.ts, built on first use and shared by every worker of the process. */
+export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
+  installRuntime();
+  bundle ??= bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: Runtime.instance().logger }).catch((err) => {
+    bundle = undefined;
+    throw err;
+  });
+  return bundle;
+}
+
+const connections = new Map<string, Promise<NativeConnection>>();
+
+/** The process's shared NativeConnection to `cfg.temporalAddress` (connects on first use). */
+export function workerConnection(cfg: Pick<Config, 'temporalAddress'>): Promise<NativeConnection> {
+  installRuntime();
+  let c = connections.get(cfg.temporalAddress);
+  if (!c) {
+    c = NativeConnection.connect({ address: cfg.temporalAddress });
+    c.catch(() => connections.delete(cfg.temporalAddress));
+    connections.set(cfg.temporalAddress, c);
+  }
+  return c;
+}
+
+/** Closes every shared worker connection (call after the process's workers have stopped). */
+export async function closeWorkerConnections(): Promise<void> {
+  const all = [...connections.values()];
+  connections.clear();
+  await Promise.all(all.map((c) => c.then((conn) => conn.close()).catch(() => undefined)));
+}
+
+/** Per-worker overrides (tests use a unique task queue and a short grace time). */
+export interface CreateWorkerOptions {
+  /** Defaults to cfg.ROOST_TASK_QUEUE. */
+  taskQueue?: string;
+  /** Time running activities get to finish on shutdown before they are cancelled (default 5 s). */
+  shutdownGraceTime?: Duration;
+  /** Worker identity shown in the Web UI (default `roost-worker@<pid>`). */
+  identity?: string;
+}
+
+/**
+ * Creates (does not run) the worker: `worker.run()` polls until `worker.shutdown()` or a shutdown signal.
+ * `deps` (pool, blob store) stay owned by the caller; the worker never closes them.
+ * @throws when Temporal is unreachable or the workflow bundle fails to build.
+ */
+export async function createWorker(cfg: Config, deps: ActivityDeps, opts: CreateWorkerOptions = {}): Promise<Worker> {
+  const [connection, workflowBundleCode] = await Promise.all([workerConnection(cfg), workflowBundle()]);
+  return Worker.create({
+    connection,
+    namespace: cfg.TEMPORAL_NAMESPACE,
+    taskQueue: opts.taskQueue ?? cfg.ROOST_TASK_QUEUE,
+    identity: opts.identity ?? `roost-worker@${process.pid}`,
+    workflowBundle: workflowBundleCode,
+    activities: createActivities(deps),
+    shutdownGraceTime: opts.shutdownGraceTime ?? '5 seconds',
+  });
+}
+
+/**
+ * Creates a worker and runs it until `signal` aborts (or a shutdown signal handled by the SDK Runtime, when
+ * the Runtime was installed with its default signal handlers). Resolves once the worker has drained.
+ */
+export async function runWorker(cfg: Config, deps: ActivityDeps, opts: CreateWorkerOptions & { signal?: AbortSignal } = {}): Promise<void> {
+  const worker = await createWorker(cfg, deps, opts);
+  const stop = () => {
+    if (worker.getState() === 'RUNNING') worker.shutdown();
+  };
+  const running = worker.run();
+  if (opts.signal) {
+    if (opts.signal.aborted) stop();
+    else opts.signal.addEventListener('abort', stop, { once: true });
+  }
+  await running;
+}

@@ -1,0 +1,5 @@
+/**
+ * Every workflow the worker serves (the workflow bundle's entry point: worker/worker.ts bundles this
+ * file). Find a workflow by its name here in one step.
+ */
+export { rolloutWorkflow } from './rollout';
