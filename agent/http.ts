@@ -1,0 +1,113 @@
+/**
+ * Small HTTP helper for the reference agent: JSON calls to the Roost API with the agent token, problem+json
+ * errors surfaced as `HttpError`, and raw GETs of signed blob URLs. Uses Node's global fetch (undici),
+ * which keeps connections alive and reuses them across requests to the same origin.
+ */
+
+/** A non-2xx answer. `problem` is the parsed problem+json body when there was one. */
+export class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string | undefined,
+    message: string,
+    readonly problem?: Record<string, unknown>,
+  ) {
+    super(message);
+    this.name = 'HttpError';
+  }
+}
+
+/** True for failures worth retrying later: network errors, 408, 409 idempotency_key_in_use, 429, 5xx. */
+export function isTransient(err: unknown): boolean {
+  if (err instanceof HttpError) return err.status === 408 || err.status === 429 || err.status >= 500 || err.code === 'idempotency_key_in_use';
+  return !(err instanceof Error && err.name === 'AbortError');
+}
+
+export interface RequestOptions {
+  body?: unknown;
+  /** Raw body (e.g. a PNG); sent with `contentType`. */
+  raw?: Buffer;
+  contentType?: string;
+  signal?: AbortSignal;
+  query?: Record<string, string | number | undefined>;
+}
+
+/** A JSON client of the Roost API for one credential. */
+export class ApiClient {
+  token: string | undefined;
+
+  constructor(
+    readonly baseUrl: string,
+    token?: string,
+  ) {
+    this.baseUrl = baseUrl.replace(/\/+$/, '');
+    this.token = token;
+  }
+
+  /**
+   * Calls `method path` and returns the parsed JSON body.
+   * @throws HttpError on non-2xx (with the problem's `code`), the fetch error on network failure.
+   */
+  async json<T = any>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
+    let url = `${this.baseUrl}${path}`;
+    if (opts.query) {
+      const q = new URLSearchParams();
+      for (const [k, v] of Object.entries(opts.query)) if (v !== undefined) q.set(k, String(v));
+      const s = q.toString();
+      if (s) url += `?${s}`;
+    }
+    const headers: Record<string, string> = { accept: 'application/json' };
+    if (this.token) headers.authorization = `Bearer ${this.token}`;
+    let body: string | Buffer | undefined;
+    if (opts.raw) {
+      body = opts.raw;
+      headers['content-type'] = opts.contentType ?? 'application/octet-stream';
+    } else if (opts.body !== undefined) {
+      body = JSON.stringify(opts.body);
+      headers['content-type'] = 'application/json';
+    }
+    const res = await fetch(url, { method, headers, body, signal: opts.signal });
+    const text = await res.text();
+    let parsed: any = undefined;
+    if (text.length > 0) {
+      try {
+        parsed = JSON.parse(text);
+      } catch {
+        parsed = undefined;
+      }
+    }
+    if (!res.ok) {
+      const code = typeof parsed?.code === 'string' ? parsed.code : undefined;
+      const detail = typeof parsed?.detail === 'string' ? parsed.detail : text.slice(0, 200);
+      throw new HttpError(res.status, code, `${method} ${path} → ${res.status}${code ? ` ${code}` : ''}: ${detail}`, parsed);
+    }
+    return parsed as T;
+  }
+}
+
+/**
+ * GETs a signed blob URL and returns its bytes.
+ * @throws HttpError with the blob service's status (403 when the SAS expired, 404 when absent).
+ */
+export async function fetchBytes(url: string, signal?: AbortSignal): Promise<Buffer> {
+  const res = await fetch(url, { signal });
+  if (!res.ok) {
+    await res.arrayBuffer().catch(() => undefined);
+    throw new HttpError(res.status, undefined, `GET blob → ${res.status}`);
+  }
+  return Buffer.from(await res.arrayBuffer());
+}
+
+/** Sleeps `ms`, resolving early (without error) when `signal` aborts. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const t = setTimeout(done, ms);
+    function done() {
+      clearTimeout(t);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    }
+    signal?.addEventListener('abort', done, { once: true });
+  });
+}

@@ -1,0 +1,561 @@
+/**
+ * Machines repository (SPEC.md "Machine", "Command", "Roost target state"; docs/agent-protocol.md):
+ * enrolment, heartbeats, the per-machine command queue, agent target-state reports, and the reads behind
+ * the site-scoped machines routes. Every query names `site_id`; multi-statement writes run in `withTx`.
+ *
+ * Liveness: a machine is online when its agent said so (`online`) AND its last heartbeat is younger than
+ * `staleSeconds` (cfg.ROOST_HEARTBEAT_STALE_SECONDS), both judged by the database clock.
+ *
+ * Command delivery is at-least-once: a pending command is handed to the agent (delivered_at set) and
+ * handed out again if it is still pending REDELIVER_AFTER_SECONDS later; agents dedupe by commandId. A
+ * pending command whose expires_at has passed is closed as failed with error `expired`.
+ */
+import type { Pool } from 'pg';
+import { withTx, Queryable } from './pool';
+import { recordEvent } from './events';
+
+/** `machineId`: 1..64 chars of [A-Za-z0-9._-] (docs/agent-protocol.md "Enrolment"). */
+export const MACHINE_ID_RE = /^[A-Za-z0-9._-]{1,64}$/;
+export const MACHINE_ID_PATTERN = '^[A-Za-z0-9._-]{1,64}$';
+
+/** Seconds after which a delivered command that is still `pending` is handed out again. */
+export const REDELIVER_AFTER_SECONDS = 60;
+
+/** Most commands handed to an agent by one poll. */
+export const MAX_COMMANDS_PER_POLL = 100;
+
+/** Terminal command statuses: reporting one closes the command (completed_at set). */
+export const TERMINAL_COMMAND_STATUSES = ['completed', 'failed', 'cancelled'] as const;
+
+/** Roost target-state statuses (SPEC.md "Roost target state"). */
+export const TARGET_STATUSES = ['pending', 'downloading', 'assembling', 'committed', 'failed', 'cancelled'] as const;
+export type TargetStatus = (typeof TARGET_STATUSES)[number];
+
+/** Longest stored error text (SPEC.md: "truncated message on failure"). */
+export const MAX_ERROR_LENGTH = 2000;
+
+/** SQL: machine is online (agent-reported and heartbeat fresh). `$stale` is the placeholder of the stale seconds. */
+function onlineExpr(alias: string, stale: string): string {
+  return `(${alias}.online AND ${alias}.last_heartbeat IS NOT NULL AND ${alias}.last_heartbeat > now() - (${stale}::INT * INTERVAL '1 second'))`;
+}
+
+/** SQL: a command row that may be handed to its agent now. */
+const DELIVERABLE = `status = 'pending' AND (expires_at IS NULL OR expires_at > now())
+  AND (delivered_at IS NULL OR delivered_at < now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second'))`;
+
+export function truncateError(e: string | null | undefined): string | null {
+  if (e === null || e === undefined) return null;
+  return e.length > MAX_ERROR_LENGTH ? `${e.slice(0, MAX_ERROR_LENGTH - 1)}…` : e;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Enrolment
+
+/** Stores the SHA-256 hex of a site's new enrolment secret (rotation invalidates the old one). False when the site does not exist. */
+export async function setSiteEnrolmentSecretHash(db: Queryable, siteId: string, secretHash: string): Promise<boolean> {
+  const r = await db.query('UPDATE sites SET enrolment_secret_hash = $2 WHERE site_id = $1', [siteId, secretHash]);
+  return r.rowCount === 1;
+}
+
+/** The stored enrolment-secret digest of a site, or null when the site is unknown or has none. */
+export async function siteEnrolmentSecretHash(db: Queryable, siteId: string): Promise<string | null> {
+  const { rows } = await db.query<{ h: string | null }>('SELECT enrolment_secret_hash AS h FROM sites WHERE site_id = $1', [siteId]);
+  return rows[0]?.h ?? null;
+}
+
+export interface EnrolInput {
+  siteId: string;
+  machineId: string;
+  hostname: string;
+  agentVersion: string;
+  timezone?: string;
+  timezoneIana?: string;
+  capabilities?: Record<string, unknown>;
+}
+
+/**
+ * Creates or re-enrols a machine with a new agent-token digest (the old token stops working), marks it
+ * online with a fresh heartbeat and records `machine.online` when it was not live before.
+ * @returns true when the machine row is new.
+ */
+export async function enrolMachine(db: Pool, input: EnrolInput, tokenHash: string, staleSeconds: number): Promise<boolean> {
+  return withTx(db, async (tx) => {
+    const prev = await tx.query<{ live: boolean }>(
+      `SELECT ${onlineExpr('m', '$3')} AS live FROM machines m WHERE m.site_id = $1 AND m.machine_id = $2`,
+      [input.siteId, input.machineId, staleSeconds],
+    );
+    const { rows } = await tx.query<{ last_heartbeat: Date }>(
+      `INSERT INTO machines (site_id, machine_id, hostname, agent_token_hash, agent_version, online, last_heartbeat,
+                             machine_timezone, machine_timezone_iana, capabilities, rebooting, shutting_down, enrolled_at, updated_at)
+       VALUES ($1, $2, $3, $4, $5, true, now(), $6, $7, COALESCE($8::jsonb, '{}'::jsonb), false, false, now(), now())
+       ON CONFLICT (site_id, machine_id) DO UPDATE SET
+         hostname = excluded.hostname, agent_token_hash = excluded.agent_token_hash, agent_version = excluded.agent_version,
+         online = true, last_heartbeat = now(), rebooting = false, shutting_down = false,
+         machine_timezone = COALESCE(excluded.machine_timezone, machines.machine_timezone),
+         machine_timezone_iana = COALESCE(excluded.machine_timezone_iana, machines.machine_timezone_iana),
+         capabilities = CASE WHEN $8::jsonb IS NULL THEN machines.capabilities ELSE excluded.capabilities END,
+         updated_at = now()
+       RETURNING last_heartbeat`,
+      [
+        input.siteId,
+        input.machineId,
+        input.hostname,
+        tokenHash,
+        input.agentVersion,
+        input.timezone ?? null,
+        input.timezoneIana ?? null,
+        input.capabilities === undefined ? null : JSON.stringify(input.capabilities),
+      ],
+    );
+    if (!prev.rows[0]?.live) {
+      await recordEvent(tx, input.siteId, 'machine.online', {
+        machineId: input.machineId,
+        siteId: input.siteId,
+        lastHeartbeat: rows[0].last_heartbeat.toISOString(),
+      });
+    }
+    return prev.rows.length === 0;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Heartbeat
+
+export interface HeartbeatInput {
+  agentVersion?: string;
+  hostname?: string;
+  timezone?: string;
+  timezoneIana?: string;
+  metrics?: Record<string, unknown>;
+  processes?: unknown[];
+  info?: Record<string, unknown>;
+  capabilities?: Record<string, unknown>;
+  cortexEnabled?: boolean;
+  rebooting?: boolean;
+  shuttingDown?: boolean;
+}
+
+/**
+ * Records a heartbeat: online = true, last_heartbeat = now, and whatever snapshot fields were sent
+ * (absent fields keep their stored value). Records `machine.online` when the machine was not live.
+ * @returns the server time of the heartbeat and the number of deliverable pending commands; null when
+ *          the machine row is gone.
+ */
+export async function recordHeartbeat(
+  db: Pool,
+  siteId: string,
+  machineId: string,
+  hb: HeartbeatInput,
+  staleSeconds: number,
+): Promise<{ serverTime: Date; pendingCommands: number } | null> {
+  const beat = await withTx(db, async (tx) => {
+    const prev = await tx.query<{ live: boolean }>(
+      `SELECT ${onlineExpr('m', '$3')} AS live FROM machines m WHERE m.site_id = $1 AND m.machine_id = $2`,
+      [siteId, machineId, staleSeconds],
+    );
+    if (prev.rows.length === 0) return null;
+    const j = (v: unknown) => (v === undefined ? null : JSON.stringify(v));
+    const { rows } = await tx.query<{ last_heartbeat: Date }>(
+      `UPDATE machines SET online = true, last_heartbeat = now(), updated_at = now(),
+              agent_version = COALESCE($3, agent_version),
+              hostname = COALESCE($4, hostname),
+              machine_timezone = COALESCE($5, machine_timezone),
+              machine_timezone_iana = COALESCE($6, machine_timezone_iana),
+              metrics = COALESCE($7::jsonb, metrics),
+              processes = COALESCE($8::jsonb, processes),
+              info = COALESCE($9::jsonb, info),
+              capabilities = COALESCE($10::jsonb, capabilities),
+              cortex_enabled = COALESCE($11, cortex_enabled),
+              rebooting = COALESCE($12, rebooting),
+              shutting_down = COALESCE($13, shutting_down)
+        WHERE site_id = $1 AND machine_id = $2
+        RETURNING last_heartbeat`,
+      [
+        siteId,
+        machineId,
+        hb.agentVersion ?? null,
+        hb.hostname ?? null,
+        hb.timezone ?? null,
+        hb.timezoneIana ?? null,
+        j(hb.metrics),
+        j(hb.processes),
+        j(hb.info),
+        j(hb.capabilities),
+        hb.cortexEnabled ?? null,
+        hb.rebooting ?? null,
+        hb.shuttingDown ?? null,
+      ],
+    );
+    if (!prev.rows[0].live) {
+      await recordEvent(tx, siteId, 'machine.online', { machineId, siteId, lastHeartbeat: rows[0].last_heartbeat.toISOString() });
+    }
+    return rows[0].last_heartbeat;
+  });
+  if (beat === null) return null;
+  const { rows } = await db.query<{ n: number }>(
+    `SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}`,
+    [siteId, machineId],
+  );
+  return { serverTime: beat, pendingCommands: rows[0].n };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Commands
+
+export interface CommandRow {
+  site_id: string;
+  machine_id: string;
+  command_id: string;
+  type: string;
+  status: string;
+  params: Record<string, unknown>;
+  result: string | null;
+  error: string | null;
+  progress: number | null;
+  rollout_id: string | null;
+  deployment_id: string | null;
+  audit_correlation_id: string | null;
+  created_by: string | null;
+  created_at: Date;
+  expires_at: Date | null;
+  delivered_at: Date | null;
+  completed_at: Date | null;
+  updated_at: Date;
+  artifact_blob: string | null;
+}
+
+const COMMAND_COLUMNS = `site_id, machine_id, command_id, type, status, params, result, error, progress, rollout_id, deployment_id,
+  audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob`;
+
+/**
+ * Closes the machine's pending commands whose expiry has passed (status failed, error `expired`).
+ * With `commandId`, only that command. Returns how many were closed.
+ */
+export async function expirePendingCommands(db: Queryable, siteId: string, machineId: string, commandId?: string): Promise<number> {
+  const r = await db.query(
+    `UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
+      WHERE site_id = $1 AND machine_id = $2 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()
+        AND ($3::TEXT IS NULL OR command_id = $3)`,
+    [siteId, machineId, commandId ?? null],
+  );
+  return r.rowCount ?? 0;
+}
+
+/** Of `machineIds` (one site), those with at least one deliverable command. One query for any number of ids. */
+export async function machinesWithDeliverable(db: Queryable, siteId: string, machineIds: string[]): Promise<string[]> {
+  if (machineIds.length === 0) return [];
+  const { rows } = await db.query<{ machine_id: string }>(
+    `SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id = ANY($2::TEXT[]) AND ${DELIVERABLE}`,
+    [siteId, machineIds],
+  );
+  return rows.map((r) => r.machine_id);
+}
+
+/**
+ * Hands out the machine's deliverable commands, oldest first (at most `limit`), and marks them delivered.
+ * One statement: two concurrent polls may both receive a command (at-least-once).
+ */
+export async function claimCommands(db: Queryable, siteId: string, machineId: string, limit = MAX_COMMANDS_PER_POLL): Promise<CommandRow[]> {
+  const { rows } = await db.query<CommandRow>(
+    `UPDATE commands SET delivered_at = now()
+      WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
+        AND command_id IN (SELECT command_id FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
+                            ORDER BY created_at, command_id LIMIT $3)
+      RETURNING ${COMMAND_COLUMNS}`,
+    [siteId, machineId, limit],
+  );
+  return rows.sort((a, b) => a.created_at.getTime() - b.created_at.getTime() || (a.command_id < b.command_id ? -1 : 1));
+}
+
+export interface CommandReport {
+  status: string;
+  progress?: number;
+  result?: string;
+  error?: string;
+}
+
+/**
+ * Applies an agent's report to an open command: an intermediate status keeps it open, a terminal one
+ * closes it (completed_at). On `completed` result defaults to `success`, on `cancelled` to `cancelled`;
+ * on `failed` error defaults to `failed`. A report on a closed command changes nothing.
+ * @returns the row after the report and whether it changed; null when the command is not this machine's.
+ */
+export async function reportCommand(
+  db: Queryable,
+  siteId: string,
+  machineId: string,
+  commandId: string,
+  report: CommandReport,
+): Promise<{ row: CommandRow; changed: boolean } | null> {
+  const terminal = (TERMINAL_COMMAND_STATUSES as readonly string[]).includes(report.status);
+  let result: string | null = null;
+  let error: string | null = null;
+  if (report.status === 'completed') result = report.result ?? 'success';
+  else if (report.status === 'cancelled') result = report.result ?? 'cancelled';
+  if (report.status === 'failed') error = truncateError(report.error ?? 'failed');
+  else if (!terminal && report.error !== undefined) error = truncateError(report.error);
+  const { rows } = await db.query<CommandRow>(
+    `UPDATE commands SET status = $4, result = $5, error = $6, progress = COALESCE($7, progress), updated_at = now(),
+            completed_at = CASE WHEN $8 THEN now() ELSE NULL END,
+            delivered_at = COALESCE(delivered_at, now())
+      WHERE site_id = $1 AND machine_id = $2 AND command_id = $3 AND completed_at IS NULL
+      RETURNING ${COMMAND_COLUMNS}`,
+    [siteId, machineId, commandId, report.status, result, error, report.progress ?? null, terminal],
+  );
+  if (rows[0]) return { row: rows[0], changed: true };
+  const row = await getCommand(db, siteId, machineId, commandId);
+  return row ? { row, changed: false } : null;
+}
+
+/** One command of a machine, or null. */
+export async function getCommand(db: Queryable, siteId: string, machineId: string, commandId: string): Promise<CommandRow | null> {
+  const { rows } = await db.query<CommandRow>(
+    `SELECT ${COMMAND_COLUMNS} FROM commands WHERE site_id = $1 AND machine_id = $2 AND command_id = $3`,
+    [siteId, machineId, commandId],
+  );
+  return rows[0] ?? null;
+}
+
+/** Records the blob a command produced (screenshot). False when the command is not this machine's. */
+export async function setCommandArtifact(db: Queryable, siteId: string, machineId: string, commandId: string, blobName: string): Promise<boolean> {
+  const r = await db.query(
+    'UPDATE commands SET artifact_blob = $4, updated_at = now() WHERE site_id = $1 AND machine_id = $2 AND command_id = $3',
+    [siteId, machineId, commandId, blobName],
+  );
+  return r.rowCount === 1;
+}
+
+export interface NewCommand {
+  siteId: string;
+  machineId: string;
+  commandId: string;
+  type: string;
+  params: Record<string, unknown>;
+  timeoutMs: number;
+  createdBy: string | null;
+  auditCorrelationId?: string | null;
+  rolloutId?: string | null;
+  deploymentId?: string | null;
+}
+
+/**
+ * Queues a command for a machine that exists and is online, in one transaction.
+ * @returns the new row, or 'not_found' / 'offline'.
+ */
+export async function createCommand(db: Pool, cmd: NewCommand, staleSeconds: number): Promise<CommandRow | 'not_found' | 'offline'> {
+  return withTx(db, async (tx) => {
+    const m = await tx.query<{ live: boolean }>(
+      `SELECT ${onlineExpr('m', '$3')} AS live FROM machines m WHERE m.site_id = $1 AND m.machine_id = $2`,
+      [cmd.siteId, cmd.machineId, staleSeconds],
+    );
+    if (m.rows.length === 0) return 'not_found' as const;
+    if (!m.rows[0].live) return 'offline' as const;
+    const { rows } = await tx.query<CommandRow>(
+      `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, created_by, audit_correlation_id, rollout_id,
+                             deployment_id, created_at, updated_at, expires_at)
+       VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, now(), now(), now() + ($10::INT * INTERVAL '1 millisecond'))
+       RETURNING ${COMMAND_COLUMNS}`,
+      [
+        cmd.siteId,
+        cmd.machineId,
+        cmd.commandId,
+        cmd.type,
+        JSON.stringify(cmd.params),
+        cmd.createdBy,
+        cmd.auditCorrelationId ?? null,
+        cmd.rolloutId ?? null,
+        cmd.deploymentId ?? null,
+        cmd.timeoutMs,
+      ],
+    );
+    return rows[0];
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Roost sync (agent side)
+
+export interface AgentVersionRow {
+  extract_path: string;
+  version_number: number;
+  blob_name: string;
+}
+
+/** A version of a live (not deleted) roost of the site, or null. */
+export async function roostVersionForAgent(db: Queryable, siteId: string, roostId: string, versionId: string): Promise<AgentVersionRow | null> {
+  const { rows } = await db.query<AgentVersionRow>(
+    `SELECT r.extract_path, v.version_number, v.blob_name
+       FROM roosts r JOIN roost_versions v ON v.site_id = r.site_id AND v.roost_id = r.roost_id
+      WHERE r.site_id = $1 AND r.roost_id = $2 AND v.version_id = $3 AND r.deleted_at IS NULL`,
+    [siteId, roostId, versionId],
+  );
+  return rows[0] ?? null;
+}
+
+/** Whether the roost exists (and is not deleted) and whether `versionId` is one of its versions. */
+export async function roostAndVersionExist(db: Queryable, siteId: string, roostId: string, versionId: string): Promise<{ roost: boolean; version: boolean }> {
+  const { rows } = await db.query<{ version: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM roost_versions v WHERE v.site_id = r.site_id AND v.roost_id = r.roost_id AND v.version_id = $3) AS version
+       FROM roosts r WHERE r.site_id = $1 AND r.roost_id = $2 AND r.deleted_at IS NULL`,
+    [siteId, roostId, versionId],
+  );
+  return { roost: rows.length > 0, version: rows[0]?.version ?? false };
+}
+
+export interface TargetStateInput {
+  reportedVersionId: string;
+  status: TargetStatus;
+  error?: string | null;
+  chunks_fetched: number;
+  chunks_total: number;
+  chunks_dedup: number;
+  files_total: number;
+  files_assembled: number;
+  files_skipped: number;
+  bytes_fetched?: number;
+}
+
+export interface TargetStateRow {
+  site_id: string;
+  machine_id: string;
+  roost_id: string;
+  reported_version_id: string | null;
+  status: TargetStatus;
+  error: string | null;
+  chunks_fetched: number;
+  chunks_total: number;
+  chunks_dedup: number;
+  files_total: number;
+  files_assembled: number;
+  files_skipped: number;
+  bytes_fetched: number;
+  updated_at: Date;
+}
+
+/** Upserts the machine's reported state for a roost (one statement). The error is kept only on failed/cancelled. */
+export async function upsertTargetState(db: Queryable, siteId: string, machineId: string, roostId: string, s: TargetStateInput): Promise<TargetStateRow> {
+  const keepsError = s.status === 'failed' || s.status === 'cancelled';
+  const { rows } = await db.query<TargetStateRow>(
+    `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, error, chunks_fetched, chunks_total,
+                                      chunks_dedup, files_total, files_assembled, files_skipped, bytes_fetched, updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now())
+     ON CONFLICT (site_id, machine_id, roost_id) DO UPDATE SET
+       reported_version_id = excluded.reported_version_id, status = excluded.status, error = excluded.error,
+       chunks_fetched = excluded.chunks_fetched, chunks_total = excluded.chunks_total, chunks_dedup = excluded.chunks_dedup,
+       files_total = excluded.files_total, files_assembled = excluded.files_assembled, files_skipped = excluded.files_skipped,
+       bytes_fetched = excluded.bytes_fetched, updated_at = now()
+     RETURNING *`,
+    [
+      siteId,
+      machineId,
+      roostId,
+      s.reportedVersionId,
+      s.status,
+      keepsError ? truncateError(s.error ?? null) : null,
+      s.chunks_fetched,
+      s.chunks_total,
+      s.chunks_dedup,
+      s.files_total,
+      s.files_assembled,
+      s.files_skipped,
+      s.bytes_fetched ?? 0,
+    ],
+  );
+  return rows[0];
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Site-scoped reads (machines routes)
+
+export interface MachineRow {
+  site_id: string;
+  machine_id: string;
+  hostname: string | null;
+  agent_version: string | null;
+  live: boolean;
+  last_heartbeat: Date | null;
+  machine_timezone: string | null;
+  machine_timezone_iana: string | null;
+  cortex_enabled: boolean | null;
+  rebooting: boolean;
+  shutting_down: boolean;
+  capabilities: Record<string, unknown>;
+  enrolled_at: Date;
+  updated_at: Date;
+}
+
+export interface MachineDetailRow extends MachineRow {
+  info: Record<string, unknown>;
+  metrics: Record<string, unknown> | null;
+  processes: unknown[];
+}
+
+const MACHINE_COLUMNS = `m.site_id, m.machine_id, m.hostname, m.agent_version, m.last_heartbeat, m.machine_timezone, m.machine_timezone_iana,
+  m.cortex_enabled, m.rebooting, m.shutting_down, m.capabilities, m.enrolled_at, m.updated_at`;
+
+/** One page of a site's machines ordered by machine id, after `after` (exclusive). Fetches limit+1 rows so callers can tell whether more follow. */
+export async function listMachines(db: Queryable, siteId: string, opts: { after?: string; limit: number; staleSeconds: number }): Promise<MachineRow[]> {
+  const { rows } = await db.query<MachineRow>(
+    `SELECT ${MACHINE_COLUMNS}, ${onlineExpr('m', '$4')} AS live
+       FROM machines m WHERE m.site_id = $1 AND ($2::TEXT IS NULL OR m.machine_id > $2)
+      ORDER BY m.machine_id LIMIT $3`,
+    [siteId, opts.after ?? null, opts.limit + 1, opts.staleSeconds],
+  );
+  return rows;
+}
+
+/** One machine with its host info, metrics snapshot and live processes, or null. */
+export async function getMachine(db: Queryable, siteId: string, machineId: string, staleSeconds: number): Promise<MachineDetailRow | null> {
+  const { rows } = await db.query<MachineDetailRow>(
+    `SELECT ${MACHINE_COLUMNS}, m.info, m.metrics, m.processes, ${onlineExpr('m', '$3')} AS live
+       FROM machines m WHERE m.site_id = $1 AND m.machine_id = $2`,
+    [siteId, machineId, staleSeconds],
+  );
+  return rows[0] ?? null;
+}
+
+/** True when the machine is enrolled in the site. */
+export async function machineExists(db: Queryable, siteId: string, machineId: string): Promise<boolean> {
+  const { rows } = await db.query('SELECT 1 FROM machines WHERE site_id = $1 AND machine_id = $2', [siteId, machineId]);
+  return rows.length > 0;
+}
+
+export interface DeploymentRow {
+  roost_id: string;
+  name: string;
+  extract_path: string;
+  current_version_id: string | null;
+  current_version_number: number | null;
+  reported_version_id: string | null;
+  reported_version_number: number | null;
+  status: TargetStatus | null;
+  error: string | null;
+  chunks_fetched: number | null;
+  chunks_total: number | null;
+  chunks_dedup: number | null;
+  files_total: number | null;
+  files_assembled: number | null;
+  files_skipped: number | null;
+  bytes_fetched: number | null;
+  updated_at: Date | null;
+}
+
+/**
+ * Per live roost of the site that targets the machine or that the machine has reported state for: the
+ * roost's current pointer (intended) beside the machine's reported state. Ordered by roost id.
+ */
+export async function machineDeployments(db: Queryable, siteId: string, machineId: string): Promise<DeploymentRow[]> {
+  const { rows } = await db.query<DeploymentRow>(
+    `SELECT r.roost_id, r.name, r.extract_path, r.current_version_id, cv.version_number AS current_version_number,
+            s.reported_version_id, rv.version_number AS reported_version_number, s.status, s.error,
+            s.chunks_fetched, s.chunks_total, s.chunks_dedup, s.files_total, s.files_assembled, s.files_skipped, s.bytes_fetched, s.updated_at
+       FROM roosts r
+       LEFT JOIN roost_target_states s ON s.site_id = r.site_id AND s.roost_id = r.roost_id AND s.machine_id = $2
+       LEFT JOIN roost_versions cv ON cv.site_id = r.site_id AND cv.roost_id = r.roost_id AND cv.version_id = r.current_version_id
+       LEFT JOIN roost_versions rv ON rv.site_id = r.site_id AND rv.roost_id = r.roost_id AND rv.version_id = s.reported_version_id
+      WHERE r.site_id = $1 AND r.deleted_at IS NULL AND (r.targets @> $3::jsonb OR s.machine_id IS NOT NULL)
+      ORDER BY r.roost_id`,
+    [siteId, machineId, JSON.stringify([machineId])],
+  );
+  return rows;
+}

@@ -1,0 +1,705 @@
+/**
+ * Agent protocol routes (docs/agent-protocol.md) and the reference agent end to end against the real API
+ * (no rollout workflow: sync_pull command rows are inserted directly, roost versions are seeded in SQL
+ * and blob storage the way publish stores them).
+ */
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { createHarness, Harness, idemKey } from '../support/harness';
+import { newId, randomToken, sha256Hex } from '../../domain/hex';
+import { CHUNK_SIZE, computeVersionId, summarize, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
+import { chunkBlobName, versionBlobName } from '../../storage/blob';
+import type { Scope } from '../../domain/scopes';
+import { Agent } from '../../agent/agent';
+import { verifyTree } from '../../agent/fleet';
+
+let h: Harness;
+let baseUrl: string;
+let secret: string;
+let tmpRoot: string;
+
+beforeAll(async () => {
+  h = await createHarness();
+  await h.app.listen({ port: 0, host: '127.0.0.1' });
+  baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
+  const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true });
+  secret = res.json().enrolmentSecret;
+  tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-agent-test-'));
+});
+afterAll(async () => {
+  await h.close();
+  await fs.rm(tmpRoot, { recursive: true, force: true });
+});
+
+// ------------------------------------------------------------------------------------------- helpers
+
+/** Inserts an API key of the harness user with exactly `scopes`; returns the raw key. */
+async function scopedKey(scopes: Scope[]): Promise<string> {
+  const raw = `svk_live_${randomToken()}`;
+  await h.deps.db.query(
+    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
+     VALUES ($1, $2, 'scoped test key', $3, $4, $5, 'live', $6)`,
+    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
+  );
+  return raw;
+}
+
+async function enrol(machineId: string, opts: { siteId?: string; secret?: string } = {}): Promise<string> {
+  const res = await h.request({
+    method: 'POST',
+    url: '/api/agent/enrol',
+    key: null,
+    body: { siteId: opts.siteId ?? h.siteId, enrolmentSecret: opts.secret ?? secret, machineId, hostname: `${machineId}.local`, agentVersion: '1.2.3' },
+  });
+  expect(res.statusCode).toBe(201);
+  return res.json().agentToken;
+}
+
+function agentReq(token: string, method: string, url: string, body?: unknown) {
+  return h.request({ method, url, key: token, body });
+}
+
+/** Queues a command row for a machine directly (what a rollout does for sync_pull). */
+async function insertCommand(machineId: string, type: string, params: Record<string, unknown>, opts: { siteId?: string; expiresInMs?: number } = {}): Promise<string> {
+  const commandId = newId('cmd');
+  await h.deps.db.query(
+    `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, expires_at)
+     VALUES ($1, $2, $3, $4, 'pending', $5, now() + ($6::INT * INTERVAL '1 millisecond'))`,
+    [opts.siteId ?? h.siteId, machineId, commandId, type, JSON.stringify(params), opts.expiresInMs ?? 600_000],
+  );
+  return commandId;
+}
+
+async function ensureRoost(roostId: string, extractPath = 'C:\\Roost\\app', siteId = h.siteId): Promise<void> {
+  await h.deps.db.query(
+    `INSERT INTO roosts (site_id, roost_id, name, targets, extract_path, created_by) VALUES ($1, $2, $3, '[]', $4, $5)
+     ON CONFLICT (site_id, roost_id) DO NOTHING`,
+    [siteId, roostId, `roost ${roostId}`, extractPath, h.userId],
+  );
+}
+
+/**
+ * Publishes `files` (path → bytes) as the next version of a roost the way publish stores it: chunks
+ * (4 MiB) in blob storage and the chunks table, the body blob, the version row, the current pointer.
+ * `bodyText` overrides the stored body bytes (to test tampering).
+ */
+async function publish(roostId: string, files: Record<string, Buffer>, opts: { siteId?: string; bodyText?: string } = {}): Promise<{ versionId: string; body: VersionBody }> {
+  const siteId = opts.siteId ?? h.siteId;
+  await ensureRoost(roostId, undefined, siteId);
+  const entries: VersionBody['files'] = [];
+  for (const [p, data] of Object.entries(files)) {
+    const chunks = [];
+    for (let off = 0; off < data.length; off += CHUNK_SIZE) {
+      const part = data.subarray(off, Math.min(data.length, off + CHUNK_SIZE));
+      const hash = sha256Hex(part);
+      chunks.push({ hash, size: part.length });
+      await h.deps.blob.put('chunks', chunkBlobName(siteId, hash), Buffer.from(part), 'application/octet-stream');
+      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT (site_id, hash) DO NOTHING', [siteId, hash, part.length]);
+    }
+    entries.push({ path: p, size: data.length, chunks });
+  }
+  const body: VersionBody = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'agent.test' }, files: entries };
+  const versionId = computeVersionId(body);
+  const blobName = versionBlobName(siteId, roostId, versionId);
+  await h.deps.blob.put('versions', blobName, Buffer.from(opts.bodyText ?? JSON.stringify(body)), 'application/json');
+  const { totalSize, totalFiles } = summarize(body);
+  const { rows } = await h.deps.db.query<{ version_counter: number; current_version_id: string | null }>(
+    'UPDATE roosts SET version_counter = version_counter + 1 WHERE site_id = $1 AND roost_id = $2 RETURNING version_counter, current_version_id',
+    [siteId, roostId],
+  );
+  await h.deps.db.query(
+    `INSERT INTO roost_versions (site_id, roost_id, version_id, version_number, blob_name, total_size, total_files, parent_version_id, created_by)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+    [siteId, roostId, versionId, rows[0].version_counter, blobName, totalSize, totalFiles, rows[0].current_version_id, h.userId],
+  );
+  await h.deps.db.query('UPDATE roosts SET current_version_id = $3, previous_version_id = current_version_id WHERE site_id = $1 AND roost_id = $2', [
+    siteId,
+    roostId,
+    versionId,
+  ]);
+  return { versionId, body };
+}
+
+async function writeTree(dir: string, files: Record<string, Buffer>): Promise<void> {
+  await fs.rm(dir, { recursive: true, force: true });
+  await fs.mkdir(dir, { recursive: true });
+  for (const [p, data] of Object.entries(files)) {
+    await fs.mkdir(path.dirname(path.join(dir, p)), { recursive: true });
+    await fs.writeFile(path.join(dir, p), data);
+  }
+}
+
+async function targetState(machineId: string, roostId: string) {
+  const { rows } = await h.deps.db.query('SELECT * FROM roost_target_states WHERE site_id = $1 AND machine_id = $2 AND roost_id = $3', [h.siteId, machineId, roostId]);
+  return rows[0];
+}
+
+async function commandRow(machineId: string, commandId: string) {
+  const { rows } = await h.deps.db.query('SELECT * FROM commands WHERE site_id = $1 AND machine_id = $2 AND command_id = $3', [h.siteId, machineId, commandId]);
+  return rows[0];
+}
+
+const COUNTERS = { chunks_fetched: 0, chunks_total: 0, chunks_dedup: 0, files_total: 0, files_assembled: 0, files_skipped: 0 };
+
+// ------------------------------------------------------------------------------------------- enrolment
+
+describe('POST /api/sites/{siteId}/enrolment-secret', () => {
+  it('creates a secret shown once and stores only its digest', async () => {
+    const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true });
+    expect(res.statusCode).toBe(201);
+    const body = res.json();
+    expect(body.siteId).toBe(h.siteId);
+    expect(body.enrolmentSecret).toMatch(/^ses_[A-Za-z0-9_-]{43}$/);
+    const { rows } = await h.deps.db.query('SELECT enrolment_secret_hash FROM sites WHERE site_id = $1', [h.siteId]);
+    expect(rows[0].enrolment_secret_hash).toBe(sha256Hex(body.enrolmentSecret));
+    // Rotation: the previous secret stops working.
+    const old = await h.request({
+      method: 'POST',
+      url: '/api/agent/enrol',
+      key: null,
+      body: { siteId: h.siteId, enrolmentSecret: secret, machineId: 'rot-1', hostname: 'h', agentVersion: '1' },
+    });
+    expect(old.statusCode).toBe(401);
+    secret = body.enrolmentSecret;
+    await enrol('rot-1');
+  });
+
+  it('needs site admin: a write-only key gets 403 scope_insufficient with required', async () => {
+    const key = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['read', 'write'] }]);
+    const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, key, idempotencyKey: true });
+    expect(res.statusCode).toBe(403);
+    expect(res.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'site', id: h.siteId, permission: 'admin' } });
+  });
+
+  it('hides another site (404), rejects a malformed site id (400) and a missing credential (401)', async () => {
+    const other = await h.other();
+    const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true });
+    expect(res.statusCode).toBe(404);
+    expect(res.json().code).toBe('not_found');
+    const bad = await h.request({ method: 'POST', url: '/api/sites/bad%20site!/enrolment-secret' });
+    expect(bad.statusCode).toBe(400);
+    expect(bad.json().code).toBe('validation_failed');
+    const anon = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, key: null, idempotencyKey: true });
+    expect(anon.statusCode).toBe(401);
+  });
+});
+
+describe('POST /api/agent/enrol', () => {
+  it('issues a sat_ token bound to site and machine, stores its digest, marks the machine online', async () => {
+    const token = await enrol('enrol-1');
+    expect(token).toMatch(/^sat_[A-Za-z0-9_-]{43}$/);
+    const { rows } = await h.deps.db.query('SELECT agent_token_hash, online, hostname, agent_version FROM machines WHERE site_id = $1 AND machine_id = $2', [
+      h.siteId,
+      'enrol-1',
+    ]);
+    expect(rows[0]).toMatchObject({ agent_token_hash: sha256Hex(token), online: true, hostname: 'enrol-1.local', agent_version: '1.2.3' });
+    const ev = await h.deps.db.query(`SELECT data FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = 'enrol-1'`, [h.siteId]);
+    expect(ev.rows).toHaveLength(1);
+    expect(ev.rows[0].data.siteId).toBe(h.siteId);
+  });
+
+  it('re-enrolling rotates the token: the old one is refused', async () => {
+    const first = await enrol('enrol-2');
+    const second = await enrol('enrol-2');
+    expect(second).not.toBe(first);
+    expect((await agentReq(first, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(401);
+    expect((await agentReq(second, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
+  });
+
+  it('refuses a wrong secret or unknown site with 401 and no hint', async () => {
+    for (const body of [
+      { siteId: h.siteId, enrolmentSecret: `ses_${randomToken()}` },
+      { siteId: h.siteId, enrolmentSecret: 'nope' },
+      { siteId: 'site_doesnotexist', enrolmentSecret: secret },
+    ]) {
+      const res = await h.request({ method: 'POST', url: '/api/agent/enrol', key: null, body: { ...body, machineId: 'x-1', hostname: 'h', agentVersion: '1' } });
+      expect(res.statusCode).toBe(401);
+      expect(res.json()).toMatchObject({ code: 'unauthorized', detail: 'unknown site or wrong enrolment secret' });
+    }
+    const { rows } = await h.deps.db.query(`SELECT 1 FROM machines WHERE machine_id = 'x-1'`);
+    expect(rows).toHaveLength(0);
+  });
+
+  it('validates machineId and required fields', async () => {
+    const res = await h.request({
+      method: 'POST',
+      url: '/api/agent/enrol',
+      key: null,
+      body: { siteId: h.siteId, enrolmentSecret: secret, machineId: 'bad id/..', agentVersion: '1' },
+    });
+    expect(res.statusCode).toBe(400);
+    const body = res.json();
+    expect(body.code).toBe('validation_failed');
+    expect(Object.keys(body.errors)).toEqual(expect.arrayContaining(['machineId', 'hostname']));
+    const long = await h.request({
+      method: 'POST',
+      url: '/api/agent/enrol',
+      key: null,
+      body: { siteId: h.siteId, enrolmentSecret: secret, machineId: 'm'.repeat(65), hostname: 'h', agentVersion: '1' },
+    });
+    expect(long.statusCode).toBe(400);
+  });
+});
+
+// ------------------------------------------------------------------------------------------- heartbeat
+
+describe('POST /api/agent/heartbeat', () => {
+  it('records liveness and the snapshot, and reports pending commands', async () => {
+    const token = await enrol('hb-1');
+    await insertCommand('hb-1', 'reboot_machine', { delaySeconds: 0 });
+    const res = await agentReq(token, 'POST', '/api/agent/heartbeat', {
+      agentVersion: '2.0.0',
+      metrics: { schemaVersion: 2, cpus: [1, 2] },
+      processes: [{ name: 'app.exe', pid: 42 }],
+      info: { os: 'Windows 11' },
+      timezone: 'W. Europe Standard Time',
+      timezoneIana: 'Europe/Berlin',
+      cortexEnabled: false,
+      rebooting: true,
+      futureField: 'ignored',
+    });
+    expect(res.statusCode).toBe(200);
+    const body = res.json();
+    expect(body).toMatchObject({ ok: true, pendingCommands: 1 });
+    expect(Date.parse(body.serverTime)).not.toBeNaN();
+    const { rows } = await h.deps.db.query('SELECT * FROM machines WHERE site_id = $1 AND machine_id = $2', [h.siteId, 'hb-1']);
+    expect(rows[0]).toMatchObject({
+      agent_version: '2.0.0',
+      metrics: { schemaVersion: 2, cpus: [1, 2] },
+      processes: [{ name: 'app.exe', pid: 42 }],
+      info: { os: 'Windows 11' },
+      machine_timezone: 'W. Europe Standard Time',
+      machine_timezone_iana: 'Europe/Berlin',
+      cortex_enabled: false,
+      rebooting: true,
+      online: true,
+    });
+    // Fields left out keep their value; a heartbeat may have no body at all.
+    expect((await agentReq(token, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
+    expect((await h.app.inject({ method: 'POST', url: '/api/agent/heartbeat', headers: { authorization: `Bearer ${token}` } })).statusCode).toBe(200);
+    const again = await h.deps.db.query('SELECT agent_version, metrics FROM machines WHERE site_id = $1 AND machine_id = $2', [h.siteId, 'hb-1']);
+    expect(again.rows[0]).toMatchObject({ agent_version: '2.0.0', metrics: { schemaVersion: 2, cpus: [1, 2] } });
+  });
+
+  it('records machine.online when heartbeats resume after going stale', async () => {
+    const token = await enrol('hb-2');
+    await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 hour' WHERE site_id = $1 AND machine_id = 'hb-2'`, [h.siteId]);
+    expect((await agentReq(token, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
+    expect((await agentReq(token, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
+    const ev = await h.deps.db.query(`SELECT 1 FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = 'hb-2'`, [h.siteId]);
+    expect(ev.rows).toHaveLength(2); // enrol + resume, not one per heartbeat
+  });
+
+  it('rejects bad credentials and bad bodies', async () => {
+    const token = await enrol('hb-3');
+    for (const key of [null, `sat_${randomToken()}`, 'sat_short', h.apiKey]) {
+      const res = await h.request({ method: 'POST', url: '/api/agent/heartbeat', key, body: {} });
+      expect(res.statusCode).toBe(401);
+      expect(res.json().code).toBe('unauthorized');
+    }
+    const bad = await agentReq(token, 'POST', '/api/agent/heartbeat', { metrics: 'high', processes: {} });
+    expect(bad.statusCode).toBe(400);
+    expect(Object.keys(bad.json().errors)).toEqual(expect.arrayContaining(['metrics', 'processes']));
+  });
+});
+
+// ------------------------------------------------------------------------------------------- commands
+
+describe('GET /api/agent/commands and POST /api/agent/commands/{id}', () => {
+  it('hands out pending commands oldest first, marks them delivered, and redelivers stale deliveries', async () => {
+    const token = await enrol('cmd-1');
+    const c1 = await insertCommand('cmd-1', 'reboot_machine', { delaySeconds: 5 });
+    await h.deps.db.query(`UPDATE commands SET created_at = now() - INTERVAL '1 minute' WHERE command_id = $1`, [c1]);
+    const c2 = await insertCommand('cmd-1', 'capture_screenshot', { monitor: 0 });
+    await insertCommand('other-machine', 'reboot_machine', {});
+    const res = await agentReq(token, 'GET', '/api/agent/commands?wait=0');
+    expect(res.statusCode).toBe(200);
+    const cmds = res.json().commands;
+    expect(cmds.map((c: { commandId: string }) => c.commandId)).toEqual([c1, c2]);
+    expect(cmds[0]).toMatchObject({ type: 'reboot_machine', params: { delaySeconds: 5 } });
+    expect(Date.parse(cmds[0].expiresAt)).toBeGreaterThan(Date.now());
+    expect((await commandRow('cmd-1', c1)).delivered_at).not.toBeNull();
+    // Delivered recently: not handed out again…
+    expect((await agentReq(token, 'GET', '/api/agent/commands?wait=0')).json().commands).toEqual([]);
+    // …until the redelivery window passed with the command still pending.
+    await h.deps.db.query(`UPDATE commands SET delivered_at = now() - INTERVAL '2 minutes' WHERE command_id = $1`, [c2]);
+    expect((await agentReq(token, 'GET', '/api/agent/commands?wait=0')).json().commands.map((c: { commandId: string }) => c.commandId)).toEqual([c2]);
+  });
+
+  it('long-polls: a command queued while the agent waits is returned', async () => {
+    const token = await enrol('cmd-2');
+    const poll = agentReq(token, 'GET', '/api/agent/commands?wait=20');
+    await new Promise((r) => setTimeout(r, 600));
+    const created = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/machines/cmd-2/commands`, idempotencyKey: true, body: { type: 'reboot_machine' } });
+    expect(created.statusCode).toBe(202);
+    const res = await poll;
+    expect(res.statusCode).toBe(200);
+    expect(res.json().commands).toEqual([expect.objectContaining({ commandId: created.json().commandId, type: 'reboot_machine', params: { delaySeconds: 0 } })]);
+  });
+
+  it('returns an empty list when nothing arrives within wait, and validates wait', async () => {
+    const token = await enrol('cmd-3');
+    const res = await agentReq(token, 'GET', '/api/agent/commands?wait=1');
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({ commands: [] });
+    for (const w of ['-1', 'abc', '1.5']) {
+      const bad = await agentReq(token, 'GET', `/api/agent/commands?wait=${w}`);
+      expect(bad.statusCode).toBe(400);
+      expect(bad.json().code).toBe('validation_failed');
+    }
+  });
+
+  it('expires pending commands past expiresAt instead of delivering them', async () => {
+    const token = await enrol('cmd-4');
+    const c = await insertCommand('cmd-4', 'reboot_machine', {}, { expiresInMs: -1000 });
+    expect((await agentReq(token, 'GET', '/api/agent/commands?wait=0')).json().commands).toEqual([]);
+    const row = await commandRow('cmd-4', c);
+    expect(row).toMatchObject({ status: 'failed', error: 'expired' });
+    expect(row.completed_at).not.toBeNull();
+  });
+
+  it('keeps a command open on intermediate statuses and closes it on a terminal one; later reports are no-ops', async () => {
+    const token = await enrol('cmd-5');
+    const c = await insertCommand('cmd-5', 'sync_pull', { roostId: 'r', versionId: 'a'.repeat(64) });
+    const r1 = await agentReq(token, 'POST', `/api/agent/commands/${c}`, { status: 'downloading', progress: 12.5 });
+    expect(r1.statusCode).toBe(200);
+    expect(r1.json()).toMatchObject({ commandId: c, status: 'downloading', progress: 12.5, completedAt: null, applied: true });
+    const r2 = await agentReq(token, 'POST', `/api/agent/commands/${c}`, { status: 'completed' });
+    expect(r2.json()).toMatchObject({ status: 'completed', result: 'success', error: null, applied: true });
+    expect(r2.json().completedAt).not.toBeNull();
+    const r3 = await agentReq(token, 'POST', `/api/agent/commands/${c}`, { status: 'failed', error: 'late' });
+    expect(r3.statusCode).toBe(200);
+    expect(r3.json()).toMatchObject({ status: 'completed', result: 'success', error: null, applied: false });
+    // failed keeps the error; cancelled gets result cancelled.
+    const f = await insertCommand('cmd-5', 'reboot_machine', {});
+    expect((await agentReq(token, 'POST', `/api/agent/commands/${f}`, { status: 'failed', error: 'disk full' })).json()).toMatchObject({
+      status: 'failed',
+      error: 'disk full',
+      result: null,
+    });
+    const k = await insertCommand('cmd-5', 'reboot_machine', {});
+    expect((await agentReq(token, 'POST', `/api/agent/commands/${k}`, { status: 'cancelled' })).json()).toMatchObject({ status: 'cancelled', result: 'cancelled' });
+  });
+
+  it('rejects bad statuses and values, and commands of other machines or sites', async () => {
+    const token = await enrol('cmd-6');
+    const c = await insertCommand('cmd-6', 'reboot_machine', {});
+    for (const body of [{ status: 'pending' }, { status: 'Bad Status' }, { status: 'completed', progress: 101 }, { status: 'completed', result: 'yes' }, {}, { status: 'completed', extra: 1 }]) {
+      const res = await agentReq(token, 'POST', `/api/agent/commands/${c}`, body);
+      expect(res.statusCode).toBe(400);
+      expect(res.json().code).toBe('validation_failed');
+    }
+    expect((await commandRow('cmd-6', c)).status).toBe('pending');
+    const mine = await insertCommand('cmd-6b', 'reboot_machine', {});
+    expect((await agentReq(token, 'POST', `/api/agent/commands/${mine}`, { status: 'completed' })).statusCode).toBe(404);
+    expect((await agentReq(token, 'POST', '/api/agent/commands/cmd_unknown', { status: 'completed' })).statusCode).toBe(404);
+    // An agent of another site cannot see this site's command, even for the same machine id.
+    const other = await h.other();
+    const otherSecret = (await h.request({ method: 'POST', url: `/api/sites/${other.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true })).json().enrolmentSecret;
+    const otherToken = await enrol('cmd-6', { siteId: other.siteId, secret: otherSecret });
+    expect((await agentReq(otherToken, 'POST', `/api/agent/commands/${c}`, { status: 'completed' })).statusCode).toBe(404);
+    expect((await agentReq(otherToken, 'GET', '/api/agent/commands?wait=0')).json().commands).toEqual([]);
+    expect((await commandRow('cmd-6', c)).status).toBe('pending');
+  });
+});
+
+// ------------------------------------------------------------------------------------------- roost sync routes
+
+describe('GET /api/agent/roosts/{roostId}/versions/{versionId}', () => {
+  it('returns a signed URL of the exact stored body', async () => {
+    const token = await enrol('ver-1');
+    const { versionId, body } = await publish('roost-ver', { 'a.txt': Buffer.from('hello') });
+    const res = await agentReq(token, 'GET', `/api/agent/roosts/roost-ver/versions/${versionId}`);
+    expect(res.statusCode).toBe(200);
+    const info = res.json();
+    expect(info).toMatchObject({ roostId: 'roost-ver', versionId, versionNumber: 1, extractPath: 'C:\\Roost\\app' });
+    expect(Date.parse(info.expiresAt) - Date.now()).toBeLessThanOrEqual(15 * 60 * 1000);
+    const fetched = await fetch(info.versionUrl);
+    expect(fetched.status).toBe(200);
+    expect(computeVersionId(await fetched.json())).toBe(versionId);
+    expect(body.files).toHaveLength(1);
+  });
+
+  it('404s unknown roosts, versions and other sites; 400s malformed ids', async () => {
+    const token = await enrol('ver-2');
+    const { versionId } = await publish('roost-ver2', { 'a.txt': Buffer.from('x') });
+    const nf = await agentReq(token, 'GET', `/api/agent/roosts/nope/versions/${versionId}`);
+    expect(nf.statusCode).toBe(404);
+    expect(nf.json().code).toBe('not_found');
+    const vnf = await agentReq(token, 'GET', `/api/agent/roosts/roost-ver2/versions/${'b'.repeat(64)}`);
+    expect(vnf.statusCode).toBe(404);
+    expect(vnf.json().code).toBe('version_not_found');
+    expect((await agentReq(token, 'GET', '/api/agent/roosts/roost-ver2/versions/current')).statusCode).toBe(400);
+    const other = await h.other();
+    const otherSecret = (await h.request({ method: 'POST', url: `/api/sites/${other.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true })).json().enrolmentSecret;
+    const otherToken = await enrol('ver-2', { siteId: other.siteId, secret: otherSecret });
+    expect((await agentReq(otherToken, 'GET', `/api/agent/roosts/roost-ver2/versions/${versionId}`)).statusCode).toBe(404);
+    expect((await h.request({ method: 'GET', url: `/api/agent/roosts/roost-ver2/versions/${versionId}` })).statusCode).toBe(401); // API key, not agent
+  });
+});
+
+describe('PUT /api/agent/roosts/{roostId}/state', () => {
+  it('upserts the target state', async () => {
+    const token = await enrol('st-1');
+    const { versionId } = await publish('roost-st', { 'a.txt': Buffer.from('state') });
+    const url = '/api/agent/roosts/roost-st/state';
+    const r1 = await agentReq(token, 'PUT', url, { reportedVersionId: versionId, status: 'downloading', ...COUNTERS, chunks_total: 3, chunks_fetched: 1, bytes_fetched: 100 });
+    expect(r1.statusCode).toBe(200);
+    expect(r1.json()).toMatchObject({ roostId: 'roost-st', machineId: 'st-1', status: 'downloading', chunks_total: 3, chunks_fetched: 1, bytes_fetched: 100, error: null });
+    const r2 = await agentReq(token, 'PUT', url, { reportedVersionId: versionId, status: 'failed', error: 'x'.repeat(5000), ...COUNTERS });
+    expect(r2.statusCode).toBe(200);
+    expect(r2.json().error.length).toBeLessThanOrEqual(2000);
+    const r3 = await agentReq(token, 'PUT', url, { reportedVersionId: versionId, status: 'committed', error: 'ignored', ...COUNTERS, files_total: 1, files_assembled: 1 });
+    expect(r3.json()).toMatchObject({ status: 'committed', error: null, files_total: 1, bytes_fetched: 0 });
+    const { rows } = await h.deps.db.query('SELECT count(*)::INT AS n FROM roost_target_states WHERE site_id = $1 AND machine_id = $2', [h.siteId, 'st-1']);
+    expect(rows[0].n).toBe(1);
+  });
+
+  it('validates status, counters and ids', async () => {
+    const token = await enrol('st-2');
+    const { versionId } = await publish('roost-st2', { 'a.txt': Buffer.from('state2') });
+    const url = '/api/agent/roosts/roost-st2/state';
+    const cases: [Record<string, unknown>, string][] = [
+      [{ reportedVersionId: versionId, status: 'done', ...COUNTERS }, 'status'],
+      [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, chunks_fetched: -1 }, 'chunks_fetched'],
+      [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, files_total: 1.5 }, 'files_total'],
+      [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, files_skipped: undefined }, 'files_skipped'],
+      [{ reportedVersionId: 'v1', status: 'committed', ...COUNTERS }, 'reportedVersionId'],
+      [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, surprise: true }, 'surprise'],
+    ];
+    for (const [body, field] of cases) {
+      const res = await agentReq(token, 'PUT', url, body);
+      expect(res.statusCode).toBe(400);
+      expect(res.json().code).toBe('validation_failed');
+      expect(Object.keys(res.json().errors)).toContain(field);
+    }
+    const nf = await agentReq(token, 'PUT', '/api/agent/roosts/unknown-roost/state', { reportedVersionId: versionId, status: 'pending', ...COUNTERS });
+    expect(nf.statusCode).toBe(404);
+    expect(nf.json().code).toBe('not_found');
+    const vnf = await agentReq(token, 'PUT', url, { reportedVersionId: 'c'.repeat(64), status: 'pending', ...COUNTERS });
+    expect(vnf.statusCode).toBe(404);
+    expect(vnf.json().code).toBe('version_not_found');
+    expect(await targetState('st-2', 'roost-st2')).toBeUndefined();
+  });
+});
+
+describe('PUT /api/agent/commands/{id}/screenshot', () => {
+  it('stores the PNG of a capture_screenshot command and the command state signs a URL for it', async () => {
+    const token = await enrol('shot-1');
+    const c = await insertCommand('shot-1', 'capture_screenshot', { monitor: 'all' });
+    const png = Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), randomBytes(32)]);
+    const notPng = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${c}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: Buffer.from('GIF89a....') });
+    expect(notPng.statusCode).toBe(400);
+    const up = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${c}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: png });
+    expect(up.statusCode).toBe(200);
+    expect(up.json()).toEqual({ commandId: c, bytes: png.length });
+    await agentReq(token, 'POST', `/api/agent/commands/${c}`, { status: 'completed' });
+    const state = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/shot-1/commands/${c}` });
+    expect(state.statusCode).toBe(200);
+    const got = await fetch(state.json().screenshotUrl);
+    expect(Buffer.from(await got.arrayBuffer()).equals(png)).toBe(true);
+    // Closed command or a command of another type: refused.
+    const late = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${c}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: png });
+    expect(late.statusCode).toBe(409);
+    const reboot = await insertCommand('shot-1', 'reboot_machine', {});
+    const wrong = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${reboot}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: png });
+    expect(wrong.statusCode).toBe(404);
+  });
+});
+
+// ------------------------------------------------------------------------------------------- reference agent
+
+describe('reference agent end to end', () => {
+  const ROOST = 'roost-e2e';
+  const big = randomBytes(CHUNK_SIZE + 300_000); // two chunks
+  const v1: Record<string, Buffer> = {
+    'a.txt': Buffer.from('alpha\n'),
+    'dir/b.bin': big,
+    'dir/sub/c.txt': Buffer.from('charlie '.repeat(1000)),
+    'empty.txt': Buffer.alloc(0),
+    'z/d.bin': randomBytes(100_000),
+  };
+  const bigChanged = Buffer.concat([big.subarray(0, CHUNK_SIZE), randomBytes(200_000)]); // first chunk shared
+  const v2: Record<string, Buffer> = {
+    'a.txt': v1['a.txt'],
+    'dir/b.bin': bigChanged,
+    'dir/sub/c.txt': v1['dir/sub/c.txt'],
+    'empty.txt': v1['empty.txt'],
+    'copy-of-c.txt': v1['dir/sub/c.txt'], // same bytes, same chunk: dedup
+    'new/e.txt': Buffer.from('echo'),
+  };
+  let agent: Agent;
+  let rootDir: string;
+  let ver1: string;
+  let ver2: string;
+  const src1 = () => path.join(tmpRoot, 'src1');
+  const src2 = () => path.join(tmpRoot, 'src2');
+
+  beforeAll(async () => {
+    await writeTree(src1(), v1);
+    await writeTree(src2(), v2);
+    ver1 = (await publish(ROOST, v1)).versionId;
+    ver2 = (await publish(ROOST, v2)).versionId;
+    rootDir = path.join(tmpRoot, 'machine-e2e');
+    agent = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-1', rootDir, heartbeatMs: 0, pollWaitSeconds: 5, progressIntervalMs: 1000 });
+    await agent.start();
+  });
+  afterAll(async () => agent.stop());
+
+  const syncParams = (versionId: string, versionNumber: number) => ({ roostId: ROOST, versionId, versionNumber, rolloutId: null, extractRoot: 'C:\\Roost\\app', attempt: 1 });
+
+  it('commits the exact tree of a version', async () => {
+    const c = await insertCommand('e2e-1', 'sync_pull', syncParams(ver1, 1));
+    const outcome = await agent.waitForCommand(c);
+    expect(outcome).toMatchObject({ status: 'completed' });
+    expect(await verifyTree(src1(), path.join(rootDir, 'Roost', 'app'))).toEqual([]);
+    const st = await targetState('e2e-1', ROOST);
+    expect(st).toMatchObject({
+      reported_version_id: ver1,
+      status: 'committed',
+      files_total: 5,
+      files_assembled: 4 + 1, // empty.txt is assembled as an empty file
+      files_skipped: 0,
+      chunks_total: 5,
+      chunks_fetched: 5,
+      chunks_dedup: 0,
+      error: null,
+    });
+    expect(Number(st.bytes_fetched)).toBe(Object.values(v1).reduce((a, b) => a + b.length, 0));
+    expect(await commandRow('e2e-1', c)).toMatchObject({ status: 'completed', result: 'success', progress: 100 });
+    const manifest = await agent.readManifest(ROOST);
+    expect(manifest).toMatchObject({ versionId: ver1, extractDir: 'Roost/app' });
+    // The machines routes show it.
+    const deps = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/deployments` });
+    expect(deps.json().deployments).toEqual([
+      expect.objectContaining({ roostId: ROOST, currentVersionId: ver2, reportedVersionId: ver1, status: 'committed', inSync: false }),
+    ]);
+  });
+
+  it('syncs the next version reusing local chunks, skipping unchanged files and removing deleted ones', async () => {
+    const c = await insertCommand('e2e-1', 'sync_pull', syncParams(ver2, 2));
+    const outcome = await agent.waitForCommand(c);
+    expect(outcome.status).toBe('completed');
+    expect(await verifyTree(src2(), path.join(rootDir, 'Roost', 'app'))).toEqual([]);
+    const st = await targetState('e2e-1', ROOST);
+    expect(st).toMatchObject({
+      reported_version_id: ver2,
+      status: 'committed',
+      files_total: 6,
+      files_skipped: 3, // a.txt, dir/sub/c.txt, empty.txt
+      files_assembled: 3, // dir/b.bin, copy-of-c.txt, new/e.txt
+      chunks_total: 4, // b.bin ×2, c's chunk, e.txt
+      chunks_dedup: 2, // b.bin's first chunk and c's chunk were in the store
+      chunks_fetched: 2,
+    });
+    const deps = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/deployments` });
+    expect(deps.json().deployments[0]).toMatchObject({ reportedVersionId: ver2, currentVersionId: ver2, inSync: true, reportedVersionNumber: 2 });
+  });
+
+  it('refetches chunks whose first download is corrupted', async () => {
+    const a2 = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-2', rootDir: path.join(tmpRoot, 'machine-e2e-2'), heartbeatMs: 0, pollWaitSeconds: 5, corruptFirstDownloadRate: 1 });
+    await a2.start();
+    try {
+      const c = await insertCommand('e2e-2', 'sync_pull', syncParams(ver2, 2));
+      const outcome = await a2.waitForCommand(c);
+      expect(outcome.status).toBe('completed');
+      expect(outcome.refetched).toBe(outcome.counters!.chunks_fetched);
+      expect(outcome.refetched).toBeGreaterThan(0);
+      expect(await verifyTree(src2(), path.join(tmpRoot, 'machine-e2e-2', 'Roost', 'app'))).toEqual([]);
+      const st = await targetState('e2e-2', ROOST);
+      expect(st.status).toBe('committed');
+      expect(Number(st.bytes_fetched)).toBeGreaterThan(Object.values(v2).reduce((a, b) => a + b.length, 0)); // every chunk came twice
+    } finally {
+      await a2.stop();
+    }
+  });
+
+  it('refuses a version body that does not hash to its id, and extract roots that escape', async () => {
+    const tampered = await publish('roost-tamper', { 'x.txt': Buffer.from('real') }, { bodyText: JSON.stringify({ schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: {}, files: [{ path: 'x.txt', size: 4, chunks: [] }] }) });
+    const c1 = await insertCommand('e2e-1', 'sync_pull', { roostId: 'roost-tamper', versionId: tampered.versionId, extractRoot: 'tamper' });
+    const o1 = await agent.waitForCommand(c1);
+    expect(o1.status).toBe('failed');
+    expect(o1.error).toMatch(/does not hash to the versionId/);
+    expect(await targetState('e2e-1', 'roost-tamper')).toMatchObject({ status: 'failed', error: expect.stringMatching(/does not hash/) });
+    expect(await commandRow('e2e-1', c1)).toMatchObject({ status: 'failed', error: expect.stringMatching(/does not hash/) });
+
+    const c2 = await insertCommand('e2e-1', 'sync_pull', { roostId: ROOST, versionId: ver2, extractRoot: '../../escape' });
+    const o2 = await agent.waitForCommand(c2);
+    expect(o2.status).toBe('failed');
+    expect(o2.error).toMatch(/\.\./);
+    await expect(fs.stat(path.join(tmpRoot, '..', 'escape'))).rejects.toThrow();
+  });
+
+  it('fails on purpose for failMachines and reports failed', async () => {
+    const a3 = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-3', rootDir: path.join(tmpRoot, 'machine-e2e-3'), heartbeatMs: 0, pollWaitSeconds: 5, failMachines: ['e2e-3'] });
+    await a3.start();
+    try {
+      const c = await insertCommand('e2e-3', 'sync_pull', syncParams(ver1, 1));
+      expect((await a3.waitForCommand(c)).status).toBe('failed');
+      expect(await targetState('e2e-3', ROOST)).toMatchObject({ status: 'failed', error: expect.stringMatching(/injected/) });
+      expect(await commandRow('e2e-3', c)).toMatchObject({ status: 'failed' });
+    } finally {
+      await a3.stop();
+    }
+  });
+
+  it('stops a sync when the server cancelled its command meanwhile and reports cancelled', async () => {
+    const a4 = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-4', rootDir: path.join(tmpRoot, 'machine-e2e-4'), heartbeatMs: 0, pollWaitSeconds: 5, syncDelayMs: 1500 });
+    await a4.start();
+    try {
+      const c = await insertCommand('e2e-4', 'sync_pull', syncParams(ver1, 1));
+      const done = a4.waitForCommand(c);
+      // Wait until the agent took it (intermediate status), then cancel it server-side.
+      for (let i = 0; i < 200 && (await commandRow('e2e-4', c)).status !== 'downloading'; i++) await new Promise((r) => setTimeout(r, 50));
+      await h.deps.db.query(`UPDATE commands SET status = 'cancelled', result = 'cancelled', completed_at = now() WHERE site_id = $1 AND machine_id = 'e2e-4' AND command_id = $2`, [h.siteId, c]);
+      const o = await done;
+      expect(o.status).toBe('cancelled');
+      expect(await targetState('e2e-4', ROOST)).toMatchObject({ status: 'cancelled', reported_version_id: ver1 });
+      expect(await commandRow('e2e-4', c)).toMatchObject({ status: 'cancelled', result: 'cancelled' });
+      expect(await agent.readManifest(ROOST)).not.toBeNull(); // the other machine is untouched
+      expect(await a4.readManifest(ROOST)).toBeNull();
+    } finally {
+      await a4.stop();
+    }
+  });
+
+  it('acknowledges reboot, shutdown and screenshot commands queued through the API', async () => {
+    const ids: string[] = [];
+    for (const body of [{ type: 'reboot_machine', params: { delaySeconds: 10 } }, { type: 'shutdown_machine' }, { type: 'capture_screenshot', params: { monitor: 'primary' } }]) {
+      const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/machines/e2e-1/commands`, idempotencyKey: idemKey(), body });
+      expect(res.statusCode).toBe(202);
+      ids.push(res.json().commandId);
+    }
+    for (const id of ids) expect((await agent.waitForCommand(id)).status).toBe('completed');
+    for (const id of ids) {
+      const st = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/commands/${id}` });
+      expect(st.json()).toMatchObject({ status: 'completed', result: 'success' });
+    }
+    const shot = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/commands/${ids[2]}` });
+    const png = await fetch(shot.json().screenshotUrl);
+    expect(png.status).toBe(200);
+    expect(Buffer.from(await png.arrayBuffer()).subarray(1, 4).toString()).toBe('PNG');
+  });
+
+  it('reuses its persisted token on restart and re-enrols when it was rotated', async () => {
+    const dir = path.join(tmpRoot, 'machine-e2e-5');
+    const a = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-5', rootDir: dir, heartbeatMs: 0, pollWaitSeconds: 1 });
+    await a.start();
+    const first = a.token;
+    await a.stop();
+    const b = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-5', rootDir: dir, heartbeatMs: 0, pollWaitSeconds: 1 });
+    await b.start();
+    expect(b.token).toBe(first);
+    await b.stop();
+    await enrol('e2e-5'); // someone else rotated the token
+    const c = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-5', rootDir: dir, heartbeatMs: 0, pollWaitSeconds: 1 });
+    await c.start();
+    expect(c.token).not.toBe(first);
+    const { rows } = await h.deps.db.query('SELECT agent_token_hash FROM machines WHERE site_id = $1 AND machine_id = $2', [h.siteId, 'e2e-5']);
+    expect(rows[0].agent_token_hash).toBe(sha256Hex(c.token!));
+    await c.stop();
+  });
+});
