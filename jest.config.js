@@ -5,6 +5,9 @@ module.exports = {
   // A few dependencies ship ESM only; SWC turns them into CommonJS for Jest on Node 20.
   transform: { '^.+\\.ts$': swc, '^.+\\.m?js$': ['@swc/jest', { jsc: { target: 'es2022' }, module: { type: 'commonjs' } }] },
   transformIgnorePatterns: ['/node_modules/(?!(.*/)?(cookie|set-cookie-parser)/)'],
+  // Local state (demo copies of packages, benchmark trees) is never part of the module graph.
+  modulePathIgnorePatterns: ['<rootDir>/.data'],
+  testPathIgnorePatterns: ['/node_modules/', '<rootDir>/.data/'],
   testMatch: ['<rootDir>/test/**/*.test.ts'],
   globalSetup: '<rootDir>/test/support/global-setup.ts',
   globalTeardown: '<rootDir>/test/support/global-teardown.ts',

@@ -20,11 +20,17 @@ import { startFleet, verifyTree } from '../agent/fleet';
 import { resolveExtractDir } from '../agent/agent';
 import { rolloutWorkflowId, workflowUiUrl } from '../api/temporal';
 
+/**
+ * The default tree: installed packages copied side by side into one working copy (~1,800 real files,
+ * ~36 MiB): TypeScript brings an 8.7 MiB file (3 chunks), the Fastify packages bring zero-byte files.
+ */
+const DEFAULT_PACKAGES = ['typescript', '@fastify', '@sinclair'];
+
 /** Where every machine extracts the demo roost, relative to the machine's root. */
 const EXTRACT_PATH = 'roosts/demo';
 
 export interface DemoOptions {
-  /** Tree to push (default: node_modules/@temporalio, copied so it can be changed). */
+  /** Tree to push (default: DEFAULT_PACKAGES from node_modules). It is copied, so the demo can change it. */
   dir?: string;
   machines: number;
   /** Keep the agents' trees and the working copy under DATA/demo after the run. */
@@ -156,11 +162,18 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
     const client = new RoostClient({ baseUrl: stack.urls.api, apiKey: boot.apiKey });
 
     // 1. The tree: a working copy of a real software tree, so the demo can change it.
-    const sourceDir = opts.dir ? path.resolve(opts.dir) : path.resolve(__dirname, '..', 'node_modules', '@temporalio');
-    if (!fs.existsSync(sourceDir)) throw new Error(`no such directory: ${sourceDir}`);
     const work = path.join(demoDir, 'source');
-    fs.mkdirSync(path.dirname(work), { recursive: true });
-    fs.cpSync(sourceDir, work, { recursive: true, dereference: false, verbatimSymlinks: true });
+    fs.mkdirSync(work, { recursive: true });
+    let sourceDir: string;
+    if (opts.dir) {
+      sourceDir = path.resolve(opts.dir);
+      if (!fs.existsSync(sourceDir)) throw new Error(`no such directory: ${sourceDir}`);
+      fs.cpSync(sourceDir, work, { recursive: true, dereference: false, verbatimSymlinks: true });
+    } else {
+      const modules = path.resolve(__dirname, '..', 'node_modules');
+      sourceDir = DEFAULT_PACKAGES.map((p) => `node_modules/${p}`).join(' + ');
+      for (const p of DEFAULT_PACKAGES) fs.cpSync(path.join(modules, p), path.join(work, p), { recursive: true, dereference: false, verbatimSymlinks: true });
+    }
     const source = { ...treeStats(work), dir: sourceDir };
     log(`tree ${sourceDir}: ${source.files} files, ${(source.bytes / 1048576).toFixed(1)} MiB, largest ${(source.largestFile / 1048576).toFixed(1)} MiB, ${source.zeroByteFiles} zero-byte`);
 

@@ -29,7 +29,7 @@ export function registerDemo(program: Command): void {
   program
     .command('demo')
     .description('the main job on the embedded default: push a real tree, roll it out to a simulated fleet, verify, change, roll back')
-    .option('--dir <path>', 'tree to push (default node_modules/@temporalio)')
+    .option('--dir <path>', 'tree to push (default: the typescript, @fastify and @sinclair packages from node_modules)')
     .option('--machines <n>', 'simulated machines', '20')
     .option('--timeout <seconds>', 'limit for each rollout', '600')
     .option('--keep', 'keep the working copy and the machines\' trees under .data/demo')
