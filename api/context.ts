@@ -15,9 +15,13 @@ export interface AppDeps {
   temporal: Client;
 }
 
-/** A user acting through an API key (session and ID-token credentials arrive with the key lifecycle). */
+/** A user acting through an API key, a first-party session (`sst_`) or an OIDC ID token (SPEC.md Authentication 1). */
 export interface UserPrincipal {
   kind: 'user';
+  /** Which credential authenticated the request; key lifecycle routes need 'session' or 'id_token'. */
+  credential: 'api_key' | 'session' | 'id_token';
+  /** The session id when `credential` is 'session'. */
+  sessionId?: string;
   userId: string;
   email: string;
   role: 'member' | 'admin' | 'superadmin';
@@ -54,7 +58,7 @@ declare module 'fastify' {
   interface FastifyRequest {
     principal?: Principal;
     /** Set by the idempotency plugin while a keyed mutation runs. */
-    idempotency?: { keyHash: string };
+    idempotency?: { keyHash: string; token: string; key: string };
   }
   interface FastifyContextConfig {
     auth?: AuthMode;

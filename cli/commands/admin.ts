@@ -3,6 +3,7 @@
  * `roost admin bootstrap --site <name> --email <email> [--json]` creates or reuses a superadmin user,
  * the site and a live full-access API key, printing {"siteId","userId","apiKey"}. Idempotent.
  * With the embedded default it starts PostgreSQL if it is not running.
+ * `roost admin token --email <email> [--json]` prints an ID token for that user (cli/commands/token.ts).
  */
 import type { Command } from 'commander';
 import { UsageError } from '../context';
@@ -12,6 +13,7 @@ import { migrate } from '../../db/migrate';
 import { bootstrap } from '../../db/bootstrap';
 import { ensurePostgres } from '../../stack/services';
 import { bootstrapSecret } from '../../stack/secrets';
+import { registerToken } from './token';
 
 export function registerAdmin(program: Command): void {
   const admin = program.command('admin').description('operator commands (direct database access)');
@@ -44,4 +46,5 @@ export function registerAdmin(program: Command): void {
         await pool.end();
       }
     });
+  registerToken(admin);
 }

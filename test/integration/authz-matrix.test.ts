@@ -1,0 +1,330 @@
+/**
+ * The authorisation matrix (SPEC.md Authentication 5, 6, 10; issue #3): for EVERY route the server
+ * registers, a request with
+ *   (a) no credential                                   → 401 unauthorized,
+ *   (b) a full-access key of ANOTHER site (a member)     → 404 not_found (the site stays hidden),
+ *   (c) a key of this site lacking the exact permission  → 403 scope_insufficient with `required`,
+ *   (d) an agent token on a user route                   → 401 unauthorized,
+ * and nothing changes in the database (row hashes of every site-scoped table for the two sites, and of
+ * the users, keys and sessions of their users). Public, agent, self-service and platform routes are
+ * listed explicitly with their own expected answers. One table drives it: a route the server registers
+ * without a row here fails the test, so new routes must say what they need.
+ */
+import { randomBytes } from 'node:crypto';
+import type { FastifyInstance } from 'fastify';
+import { newId, sha256Hex } from '../../domain/hex';
+import { PERMISSIONS, RESOURCES, Requirement, Scope } from '../../domain/scopes';
+import { createHarness, Harness, idemKey } from '../support/harness';
+import { addMember, insertKey, makeUser } from '../support/identity';
+
+let h: Harness;
+let other: { siteId: string; userId: string; apiKey: string };
+let member: { uid: string; email: string };
+let agentToken: string;
+let otherAgentToken: string;
+
+const HASH = 'a'.repeat(64);
+const VERSION_ID = 'b'.repeat(64);
+const ROOST = 'rst_matrix';
+const MACHINE = 'mach-matrix';
+const COMMAND = 'cmd_matrix';
+
+/** What a route is, for the matrix. */
+type Kind =
+  /** site-scoped user route: (a) 401, (b) 404, (c) 403 scope_insufficient, (d) 401 */
+  | { kind: 'site'; needs: (siteId: string) => Requirement[]; agentAllowed?: boolean }
+  /** no credential needed: (a) answers `status` */
+  | { kind: 'public'; status: number; code?: string }
+  /** agent-token route: (a), (b), (c) all 401 */
+  | { kind: 'agent' }
+  /** the caller's own identity: (a) 401, (b) and (c) 200 */
+  | { kind: 'self' }
+  /** key lifecycle or session routes: (a) 401, API keys (b) (c) 403 forbidden */
+  | { kind: 'interactive' };
+
+interface Row {
+  /** `METHOD /fastify/:url` exactly as registered. */
+  route: string;
+  what: Kind;
+  /** Concrete request (valid in shape, so that authorisation is what answers). */
+  req: (siteId: string) => { url: string; body?: unknown };
+}
+
+const site = (permission: Requirement['permission']) => (s: string): Requirement[] => [{ resource: 'site', id: s, permission }];
+/** Site-wide routes that also accept the permission on every resource of a kind (`roost=*`, `machine=*`). */
+const siteOrAny = (resource: Requirement['resource'], permission: Requirement['permission']) => (s: string): Requirement[] => [
+  { resource: 'site', id: s, permission },
+  { resource, id: '*', permission },
+];
+const roost = (permission: Requirement['permission']) => (s: string): Requirement[] => [
+  { resource: 'roost', id: ROOST, permission },
+  { resource: 'site', id: s, permission },
+];
+const machine = (permission: Requirement['permission']) => (s: string): Requirement[] => [
+  { resource: 'machine', id: MACHINE, permission },
+  { resource: 'site', id: s, permission },
+];
+
+const MATRIX: Row[] = [
+  // ---- public
+  { route: 'GET /api/version', what: { kind: 'public', status: 200 }, req: () => ({ url: '/api/version' }) },
+  { route: 'GET /healthz', what: { kind: 'public', status: 200 }, req: () => ({ url: '/healthz' }) },
+  { route: 'GET /api/openapi.json', what: { kind: 'public', status: 200 }, req: () => ({ url: '/api/openapi.json' }) },
+  { route: 'GET /.well-known/jwks.json', what: { kind: 'public', status: 200 }, req: () => ({ url: '/.well-known/jwks.json' }) },
+  { route: 'GET /.well-known/openid-configuration', what: { kind: 'public', status: 200 }, req: () => ({ url: '/.well-known/openid-configuration' }) },
+  { route: 'POST /api/auth/session', what: { kind: 'public', status: 401, code: 'unauthorized' }, req: () => ({ url: '/api/auth/session', body: { idToken: 'e30.e30.e30' } }) },
+  {
+    route: 'POST /api/agent/enrol',
+    what: { kind: 'public', status: 401, code: 'unauthorized' },
+    req: (s) => ({ url: '/api/agent/enrol', body: { siteId: s, enrolmentSecret: 'ses_wrong', machineId: 'mach-new', hostname: 'h', agentVersion: '1.0.0' } }),
+  },
+  // ---- identity
+  { route: 'GET /api/whoami', what: { kind: 'self' }, req: () => ({ url: '/api/whoami' }) },
+  { route: 'GET /api/auth/session', what: { kind: 'interactive' }, req: () => ({ url: '/api/auth/session' }) },
+  { route: 'DELETE /api/auth/session', what: { kind: 'interactive' }, req: () => ({ url: '/api/auth/session' }) },
+  { route: 'POST /api/keys', what: { kind: 'interactive' }, req: () => ({ url: '/api/keys', body: { name: 'm', preset: 'admin' } }) },
+  { route: 'GET /api/keys', what: { kind: 'interactive' }, req: () => ({ url: '/api/keys' }) },
+  { route: 'POST /api/keys/:keyId/rotate', what: { kind: 'interactive' }, req: () => ({ url: `/api/keys/${keyOfMain()}/rotate` }) },
+  { route: 'DELETE /api/keys/:keyId', what: { kind: 'interactive' }, req: () => ({ url: `/api/keys/${keyOfMain()}` }) },
+  { route: 'GET /api/account/api-keys', what: { kind: 'interactive' }, req: () => ({ url: '/api/account/api-keys' }) },
+  { route: 'POST /api/account/api-keys', what: { kind: 'interactive' }, req: () => ({ url: '/api/account/api-keys', body: { userId: member.uid, name: 'm', preset: 'admin' } }) },
+  { route: 'DELETE /api/account/api-keys/:keyId', what: { kind: 'interactive' }, req: () => ({ url: `/api/account/api-keys/${keyOfMain()}` }) },
+  // ---- roosts and versions
+  { route: 'POST /api/roosts', what: { kind: 'site', needs: siteOrAny('roost', 'write') }, req: (s) => ({ url: '/api/roosts', body: { siteId: s, name: 'matrix' } }) },
+  { route: 'GET /api/roosts', what: { kind: 'site', needs: siteOrAny('roost', 'read') }, req: (s) => ({ url: `/api/roosts?siteId=${s}` }) },
+  { route: 'GET /api/roosts/:roostId', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}?siteId=${s}` }) },
+  { route: 'PATCH /api/roosts/:roostId', what: { kind: 'site', needs: roost('write') }, req: (s) => ({ url: `/api/roosts/${ROOST}`, body: { siteId: s, name: 'renamed' } }) },
+  { route: 'DELETE /api/roosts/:roostId', what: { kind: 'site', needs: roost('write') }, req: (s) => ({ url: `/api/roosts/${ROOST}?siteId=${s}` }) },
+  { route: 'POST /api/roosts/:roostId/versions', what: { kind: 'site', needs: roost('write') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions`, body: { siteId: s, version: {} } }) },
+  { route: 'GET /api/roosts/:roostId/versions', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions?siteId=${s}` }) },
+  { route: 'GET /api/roosts/:roostId/versions/:versionRef', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest?siteId=${s}` }) },
+  {
+    route: 'PATCH /api/roosts/:roostId/versions/:versionRef',
+    what: { kind: 'site', needs: roost('write') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest`, body: { siteId: s, description: 'x' } }),
+  },
+  { route: 'GET /api/roosts/:roostId/versions/:versionRef/files', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest/files?siteId=${s}` }) },
+  {
+    route: 'GET /api/roosts/:roostId/versions/:versionRef/diff',
+    what: { kind: 'site', needs: roost('read') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest/diff?siteId=${s}&against=previous` }),
+  },
+  { route: 'POST /api/roosts/:roostId/rollback', what: { kind: 'site', needs: roost('rollback') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollback`, body: { siteId: s } }) },
+  { route: 'POST /api/roosts/:roostId/deploy', what: { kind: 'site', needs: roost('deploy') }, req: (s) => ({ url: `/api/roosts/${ROOST}/deploy`, body: { siteId: s } }) },
+  // ---- chunks
+  { route: 'POST /api/chunks/check', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: '/api/chunks/check', body: { siteId: s, hashes: [HASH] } }) },
+  { route: 'POST /api/chunks/upload-urls', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: '/api/chunks/upload-urls', body: { siteId: s, hashes: [HASH] } }) },
+  {
+    route: 'POST /api/chunks/download-urls',
+    what: { kind: 'site', needs: site('read'), agentAllowed: true },
+    req: (s) => ({ url: '/api/chunks/download-urls', body: { siteId: s, hashes: [HASH] } }),
+  },
+  { route: 'GET /api/chunks/download-urls', what: { kind: 'site', needs: site('read'), agentAllowed: true }, req: (s) => ({ url: `/api/chunks/download-urls?siteId=${s}&hash=${HASH}` }) },
+  { route: 'POST /api/chunks/:digest/mount', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: `/api/chunks/${HASH}/mount`, body: { siteId: s, from: ROOST, to: 'rst_other' } }) },
+  { route: 'GET /api/chunks/:digest/referrers', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/chunks/${HASH}/referrers?siteId=${s}` }) },
+  // ---- sites, machines, quota
+  { route: 'POST /api/sites/:siteId/enrolment-secret', what: { kind: 'site', needs: site('admin') }, req: (s) => ({ url: `/api/sites/${s}/enrolment-secret` }) },
+  { route: 'GET /api/sites/:siteId/quota', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/quota` }) },
+  { route: 'GET /api/sites/:siteId/machines', what: { kind: 'site', needs: siteOrAny('machine', 'read') }, req: (s) => ({ url: `/api/sites/${s}/machines` }) },
+  { route: 'GET /api/sites/:siteId/machines/:machineId', what: { kind: 'site', needs: machine('read') }, req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}` }) },
+  { route: 'GET /api/sites/:siteId/machines/:machineId/deployments', what: { kind: 'site', needs: machine('read') }, req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/deployments` }) },
+  {
+    route: 'POST /api/sites/:siteId/machines/:machineId/commands',
+    what: { kind: 'site', needs: machine('write') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/commands`, body: { type: 'reboot_machine' } }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/machines/:machineId/commands/:commandId',
+    what: { kind: 'site', needs: machine('read') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/commands/${COMMAND}` }),
+  },
+  // ---- agent protocol
+  { route: 'POST /api/agent/heartbeat', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/heartbeat', body: {} }) },
+  { route: 'GET /api/agent/commands', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/commands' }) },
+  { route: 'POST /api/agent/commands/:commandId', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/commands/${COMMAND}`, body: { status: 'completed' } }) },
+  { route: 'PUT /api/agent/commands/:commandId/screenshot', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/commands/${COMMAND}/screenshot` }) },
+  { route: 'GET /api/agent/roosts/:roostId/versions/:versionId', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/roosts/${ROOST}/versions/${VERSION_ID}` }) },
+  { route: 'PUT /api/agent/roosts/:roostId/state', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/roosts/${ROOST}/state`, body: { reportedVersionId: VERSION_ID, status: 'pending' } }) },
+];
+
+/** The API reference page's own routes (static assets and the rendered document) are public. */
+const DOCS_PREFIX = '/docs';
+
+let mainKeyId: string;
+const keyOfMain = () => mainKeyId;
+
+// ---------------------------------------------------------------------------------------------------
+// Route enumeration
+
+/** Every `METHOD url` the server registers (HEAD of GET routes left out). */
+function registeredRoutes(app: FastifyInstance): string[] {
+  const table = (app as unknown as { routeTable?: { method: string; url: string }[] }).routeTable;
+  if (table) return [...new Set(table.filter((r) => r.method !== 'HEAD').map((r) => `${r.method} ${r.url}`))].sort();
+  // Fallback: walk the printed router tree (one line per node: `├── /segment (GET, POST)`).
+  const out: string[] = [];
+  const stack: string[] = [];
+  for (const line of app.printRoutes({ commonPrefix: false }).split('\n')) {
+    const m = /^([│ ]*)[├└]── (.*?)(?: \(([A-Z, ]+)\))?$/.exec(line);
+    if (!m) continue;
+    const depth = m[1].length / 4;
+    stack.length = depth;
+    stack.push(m[2]);
+    for (const method of (m[3] ?? '').split(', ').filter((x) => x && x !== 'HEAD')) out.push(`${method} ${stack.join('')}`);
+  }
+  return [...new Set(out)].sort();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Database fingerprint
+
+let siteTables: { table_name: string }[] | undefined;
+
+/** Row hashes of every table with a site_id (for the two sites) and of the two users' identity rows. */
+async function fingerprint(): Promise<Record<string, string>> {
+  const db = h.deps.db;
+  const siteIds = [h.siteId, other.siteId];
+  const uids = [h.userId, other.userId, member.uid];
+  siteTables ??= (
+    await db.query<{ table_name: string }>(
+      `SELECT DISTINCT table_name FROM information_schema.columns
+        WHERE table_schema = current_schema() AND column_name = 'site_id' ORDER BY table_name`,
+    )
+  ).rows;
+  const tables = siteTables;
+  const out: Record<string, string> = {};
+  const agg = (filter: string) =>
+    `SELECT count(*)::int AS n, md5(coalesce(string_agg((to_jsonb(t) - 'last_used_at')::text, '|' ORDER BY (to_jsonb(t) - 'last_used_at')::text), '')) AS h FROM %T t WHERE ${filter}`;
+  for (const { table_name } of tables) {
+    const r = (await db.query(agg('t.site_id = ANY($1::text[])').replace('%T', `"${table_name}"`), [siteIds])).rows[0];
+    out[table_name] = `${r.n}:${r.h}`;
+  }
+  for (const t of ['users', 'api_keys', 'sessions']) {
+    const r = (await db.query(agg('t.uid = ANY($1::text[])').replace('%T', t), [uids])).rows[0];
+    out[t] = `${r.n}:${r.h}`;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Credentials
+
+/** A key of this site's member holding every permission except the one the route needs. */
+const lackingKeys = new Map<string, string>();
+async function lackingKey(needs: Requirement[]): Promise<string> {
+  const sig = JSON.stringify(needs.map((n) => [n.resource, n.permission]));
+  const hit = lackingKeys.get(sig);
+  if (hit) return hit;
+  const scopes: Scope[] = RESOURCES.map((resource) => ({
+    resource,
+    id: '*',
+    permissions: PERMISSIONS.filter((p) => !needs.some((n) => n.resource === resource && n.permission === p)),
+  })).filter((s) => s.permissions.length > 0);
+  const { raw } = await insertKey(h.deps.db, { uid: member.uid, scopes, name: `lacks ${sig}` });
+  lackingKeys.set(sig, raw);
+  return raw;
+}
+
+async function agentFor(siteId: string): Promise<string> {
+  const token = `sat_${randomBytes(32).toString('base64url')}`;
+  await h.deps.db.query('INSERT INTO machines (site_id, machine_id, agent_token_hash) VALUES ($1, $2, $3)', [siteId, newId('mach'), sha256Hex(token)]);
+  return token;
+}
+
+beforeAll(async () => {
+  h = await createHarness();
+  other = await h.other();
+  member = await makeUser(h.deps.db);
+  await addMember(h.deps.db, h.siteId, member.uid);
+  agentToken = await agentFor(h.siteId);
+  otherAgentToken = await agentFor(other.siteId);
+  mainKeyId = (await h.deps.db.query<{ key_id: string }>('SELECT key_id FROM api_keys WHERE uid = $1', [h.userId])).rows[0].key_id;
+});
+afterAll(async () => h.close());
+
+async function send(row: Row, key: string | null): Promise<{ status: number; body: any }> {
+  const method = row.route.split(' ')[0];
+  const { url, body } = row.req(h.siteId);
+  const headers: Record<string, string> = method === 'GET' ? {} : { 'idempotency-key': idemKey() };
+  const res = await h.request({ method, url, body, key, headers });
+  let parsed: any;
+  try {
+    parsed = res.json();
+  } catch {
+    parsed = res.body;
+  }
+  return { status: res.statusCode, body: parsed };
+}
+
+const answer = (r: { status: number; body: any }) => ({ status: r.status, code: r.body?.code });
+
+// ---------------------------------------------------------------------------------------------------
+
+describe('authorisation matrix', () => {
+  it('has a row for every registered route (and no row for a route that does not exist)', () => {
+    const registered = registeredRoutes(h.app).filter((r) => !r.split(' ')[1].startsWith(DOCS_PREFIX));
+    const listed = MATRIX.map((r) => r.route).sort();
+    expect({ missing: registered.filter((r) => !listed.includes(r)), stale: listed.filter((r) => !registered.includes(r)) }).toEqual({ missing: [], stale: [] });
+  });
+
+  it('serves the API reference page without a credential', async () => {
+    const docs = registeredRoutes(h.app).filter((r) => r.startsWith(`GET ${DOCS_PREFIX}`));
+    expect(docs.length).toBeGreaterThan(0);
+    for (const r of docs) {
+      const url = r.split(' ')[1].replace('*', 'index.html').replace(/:[A-Za-z]+/g, 'x');
+      const res = await h.request({ method: 'GET', url, key: null });
+      expect({ route: r, unauthorized: res.statusCode === 401 || res.statusCode === 403, serverError: res.statusCode >= 500 }).toEqual({ route: r, unauthorized: false, serverError: false });
+    }
+  });
+
+  it.each(MATRIX.map((r) => [r.route, r] as const))('%s', async (_name, row) => {
+    const w = row.what;
+    const needs = w.kind === 'site' ? w.needs(h.siteId) : [];
+    const lackingRaw = await lackingKey(needs);
+    const before = await fingerprint();
+    const got: Record<string, unknown> = {};
+    const want: Record<string, unknown> = {};
+
+    // (a) no credential
+    got.none = answer(await send(row, null));
+    want.none = w.kind === 'public' ? { status: w.status, code: w.code } : { status: 401, code: 'unauthorized' };
+
+    if (w.kind !== 'public') {
+      // (b) a full-access key of another site, held by a plain member of that site
+      got.otherSite = answer(await send(row, other.apiKey));
+      want.otherSite =
+        w.kind === 'site'
+          ? { status: 404, code: 'not_found' }
+          : w.kind === 'agent'
+            ? { status: 401, code: 'unauthorized' }
+            : w.kind === 'interactive'
+              ? { status: 403, code: 'forbidden' }
+              : { status: 200, code: undefined };
+
+      // (c) a key of this site lacking exactly the permission the route needs
+      const lacking = await send(row, lackingRaw);
+      got.lacking = answer(lacking);
+      want.lacking =
+        w.kind === 'site'
+          ? { status: 403, code: 'scope_insufficient' }
+          : w.kind === 'agent'
+            ? { status: 401, code: 'unauthorized' }
+            : w.kind === 'interactive'
+              ? { status: 403, code: 'forbidden' }
+              : { status: 200, code: undefined };
+      if (w.kind === 'site') {
+        got.required = lacking.body?.required;
+        want.required = { resource: needs[0].resource, id: needs[0].id, permission: needs[0].permission };
+      }
+
+      // (d) agent tokens: on user routes 401; on routes agents may use, another site's agent gets 404
+      if (w.kind !== 'agent') {
+        got.agent = answer(await send(row, w.kind === 'site' && w.agentAllowed ? otherAgentToken : agentToken));
+        want.agent = w.kind === 'site' && w.agentAllowed ? { status: 404, code: 'not_found' } : { status: 401, code: 'unauthorized' };
+      }
+    }
+
+    got.db = await fingerprint();
+    want.db = before;
+    expect(got).toEqual(want);
+  });
+});
