@@ -49,6 +49,41 @@ export const EnvSchema = Type.Object({
   ROOST_BOOTSTRAP_SECRET: Type.Optional(Type.String({ minLength: 16 })),
   /** Log level for the API (pino levels). */
   ROOST_LOG_LEVEL: Type.String({ default: 'warn' }),
+  /**
+   * Rate-limit counter store (SPEC.md Limits; docs/decisions/rate-limit-store.md). `memory`: per-process
+   * counters (the embedded default). `redis`: counters shared by every API process, in ROOST_REDIS_URL.
+   */
+  ROOST_RATE_LIMIT_STORE: Type.Union([Type.Literal('memory'), Type.Literal('redis')], { default: 'memory' }),
+  /** Redis URL of the shared rate-limit store. Unset with ROOST_RATE_LIMIT_STORE=redis: the embedded redis-server on ROOST_REDIS_PORT. */
+  ROOST_REDIS_URL: Type.Optional(Type.String({ minLength: 1 })),
+  /** Port of the embedded redis-server (started only when ROOST_RATE_LIMIT_STORE=redis and ROOST_REDIS_URL is unset). */
+  ROOST_REDIS_PORT: Type.Integer({ minimum: 1, maximum: 65535, default: 56379 }),
+  /** Which of the spec's rate-limit numbers apply where they differ (tokenExchange, upload). */
+  ROOST_RATE_LIMIT_PROFILE: Type.Union([Type.Literal('production'), Type.Literal('development')], { default: 'production' }),
+  /** Multiplies every rate limit (the fallback's too); 1 keeps the spec's numbers. The test suite runs with a large factor. */
+  ROOST_RATE_LIMIT_SCALE: Type.Number({ exclusiveMinimum: 0, default: 1 }),
+  /**
+   * JSON object replacing individual limits, e.g. `{"api":{"points":5,"durationSeconds":60},
+   * "MACHINE_EXEC_COMMAND":{"user":2},"fallback":{"points":15}}` (api/ratelimit/buckets.ts).
+   */
+  ROOST_RATE_LIMIT_OVERRIDES: Type.Optional(Type.String({ minLength: 1 })),
+  /**
+   * JSON object of storage limits in bytes per site tier, merged over the defaults (db/quota.ts
+   * DEFAULT_QUOTA_TIERS: free 10 GiB, standard 100 GiB, pro 1 TiB, enterprise 10 TiB). A tier missing
+   * from the map gets the `standard` limit.
+   */
+  ROOST_QUOTA_TIERS: Type.Optional(Type.String({ minLength: 1 })),
+  /**
+   * OIDC issuer (`iss`) whose ID tokens are accepted. Unset: the embedded local issuer (stack/oidc.ts, key
+   * pair under DATA/oidc, issuer = the public URL, JWKS at /.well-known/jwks.json). Set with ROOST_OIDC_JWKS_URL.
+   */
+  ROOST_OIDC_ISSUER: Type.Optional(Type.String({ minLength: 1 })),
+  /** JWKS URL of ROOST_OIDC_ISSUER (keys fetched over HTTPS and cached). Required when ROOST_OIDC_ISSUER is set. */
+  ROOST_OIDC_JWKS_URL: Type.Optional(Type.String({ minLength: 1 })),
+  /** Audience (`aud`) ID tokens must carry. Default `roost`. */
+  ROOST_OIDC_AUDIENCE: Type.String({ minLength: 1, default: 'roost' }),
+  /** Lifetime of a first-party session (`sst_`) in minutes, from its creation (not sliding). Default 12 hours. */
+  ROOST_SESSION_TTL_MINUTES: Type.Integer({ minimum: 1, maximum: 43200, default: 720 }),
 });
 
 export type Env = Static<typeof EnvSchema>;

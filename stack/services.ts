@@ -173,6 +173,36 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
   return { name: 'temporal', started: true, stop: () => stopChild(child, 15_000) };
 }
 
+/** Path of redis-server: ROOST_REDIS_BIN, else PATH (scripts/ensure-deps.sh installs Debian's redis-server). */
+export function redisBinary(): string {
+  if (process.env.ROOST_REDIS_BIN) return process.env.ROOST_REDIS_BIN;
+  const which = spawnSync('sh', ['-c', 'command -v redis-server'], { encoding: 'utf8' });
+  if (which.status === 0 && which.stdout.trim()) return which.stdout.trim();
+  throw new Error('redis-server not found: run `bash scripts/ensure-deps.sh` (installs it as root) or set ROOST_REDIS_BIN');
+}
+
+/**
+ * Starts a private redis-server on 127.0.0.1:`port` with its files under `dir` (no persistence: rate
+ * counters are disposable) and waits until it listens. The handle stops it (SIGTERM, then SIGKILL).
+ */
+export async function startRedisServer(port: number, dir: string, cfg: Config): Promise<ServiceHandle> {
+  fs.mkdirSync(dir, { recursive: true });
+  const args = ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--protected-mode', 'yes', '--daemonize', 'no'];
+  const child = spawnLogged(`redis-${port}`, redisBinary(), args, cfg);
+  await waitForPort(port, '127.0.0.1', 30_000, child);
+  return { name: 'redis', started: true, stop: () => stopChild(child) };
+}
+
+/**
+ * The embedded Redis of the shared rate-limit store (ROOST_RATE_LIMIT_STORE=redis without
+ * ROOST_REDIS_URL): redis-server on ROOST_REDIS_PORT under DATA/redis, reused when already listening.
+ */
+export async function ensureRedis(cfg: Config): Promise<ServiceHandle> {
+  const port = cfg.ROOST_REDIS_PORT;
+  if (await isListening(port)) return { name: 'redis', started: false, stop: async () => undefined };
+  return startRedisServer(port, path.join(cfg.ROOST_DATA_DIR, 'redis'), cfg);
+}
+
 /** Starts every embedded service the configuration asks for. Returns handles in start order. */
 export async function ensureServices(cfg: Config): Promise<ServiceHandle[]> {
   const handles: ServiceHandle[] = [];
@@ -180,6 +210,7 @@ export async function ensureServices(cfg: Config): Promise<ServiceHandle[]> {
   if (cfg.embedded.postgres) tasks.push(ensurePostgres(cfg));
   if (cfg.embedded.azurite) tasks.push(ensureAzurite(cfg));
   if (cfg.embedded.temporal) tasks.push(ensureTemporal(cfg));
+  if (cfg.ROOST_RATE_LIMIT_STORE === 'redis' && cfg.ROOST_REDIS_URL === undefined) tasks.push(ensureRedis(cfg));
   const results = await Promise.allSettled(tasks);
   for (const r of results) if (r.status === 'fulfilled') handles.push(r.value);
   const failed = results.find((r) => r.status === 'rejected') as PromiseRejectedResult | undefined;

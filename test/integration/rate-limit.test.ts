@@ -1,0 +1,255 @@
+/**
+ * Rate limits over the real services (SPEC.md Limits, Errors rate_limited): the shared store in a real
+ * redis-server this test starts on a free port, the `RateLimit-*` and `X-RateLimit-*` headers, the 429
+ * problem with `retryAfter`, `Retry-After` and `Roost-Rate-Limited-Reason`, the counters shared by two
+ * API processes, a capability bucket on rollback, and, with Redis really stopped, the per-process
+ * fallback of 15 requests per minute per identifier.
+ */
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import type { LightMyRequestResponse } from 'fastify';
+import { buildApp } from '../../api/app';
+import { newId, randomToken, sha256Hex } from '../../domain/hex';
+import type { Scope } from '../../domain/scopes';
+import { VERSION_MEDIA_TYPE } from '../../domain/version';
+import { ServiceHandle, startRedisServer } from '../../stack/services';
+import { testConfig } from '../support/env';
+import { createHarness, Harness } from '../support/harness';
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no free port'))));
+    });
+  });
+}
+
+/** A key of the harness user with `scopes` (inserted the way db/bootstrap.ts does). */
+async function scopedKey(h: Harness, scopes: Scope[]): Promise<string> {
+  const raw = `svk_live_${randomToken(32)}`;
+  await h.deps.db.query(
+    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
+     VALUES ($1, $2, 'rate-limit test key', $3, $4, $5, 'live', $6)`,
+    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
+  );
+  return raw;
+}
+
+function limitHeaders(res: LightMyRequestResponse) {
+  const pick = (name: string) => res.headers[name.toLowerCase()];
+  return {
+    limit: pick('RateLimit-Limit'),
+    remaining: pick('RateLimit-Remaining'),
+    reset: pick('RateLimit-Reset'),
+    xLimit: pick('X-RateLimit-Limit'),
+    xRemaining: pick('X-RateLimit-Remaining'),
+    xReset: pick('X-RateLimit-Reset'),
+  };
+}
+
+function expectRateLimited(res: LightMyRequestResponse, reason: string, maxRetryAfter: number): void {
+  expect(res.statusCode).toBe(429);
+  expect(res.headers['content-type']).toContain('application/problem+json');
+  const body = res.json();
+  expect(body).toMatchObject({ code: 'rate_limited', status: 429 });
+  expect(Number.isInteger(body.retryAfter)).toBe(true);
+  expect(body.retryAfter).toBeGreaterThanOrEqual(1);
+  expect(body.retryAfter).toBeLessThanOrEqual(maxRetryAfter);
+  expect(res.headers['retry-after']).toBe(String(body.retryAfter));
+  expect(res.headers['roost-rate-limited-reason']).toBe(reason);
+  expect(res.headers['ratelimit-remaining']).toBe('0');
+  expect(res.headers['x-ratelimit-remaining']).toBe('0');
+}
+
+describe('with the shared store in Redis', () => {
+  let redis: ServiceHandle;
+  let redisDir: string;
+  let h: Harness;
+  const overrides = { api: { points: 5, durationSeconds: 3600 } };
+
+  beforeAll(async () => {
+    const port = await freePort();
+    redisDir = fs.mkdtempSync(path.join(os.tmpdir(), 'roost-redis-'));
+    // Its files and log live in a temporary folder removed afterwards.
+    redis = await startRedisServer(port, redisDir, { ...testConfig(), ROOST_DATA_DIR: redisDir });
+    h = await createHarness({
+      ROOST_RATE_LIMIT_STORE: 'redis',
+      ROOST_REDIS_URL: `redis://127.0.0.1:${port}`,
+      ROOST_RATE_LIMIT_SCALE: '1',
+      ROOST_RATE_LIMIT_OVERRIDES: JSON.stringify(overrides),
+    });
+    expect(h.app.rateLimits.store.kind).toBe('redis');
+    expect(h.app.rateLimits.store.status).toBe('ready');
+  });
+
+  afterAll(async () => {
+    await h?.close();
+    await redis?.stop();
+    if (redisDir) fs.rmSync(redisDir, { recursive: true, force: true });
+  });
+
+  it('reports the api bucket of the key in RateLimit-* and X-RateLimit-* headers', async () => {
+    const res = await h.request({ method: 'GET', url: '/api/whoami' });
+    expect(res.statusCode).toBe(200);
+    const hd = limitHeaders(res);
+    expect([hd.limit, hd.remaining]).toEqual(['5', '4']);
+    expect(Number(hd.reset)).toBeGreaterThan(0);
+    expect(Number(hd.reset)).toBeLessThanOrEqual(3600);
+    expect([hd.xLimit, hd.xRemaining, hd.xReset]).toEqual([hd.limit, hd.remaining, hd.reset]);
+  });
+
+  it('shares the counters between API processes', async () => {
+    const second = await buildApp(h.deps, { logger: false });
+    await second.ready();
+    try {
+      const res = await second.inject({ method: 'GET', url: '/api/whoami', headers: { authorization: `Bearer ${h.apiKey}` } });
+      expect(res.statusCode).toBe(200);
+      expect(res.headers['ratelimit-remaining']).toBe('3');
+    } finally {
+      await second.close();
+    }
+  });
+
+  it('refuses the key past its limit with 429 rate_limited, and counts other keys apart', async () => {
+    for (const remaining of ['2', '1', '0']) {
+      const ok = await h.request({ method: 'GET', url: '/api/whoami' });
+      expect(ok.statusCode).toBe(200);
+      expect(ok.headers['ratelimit-remaining']).toBe(remaining);
+    }
+    const refused = await h.request({ method: 'GET', url: '/api/whoami' });
+    expectRateLimited(refused, 'key-rate', 3600);
+    expect(refused.headers['ratelimit-limit']).toBe('5');
+    // Another key of the same user has a bucket of its own.
+    const other = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
+    const fresh = await h.request({ method: 'GET', url: '/api/whoami', key: other });
+    expect(fresh.statusCode).toBe(200);
+    expect(fresh.headers['ratelimit-remaining']).toBe('4');
+  });
+
+  it('counts neither unauthenticated routes nor refused credentials', async () => {
+    const version = await h.request({ method: 'GET', url: '/api/version', key: null });
+    expect(version.statusCode).toBe(200);
+    expect(version.headers['ratelimit-limit']).toBeUndefined();
+    const anonymous = await h.request({ method: 'GET', url: '/api/whoami', key: null });
+    expect(anonymous.statusCode).toBe(401);
+    expect(anonymous.headers['ratelimit-limit']).toBeUndefined();
+  });
+
+  it('falls back to 15 requests per minute per identifier in this process when Redis is stopped', async () => {
+    await redis.stop();
+    const key = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
+    const statuses: number[] = [];
+    const limits = new Set<unknown>();
+    for (let i = 0; i < 15; i++) {
+      const res = await h.request({ method: 'GET', url: '/api/whoami', key });
+      statuses.push(res.statusCode);
+      limits.add(res.headers['ratelimit-limit']);
+      expect(res.headers['ratelimit-remaining']).toBe(String(14 - i));
+    }
+    expect(statuses).toEqual(Array(15).fill(200));
+    expect([...limits]).toEqual(['15']);
+    const refused = await h.request({ method: 'GET', url: '/api/whoami', key });
+    expectRateLimited(refused, 'global-rate', 60);
+    expect(refused.headers['ratelimit-limit']).toBe('15');
+    // The fallback counts per identifier: the first key (refused by Redis before) starts afresh.
+    const first = await h.request({ method: 'GET', url: '/api/whoami' });
+    expect(first.statusCode).toBe(200);
+    expect(first.headers['ratelimit-remaining']).toBe('14');
+    expect(h.app.rateLimits.store.status).not.toBe('ready');
+  });
+});
+
+describe('capability buckets', () => {
+  let h: Harness;
+
+  beforeAll(async () => {
+    h = await createHarness({
+      ROOST_RATE_LIMIT_SCALE: '1',
+      ROOST_RATE_LIMIT_OVERRIDES: JSON.stringify({ api: { points: 1000, durationSeconds: 3600 }, DISTRIBUTION_MANAGE: { user: 2 } }),
+    });
+    expect(h.app.rateLimits.store.kind).toBe('memory');
+  });
+  afterAll(async () => h?.close());
+
+  async function roostWithTwoVersions(): Promise<{ roostId: string; v1: string; v2: string }> {
+    const created = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'rl-app', targets: ['m-1'], extractPath: 'C:\\app' } });
+    expect(created.statusCode).toBe(201);
+    const roostId = created.json().roostId as string;
+    const ids: string[] = [];
+    for (const text of ['one', 'two']) {
+      const content = Buffer.from(`${text} ${randomBytes(4).toString('hex')}`);
+      const hash = sha256Hex(content);
+      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [h.siteId, hash, content.length]);
+      const version = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'rate-limit-test' }, files: [{ path: 'a.txt', size: content.length, chunks: [{ hash, size: content.length }] }] };
+      const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, body: { siteId: h.siteId, version }, idempotencyKey: true });
+      expect(res.statusCode).toBe(201);
+      ids.push(res.json().versionId);
+    }
+    return { roostId, v1: ids[0], v2: ids[1] };
+  }
+
+  async function current(roostId: string): Promise<string | null> {
+    const { rows } = await h.deps.db.query<{ current_version_id: string | null }>('SELECT current_version_id FROM roosts WHERE site_id = $1 AND roost_id = $2', [
+      h.siteId,
+      roostId,
+    ]);
+    return rows[0].current_version_id;
+  }
+
+  it('limits rollbacks per key and site (DISTRIBUTION_MANAGE) and a refused rollback changes nothing', async () => {
+    const { roostId, v1, v2 } = await roostWithTwoVersions();
+    const rollback = () => h.request({ method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId, targetVersion: 'previous' }, idempotencyKey: true });
+    const first = await rollback();
+    expect(first.statusCode).toBe(200);
+    expect(first.headers['ratelimit-limit']).toBe('2');
+    expect(first.headers['ratelimit-remaining']).toBe('1');
+    expect(Number(first.headers['ratelimit-reset'])).toBeLessThanOrEqual(60);
+    expect(await current(roostId)).toBe(v1);
+    expect((await rollback()).statusCode).toBe(200);
+    expect(await current(roostId)).toBe(v2);
+    const events = async () =>
+      Number((await h.deps.db.query(`SELECT count(*) AS n FROM events WHERE site_id = $1 AND type = 'version.rolled_back' AND data->>'roostId' = $2`, [h.siteId, roostId])).rows[0].n);
+    const before = await events();
+
+    const refused = await rollback();
+    expectRateLimited(refused, 'endpoint-rate', 60);
+    expect(refused.headers['ratelimit-limit']).toBe('2');
+    expect(await current(roostId)).toBe(v2);
+    expect(await events()).toBe(before);
+
+    // Another key of the same user counts in its own bucket.
+    const operator = await scopedKey(h, [{ resource: 'roost', id: '*', permissions: ['rollback'] }]);
+    const res = await h.request({
+      method: 'POST',
+      url: `/api/roosts/${roostId}/rollback`,
+      body: { siteId: h.siteId, targetVersion: 'previous' },
+      key: operator,
+      idempotencyKey: true,
+    });
+    expect(res.statusCode).toBe(200);
+    expect(await current(roostId)).toBe(v1);
+  });
+
+  it('counts only authorised requests: another site stays 404 and a missing scope 403 past the limit', async () => {
+    const { roostId } = await roostWithTwoVersions();
+    const other = await h.other();
+    // Three tries each against a limit of 2: were they counted before authorisation, the third would be 429.
+    for (let i = 0; i < 3; i++) {
+      const hidden = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId, targetVersion: 'previous' }, key: other.apiKey, idempotencyKey: true });
+      expect(hidden.statusCode).toBe(404);
+      expect(hidden.json().code).toBe('not_found');
+    }
+    const reader = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
+    for (let i = 0; i < 3; i++) {
+      const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId, targetVersion: 'previous' }, key: reader, idempotencyKey: true });
+      expect(res.statusCode).toBe(403);
+      expect(res.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'roost', id: roostId, permission: 'rollback' } });
+    }
+  });
+});
