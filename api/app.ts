@@ -4,15 +4,15 @@
  */
 import Fastify, { FastifyInstance } from 'fastify';
 import { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import swagger from '@fastify/swagger';
-import swaggerUi from '@fastify/swagger-ui';
 import { randomBytes } from 'node:crypto';
 import type { AppDeps } from './context';
 import problem from './plugins/problem';
 import apiVersion from './plugins/api-version';
 import auth from './plugins/auth';
 import idempotency from './plugins/idempotency';
+import rateLimit from './plugins/rate-limit';
 import { registerRoutes } from './routes';
+import openapi from './openapi';
 
 export interface BuildOptions {
   logger?: boolean | { level: string };
@@ -35,21 +35,11 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     reply.header('X-Request-Id', request.id);
   });
   await app.register(problem);
-  await app.register(swagger, {
-    openapi: {
-      openapi: '3.1.0',
-      info: { title: 'Roost API', version: '2026-11-01', description: 'Fleet distribution and control service. See SPEC.md.' },
-      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
-      security: [{ bearer: [] }],
-    },
-  });
-  // The API reference page is public: its routes are marked before the UI plugin adds them.
-  app.addHook('onRoute', (route) => {
-    if (route.url.startsWith('/docs')) route.config = { ...(route.config ?? {}), auth: 'none' };
-  });
-  await app.register(swaggerUi, { routePrefix: '/docs' });
+  // The route table, the OpenAPI document (/api/openapi.json) and the public reference page (/docs).
+  await app.register(openapi);
   await app.register(apiVersion);
   await app.register(auth);
+  await app.register(rateLimit);
   await app.register(idempotency);
   await registerRoutes(app);
   return app;

@@ -388,12 +388,15 @@ export const BLOB_CHECK_CONCURRENCY = 32;
  * checked and accepted only when its size equals the referenced size, and then a row is recorded so
  * the next check is SQL only. Returns the missing hashes in `refs` order, and the present chunks whose
  * recorded size differs from the referenced size (`conflicts`: hash → recorded size).
+ * `record` writes the rows of the chunks found in storage (default: a plain insert; publish passes the
+ * quota-checked `recordChunks` of db/quota.ts, which may throw 402 quota_exceeded).
  */
 export async function findMissingChunks(
   db: Queryable,
   blob: BlobStore,
   siteId: string,
   refs: ChunkRef[],
+  record?: (found: ChunkRef[]) => Promise<unknown>,
 ): Promise<{ missing: string[]; conflicts: Map<string, number> }> {
   const conflicts = new Map<string, number>();
   if (refs.length === 0) return { missing: [], conflicts };
@@ -414,7 +417,8 @@ export async function findMissingChunks(
   const found: ChunkRef[] = [];
   const missing = new Set<string>();
   unknown.forEach((r, i) => (stored[i] === r.size ? found.push(r) : missing.add(r.hash)));
-  if (found.length) {
+  if (found.length && record) await record(found);
+  else if (found.length) {
     await db.query(
       `INSERT INTO chunks (site_id, hash, size) SELECT $1, t.hash, t.size FROM UNNEST($2::text[], $3::bigint[]) AS t(hash, size)
        ON CONFLICT (site_id, hash) DO NOTHING`,

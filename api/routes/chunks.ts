@@ -20,6 +20,7 @@ import type { Requirement } from '../../domain/scopes';
 import { DOWNLOAD_URL_TTL_MS, UPLOAD_URL_TTL_MS, SignedUrl } from '../../storage/blob';
 import { chunkHeld, heldHashes, isReferrerPosition, listReferrers, mountChunk, ReferrerPosition } from '../../db/chunks';
 import { authorizeSite } from '../plugins/auth';
+import { quotaTiers, reserveUploads } from '../../db/quota';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 
 /** Hashes per check, upload-urls or download-urls call (SPEC.md Limits). */
@@ -215,7 +216,10 @@ export default async function chunkRoutes(fastify: FastifyInstance): Promise<voi
     async (request): Promise<UploadUrlsResponse> => {
       const { siteId, hashes } = request.body;
       await authorizeSite(request, siteId, siteNeeds(siteId, 'write'));
-      return signAll(distinct(hashes), UPLOAD_URL_TTL_MS, (h) => blob.chunkUploadUrl(siteId, h));
+      const signed = await signAll(distinct(hashes), UPLOAD_URL_TTL_MS, (h) => blob.chunkUploadUrl(siteId, h));
+      // Pending bytes until publish records the chunk or the URLs expire; 402 quota_exceeded issues no URL.
+      await reserveUploads(db, siteId, Object.keys(signed.urls), new Date(Date.now() + UPLOAD_URL_TTL_MS), quotaTiers(app.deps.cfg));
+      return signed;
     },
   );
 

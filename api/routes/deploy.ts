@@ -36,6 +36,7 @@ import {
 } from '../../db/rollouts';
 import { rolloutWorkflowId, startRolloutWorkflow, workflowUiUrl } from '../temporal';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
+import { enforceCapability } from '../ratelimit/limits';
 import { DateTime, Nullable, problems, RoostParams, SiteId } from './roosts';
 
 /** scheduleAt at most this far ahead counts as "now" (SPEC.md: more than 60 seconds is scheduled). */
@@ -172,6 +173,7 @@ export default async function deployRoutes(app: FastifyInstance): Promise<void> 
       const b = request.body;
       const siteId = b.siteId;
       const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'deploy'));
+      await enforceCapability(request, 'DISTRIBUTION_MANAGE', siteId);
       const ref = b.versionId !== undefined ? parseConcreteVersionId(b.versionId) : undefined;
       const scheduleAt = parseScheduleAt(b.scheduleAt, Date.now());
       const dryRun = b.dryRun === true;

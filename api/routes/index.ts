@@ -1,7 +1,25 @@
 /** Registers every route family. One file per family; find a route by its URL in one step. */
 import type { FastifyInstance } from 'fastify';
 import meta from './meta';
+import keys from './keys';
+import sessions from './sessions';
+import agent from './agent';
+import machines from './machines';
+import chunks from './chunks';
+import roosts from './roosts';
+import versions from './versions';
+import deploy from './deploy';
+import quota from './quota';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
+  await app.register(keys);
+  await app.register(sessions);
+  await app.register(agent);
+  await app.register(machines);
+  await app.register(chunks);
+  await app.register(roosts);
+  await app.register(versions);
+  await app.register(deploy);
+  await app.register(quota);
 }

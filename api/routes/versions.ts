@@ -26,6 +26,8 @@ import {
 import { BlobStore, versionBlobName } from '../../storage/blob';
 import { encodePageToken, PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
+import { enforceCapability } from '../ratelimit/limits';
+import { quotaTiers, recordChunks } from '../../db/quota';
 import { DateTime, ExtractPath, Nullable, problems, RoostName, RoostParams, SiteId, Targets } from './roosts';
 
 // ---------------------------------------------------------------------------------------------------
@@ -332,7 +334,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
         tags: ['versions'],
         params: RoostParams,
         body: PublishBody,
-        response: { 200: PublishResponse, 201: PublishResponse, ...problems(412, 413, 422) },
+        response: { 200: PublishResponse, 201: PublishResponse, ...problems(402, 412, 413, 422) },
       },
     },
     async (request, reply) => {
@@ -358,7 +360,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const versionId = sha256Hex(canonical);
       const blobName = versionBlobName(siteId, roostId, versionId);
       if (!(await getVersion(db, siteId, roostId, versionId))) {
-        const { missing, conflicts } = await findMissingChunks(db, blob, siteId, table.refs);
+        const { missing, conflicts } = await findMissingChunks(db, blob, siteId, table.refs, (found) => recordChunks(db, siteId, found, quotaTiers(app.deps.cfg)));
         if (conflicts.size) {
           throw new ApiError('validation_failed', 'version body references chunks with a size other than their stored size', {
             extras: { errors: conflictErrors(version, conflicts) },
@@ -567,6 +569,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const { roostId } = request.params;
       const { siteId, targetVersion } = request.body;
       const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'rollback'));
+      await enforceCapability(request, 'DISTRIBUTION_MANAGE', siteId);
       const ref = parseVersionRef(targetVersion ?? 'previous', 'targetVersion');
       const r = await rollbackRoost(db, siteId, roostId, ref, user.userId);
       return { ok: true as const, ...r };

@@ -327,7 +327,7 @@ describe('deploy --watch machine polling', () => {
     await write(dir, 'w.txt', `watch ${randomBytes(4).toString('hex')}`);
     roostId = await createRoost();
     versionId = (await push({ client, siteId: h.siteId, roostId, dir })).versionId;
-    const { enrolmentSecret } = await client.post<{ enrolmentSecret: string }>(`/api/sites/${h.siteId}/enrolment-secret`, {});
+    const { enrolmentSecret } = await client.post<{ enrolmentSecret: string }>(`/api/sites/${h.siteId}/enrolment-secret`, {}, { idempotencyKey: true });
     const anon = new RoostClient({ baseUrl: base });
     for (const machineId of ['watch-canary', 'watch-fleet']) {
       const { agentToken } = await anon.post<{ agentToken: string }>('/api/agent/enrol', { siteId: h.siteId, enrolmentSecret, machineId, hostname: machineId, agentVersion: 'test' });

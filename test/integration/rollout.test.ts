@@ -79,7 +79,7 @@ describe('rolloutWorkflow with reference agents', () => {
   it('deploys through the API to a fleet of agents: every machine commits the version on disk', async () => {
     await h.app.listen({ port: 0, host: '127.0.0.1' });
     const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-    const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret` })).json().enrolmentSecret;
+    const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
     const fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 6, rootDir: path.join(tmpRoot, 'fleet'), pollWaitSeconds: 5, heartbeatMs: 0 });
     try {
       const roost = await seedRoost(h, { targets: fleet.machineIds, extractPath: 'D:\\Apps\\kiosk' });

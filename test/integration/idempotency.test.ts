@@ -1,0 +1,459 @@
+/**
+ * Idempotency-Key as one mechanism (SPEC.md Conventions; api/plugins/idempotency.ts), data-driven over
+ * the server's route table: every keyed route (required or optional) gets the same battery — missing
+ * and blank keys, the 255-character limit, replay with `Idempotent-Replayed: true`, 422 on a different
+ * body, errors not cached, and concurrent requests running the mutation once (rows counted). Then the
+ * routes that ignore the header, the scope of a key, expiry after 24 h, abandoned reservations, and
+ * the purge of expired rows.
+ */
+import { fullAccessScopes } from '../../db/bootstrap';
+import { sha256Hex } from '../../domain/hex';
+import { VERSION_MEDIA_TYPE } from '../../domain/version';
+import { rolloutWorkflowId } from '../../api/temporal';
+import { idempotencyScopeHash, purgeExpiredIdempotencyKeys } from '../../api/plugins/idempotency';
+import type { RouteEntry } from '../../api/openapi';
+import { createHarness, Harness, idemKey } from '../support/harness';
+import { insertKey } from '../support/identity';
+import { terminateAll } from './rollout-fixtures';
+
+let h: Harness;
+/** The API key every keyed request of this file uses (its scopes are switched off to provoke errors). */
+let actor: { raw: string; keyId: string };
+let machineId: string;
+const workflows = new Set<string>();
+
+interface Req {
+  method: string;
+  url: string;
+  body?: unknown;
+}
+
+interface Res {
+  status: number;
+  body: string;
+  json: any;
+  replayed: boolean;
+  headers: Record<string, unknown>;
+}
+
+async function send(req: Req, key?: string, opts: { apiKey?: string; headers?: Record<string, string> } = {}): Promise<Res> {
+  const headers: Record<string, string> = { ...(opts.headers ?? {}) };
+  if (key !== undefined) headers['idempotency-key'] = key;
+  const res = await h.request({ method: req.method, url: req.url, body: req.body, key: opts.apiKey ?? actor.raw, headers });
+  let json: any;
+  try {
+    json = res.json();
+  } catch {
+    json = undefined;
+  }
+  return { status: res.statusCode, body: res.body, json, replayed: res.headers['idempotent-replayed'] === 'true', headers: res.headers };
+}
+
+async function setActorScopes(scopes: unknown[]): Promise<void> {
+  await h.deps.db.query('UPDATE api_keys SET scopes = $2 WHERE key_id = $1', [actor.keyId, JSON.stringify(scopes)]);
+}
+
+async function count(sql: string, params: unknown[]): Promise<number> {
+  const { rows } = await h.deps.db.query<{ n: string }>(sql, params);
+  return Number(rows[0].n);
+}
+
+function versionBody(name: string) {
+  return { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'idempotency-test' }, files: [{ path: `${name}.txt`, size: 0, chunks: [] }] };
+}
+
+async function newRoost(extra: Record<string, unknown> = {}): Promise<string> {
+  const res = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'idem', ...extra } });
+  expect(res.statusCode).toBe(201);
+  return res.json().roostId;
+}
+
+async function publish(roostId: string, name: string): Promise<string> {
+  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, idempotencyKey: true, body: { siteId: h.siteId, version: versionBody(name) } });
+  expect(res.statusCode).toBe(201);
+  return res.json().versionId;
+}
+
+/** A keyed route: how to make a fresh request for it, a different body on the same path, and what it writes. */
+interface KeyedFixture {
+  route: string;
+  /** A request that performs one new mutation. */
+  prepare: (seed: string) => Promise<Req>;
+  /** Same method and path, different body or query. */
+  variant: (req: Req) => Req;
+  /** Rows the mutation adds (checked to grow by exactly one per execution). */
+  count?: () => Promise<number>;
+  /** Extra check that the state matches the one executed response. */
+  verify?: (executed: any) => Promise<void>;
+}
+
+const siteCount = (table: string) => () => count(`SELECT count(*) AS n FROM ${table} WHERE site_id = $1`, [h.siteId]);
+
+const KEYED: KeyedFixture[] = [
+  {
+    route: 'POST /api/roosts/:roostId/versions',
+    prepare: async (seed) => ({ method: 'POST', url: `/api/roosts/${await newRoost()}/versions`, body: { siteId: h.siteId, version: versionBody(seed) } }),
+    variant: (req) => ({ ...req, body: { ...(req.body as object), description: 'a different body' } }),
+    count: siteCount('roost_versions'),
+  },
+  {
+    route: 'POST /api/roosts/:roostId/rollback',
+    prepare: async (seed) => {
+      const roostId = await newRoost();
+      await publish(roostId, `${seed}-1`);
+      await publish(roostId, `${seed}-2`);
+      return { method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId } };
+    },
+    variant: (req) => ({ ...req, body: { siteId: h.siteId, targetVersion: 'first' } }),
+    count: () => count(`SELECT count(*) AS n FROM events WHERE site_id = $1 AND type = 'version.rolled_back'`, [h.siteId]),
+  },
+  {
+    route: 'POST /api/roosts/:roostId/deploy',
+    prepare: async (seed) => {
+      const roostId = await newRoost({ targets: [machineId] });
+      const versionId = await publish(roostId, seed);
+      workflows.add(rolloutWorkflowId(h.siteId, roostId, versionId));
+      return { method: 'POST', url: `/api/roosts/${roostId}/deploy`, body: { siteId: h.siteId } };
+    },
+    variant: (req) => ({ ...req, body: { siteId: h.siteId, dryRun: true } }),
+    count: siteCount('rollouts'),
+    verify: async (executed) => expect(executed.alreadyRunning).toBe(false),
+  },
+  {
+    route: 'POST /api/sites/:siteId/machines/:machineId/commands',
+    prepare: async (seed) => ({
+      method: 'POST',
+      url: `/api/sites/${h.siteId}/machines/${machineId}/commands`,
+      body: { type: 'capture_screenshot', auditCorrelationId: seed },
+    }),
+    variant: (req) => ({ ...req, body: { type: 'reboot_machine', auditCorrelationId: 'other' } }),
+    count: siteCount('commands'),
+  },
+  {
+    route: 'POST /api/sites/:siteId/enrolment-secret',
+    prepare: async () => ({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret` }),
+    variant: (req) => ({ ...req, url: `${req.url}?variant=1` }),
+    // Each execution rotates the secret: the stored digest is the one of the executed response.
+    verify: async (executed) => {
+      const { rows } = await h.deps.db.query<{ enrolment_secret_hash: string }>('SELECT enrolment_secret_hash FROM sites WHERE site_id = $1', [h.siteId]);
+      expect(rows[0].enrolment_secret_hash).toBe(sha256Hex(executed.enrolmentSecret));
+    },
+  },
+  {
+    route: 'PATCH /api/roosts/:roostId',
+    prepare: async (seed) => ({ method: 'PATCH', url: `/api/roosts/${await newRoost()}`, body: { siteId: h.siteId, name: `renamed ${seed}` } }),
+    variant: (req) => ({ ...req, body: { siteId: h.siteId, name: 'another name' } }),
+  },
+  {
+    route: 'DELETE /api/roosts/:roostId',
+    prepare: async () => ({ method: 'DELETE', url: `/api/roosts/${await newRoost()}?siteId=${h.siteId}` }),
+    variant: (req) => ({ ...req, url: `${req.url}&variant=1` }),
+    verify: async (executed) => expect(executed.alreadyDeleted).toBe(false),
+  },
+  {
+    route: 'PATCH /api/roosts/:roostId/versions/:versionRef',
+    prepare: async (seed) => {
+      const roostId = await newRoost();
+      const versionId = await publish(roostId, seed);
+      return { method: 'PATCH', url: `/api/roosts/${roostId}/versions/${versionId}`, body: { siteId: h.siteId, description: `described ${seed}` } };
+    },
+    variant: (req) => ({ ...req, body: { siteId: h.siteId, description: 'another description' } }),
+  },
+  {
+    route: 'POST /api/chunks/:digest/mount',
+    prepare: async (seed) => {
+      const digest = sha256Hex(`mount-${seed}`);
+      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING', [h.siteId, digest]);
+      return { method: 'POST', url: `/api/chunks/${digest}/mount`, body: { siteId: h.siteId, from: await newRoost(), to: await newRoost() } };
+    },
+    variant: (req) => {
+      const b = req.body as { siteId: string; from: string; to: string };
+      return { ...req, body: { ...b, from: b.to, to: b.from } };
+    },
+    count: () => count('SELECT count(*) AS n FROM chunk_referrers WHERE site_id = $1', [h.siteId]),
+  },
+];
+
+beforeAll(async () => {
+  h = await createHarness();
+  actor = await insertKey(h.deps.db, { uid: h.userId, scopes: fullAccessScopes(), primarySiteId: h.siteId, name: 'idempotency actor' });
+  const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  machineId = 'idem-m1';
+  const enrol = await h.request({
+    method: 'POST',
+    url: '/api/agent/enrol',
+    key: null,
+    body: { siteId: h.siteId, enrolmentSecret: secret, machineId, hostname: 'idem.local', agentVersion: '1.0.0' },
+  });
+  expect(enrol.statusCode).toBe(201);
+});
+afterAll(async () => {
+  await terminateAll(h, workflows);
+  await h.close();
+});
+
+const keyed = (): RouteEntry[] => h.app.routeTable.filter((r) => r.idempotency !== 'ignored');
+const modeOf = (route: string) => h.app.routeTable.find((r) => `${r.method} ${r.url}` === route)?.idempotency;
+
+describe('the route table', () => {
+  it('requires the key on the routes the Conventions name, and has a fixture for every keyed route', () => {
+    const required = ['POST /api/roosts/:roostId/versions', 'POST /api/roosts/:roostId/rollback', 'POST /api/roosts/:roostId/deploy', 'POST /api/sites/:siteId/machines/:machineId/commands', 'POST /api/sites/:siteId/enrolment-secret'];
+    for (const r of required) expect([r, modeOf(r)]).toEqual([r, 'required']);
+    const fixtures = KEYED.map((f) => f.route);
+    expect(keyed().map((r) => `${r.method} ${r.url}`).filter((r) => !fixtures.includes(r))).toEqual([]);
+    expect(fixtures.filter((r) => !modeOf(r) || modeOf(r) === 'ignored')).toEqual([]);
+  });
+
+  it('ignores the header on the routes the Conventions name', () => {
+    const ignored = ['POST /api/roosts', 'POST /api/keys', 'POST /api/keys/:keyId/rotate', 'DELETE /api/keys/:keyId', 'POST /api/chunks/upload-urls'];
+    for (const r of ignored) expect([r, modeOf(r)]).toEqual([r, 'ignored']);
+  });
+
+  it('never keys a read', () => {
+    expect(keyed().filter((r) => r.method === 'GET')).toEqual([]);
+  });
+});
+
+describe.each(KEYED.map((f) => [f.route, f] as const))('%s', (route, f) => {
+  const before = async () => (f.count ? f.count() : 0);
+
+  it('handles a missing or blank key as the route requires', async () => {
+    const mode = modeOf(route);
+    for (const key of [undefined, '', '   ']) {
+      const req = await f.prepare(`missing-${idemKey()}`);
+      const n = await before();
+      const res = await send(req, key);
+      if (mode === 'required') {
+        expect([JSON.stringify(key), res.status, res.json.code]).toEqual([JSON.stringify(key), 400, 'idempotency_key_required']);
+        if (f.count) expect(await f.count()).toBe(n);
+      } else {
+        expect([JSON.stringify(key), res.status < 300, res.replayed]).toEqual([JSON.stringify(key), true, false]);
+      }
+    }
+  });
+
+  it('accepts a 255-character key and rejects a 256-character one with idempotency_key_invalid', async () => {
+    const req = await f.prepare(`long-${idemKey()}`);
+    const n = await before();
+    const tooLong = await send(req, idemKey().padEnd(256, 'x'));
+    expect([tooLong.status, tooLong.json.code, tooLong.json.param]).toEqual([400, 'idempotency_key_invalid', 'Idempotency-Key']);
+    if (f.count) expect(await f.count()).toBe(n);
+    const ok = await send(req, idemKey().padEnd(255, 'x'));
+    expect(ok.status).toBeLessThan(300);
+    if (f.count) expect(await f.count()).toBe(n + 1);
+  });
+
+  it('replays the first success with Idempotent-Replayed: true, the same status and the same body', async () => {
+    const req = await f.prepare(`replay-${idemKey()}`);
+    const key = idemKey();
+    const n = await before();
+    const first = await send(req, key);
+    expect(first.status).toBeLessThan(300);
+    expect(first.replayed).toBe(false);
+    if (f.count) expect(await f.count()).toBe(n + 1);
+    if (f.verify) await f.verify(first.json);
+    for (let i = 0; i < 2; i++) {
+      const again = await send(req, key);
+      expect([again.status, again.replayed, again.body]).toEqual([first.status, true, first.body]);
+      expect(again.headers['content-type']).toBe(first.headers['content-type']);
+      expect(again.headers['x-request-id']).not.toBe(first.headers['x-request-id']);
+    }
+    if (f.count) expect(await f.count()).toBe(n + 1);
+    if (f.verify) await f.verify(first.json);
+  });
+
+  it('answers 422 idempotency_key_mismatch to a different body or query with the same key', async () => {
+    const req = await f.prepare(`mismatch-${idemKey()}`);
+    const key = idemKey();
+    const first = await send(req, key);
+    expect(first.status).toBeLessThan(300);
+    const n = await before();
+    const other = await send(f.variant(req), key);
+    expect([other.status, other.json.code]).toEqual([422, 'idempotency_key_mismatch']);
+    expect(other.headers['content-type']).toMatch(/^application\/problem\+json/);
+    if (f.count) expect(await f.count()).toBe(n);
+    // The stored response is still there for the original request.
+    expect((await send(req, key)).replayed).toBe(true);
+  });
+
+  it('does not cache errors: a failed attempt, then a corrected one with the same key runs', async () => {
+    const req = await f.prepare(`error-${idemKey()}`);
+    const key = idemKey();
+    const n = await before();
+    await setActorScopes([]);
+    let failed: Res;
+    try {
+      failed = await send(req, key);
+    } finally {
+      await setActorScopes(fullAccessScopes());
+    }
+    expect([failed.status, failed.json.code]).toEqual([403, 'scope_insufficient']);
+    expect((await send(req, key)).replayed).toBe(false); // …and it is not a replay of the 403
+    if (f.count) expect(await f.count()).toBe(n + 1);
+    const third = await send(req, key);
+    expect([third.status < 300, third.replayed]).toEqual([true, true]);
+  });
+
+  it('runs the mutation once for concurrent requests with the same key', async () => {
+    const req = await f.prepare(`race-${idemKey()}`);
+    const key = idemKey();
+    const n = await before();
+    const results = await Promise.all([send(req, key), send(req, key), send(req, key), send(req, key)]);
+    const executed = results.filter((r) => r.status < 300 && !r.replayed);
+    expect(executed).toHaveLength(1);
+    for (const r of results) {
+      if (r === executed[0]) continue;
+      if (r.status < 300) expect([r.replayed, r.body]).toEqual([true, executed[0].body]);
+      else {
+        expect([r.status, r.json.code]).toEqual([409, 'idempotency_key_in_use']);
+        expect(r.headers['retry-after']).toBe('1');
+      }
+    }
+    if (f.count) expect(await f.count()).toBe(n + 1);
+    if (f.verify) await f.verify(executed[0].json);
+    // Once the first finished, everyone gets the replay.
+    expect((await send(req, key)).replayed).toBe(true);
+  });
+});
+
+describe('routes that ignore the header', () => {
+  it('POST /api/roosts creates again with the same key, and any key length is fine', async () => {
+    const key = idemKey().padEnd(300, 'y');
+    const body = { siteId: h.siteId, name: 'ignored' };
+    const a = await send({ method: 'POST', url: '/api/roosts', body }, key);
+    const b = await send({ method: 'POST', url: '/api/roosts', body }, key);
+    expect([a.status, b.status, a.replayed, b.replayed]).toEqual([201, 201, false, false]);
+    expect(a.json.roostId).not.toBe(b.json.roostId);
+  });
+
+  it('POST /api/chunks/upload-urls signs again with the same key (no replay cache)', async () => {
+    const key = idemKey();
+    const body = { siteId: h.siteId, hashes: [sha256Hex('upload-urls-ignored')] };
+    const a = await send({ method: 'POST', url: '/api/chunks/upload-urls', body }, key);
+    const b = await send({ method: 'POST', url: '/api/chunks/upload-urls', body: { ...body, hashes: [sha256Hex('different')] } }, key);
+    expect([a.status, b.status, a.replayed, b.replayed]).toEqual([200, 200, false, false]);
+  });
+});
+
+describe('scope of a key', () => {
+  const fixture = KEYED[0]; // publish
+
+  it('is per API key, per user, per route: the same key string elsewhere runs its own request', async () => {
+    const key = idemKey();
+    const req = await fixture.prepare(`scope-${key}`);
+    const first = await send(req, key);
+    expect(first.status).toBe(201);
+    // Another key of the same user: a request of its own (the body matches the first, so it republishes: 200).
+    const second = await insertKey(h.deps.db, { uid: h.userId, scopes: fullAccessScopes(), primarySiteId: h.siteId });
+    const other = await send(req, key, { apiKey: second.raw });
+    expect([other.status, other.replayed]).toEqual([200, false]);
+    // Another route with the same key string.
+    const otherRoute = await fixture.prepare(`scope-other-${key}`);
+    const third = await send(otherRoute, key);
+    expect([third.status, third.replayed]).toEqual([201, false]);
+  });
+
+  it('compares bodies by content, not by key order or whitespace', async () => {
+    const key = idemKey();
+    const req = await fixture.prepare(`canonical-${key}`);
+    const b = req.body as Record<string, unknown>;
+    const first = await send({ ...req, body: JSON.stringify({ siteId: b.siteId, version: b.version }) }, key, { headers: { 'content-type': 'application/json' } });
+    expect(first.status).toBe(201);
+    const reordered = await send({ ...req, body: `{ "version": ${JSON.stringify(b.version, null, 2)},\n "siteId": "${b.siteId}" }` }, key, {
+      headers: { 'content-type': 'application/json' },
+    });
+    expect([reordered.status, reordered.replayed, reordered.body]).toEqual([201, true, first.body]);
+  });
+
+  it('is not taken by a request refused before the route runs (unsupported Roost-Version, bad body)', async () => {
+    const key = idemKey();
+    const req = await fixture.prepare(`early-${key}`);
+    const version = await send(req, key, { headers: { 'roost-version': '1999-01-01' } });
+    expect([version.status, version.json.code]).toEqual([400, 'unsupported_version']);
+    const invalid = await send({ ...req, body: { version: (req.body as { version: unknown }).version } }, key);
+    expect([invalid.status, invalid.json.code]).toEqual([400, 'validation_failed']);
+    const ok = await send(req, key);
+    expect([ok.status, ok.replayed]).toEqual([201, false]);
+  });
+});
+
+describe('lifetime of a key', () => {
+  const fixture = KEYED[0]; // publish
+  const rowOf = (req: Req, key: string) =>
+    idempotencyScopeHash({ user: h.userId, environment: 'live', keyId: actor.keyId, method: req.method, path: req.url.split('?')[0], idempotencyKey: key });
+
+  it('answers 409 idempotency_key_in_use while the first request runs, and takes over an abandoned reservation', async () => {
+    const key = idemKey();
+    const req = await fixture.prepare(`running-${key}`);
+    const first = await send(req, key);
+    expect(first.status).toBe(201);
+    // Make the row look like a request still running.
+    await h.deps.db.query(`UPDATE idempotency_keys SET state = 'in_progress', response_status = NULL, response_body = NULL WHERE key_hash = $1`, [rowOf(req, key)]);
+    const busy = await send(req, key);
+    expect([busy.status, busy.json.code, busy.headers['retry-after']]).toEqual([409, 'idempotency_key_in_use', '1']);
+    // …that died 10 minutes ago: the next request takes the key over and runs.
+    await h.deps.db.query(`UPDATE idempotency_keys SET created_at = now() - INTERVAL '10 minutes' WHERE key_hash = $1`, [rowOf(req, key)]);
+    const retried = await send(req, key);
+    expect([retried.status, retried.replayed]).toEqual([200, false]); // the version exists already: a republish
+    expect((await send(req, key)).replayed).toBe(true);
+  });
+
+  it('expires after 24 hours: the key is usable again, even with another body', async () => {
+    const key = idemKey();
+    const req = await fixture.prepare(`expiry-${key}`);
+    expect((await send(req, key)).status).toBe(201);
+    const { rows } = await h.deps.db.query<{ ttl: number }>(
+      'SELECT EXTRACT(EPOCH FROM (expires_at - created_at)) AS ttl FROM idempotency_keys WHERE key_hash = $1',
+      [rowOf(req, key)],
+    );
+    expect(Number(rows[0].ttl)).toBe(24 * 3600);
+    await h.deps.db.query(`UPDATE idempotency_keys SET expires_at = now() - INTERVAL '1 second' WHERE key_hash = $1`, [rowOf(req, key)]);
+    const other = await send(fixture.variant(req), key);
+    expect([other.status, other.replayed]).toEqual([200, false]); // same version content, new description: ran
+    expect((await send(fixture.variant(req), key)).replayed).toBe(true);
+  });
+
+  it('keeps stored responses sealed: a replayed secret is not stored in clear text', async () => {
+    const key = idemKey();
+    const req = { method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret` };
+    const first = await send(req, key);
+    expect(first.status).toBe(201);
+    const secret: string = first.json.enrolmentSecret;
+    const { rows } = await h.deps.db.query<{ response_body: string }>('SELECT response_body FROM idempotency_keys WHERE key_hash = $1', [rowOf(req, key)]);
+    expect(rows[0].response_body).toMatch(/^sealed:v1:/);
+    expect(await count('SELECT count(*) AS n FROM idempotency_keys WHERE response_body LIKE $1', [`%${secret}%`])).toBe(0);
+    const replay = await send(req, key);
+    expect([replay.replayed, replay.json.enrolmentSecret]).toEqual([true, secret]);
+  });
+
+  it('purges expired rows, by key-space slice or all at once, and keeps live ones', async () => {
+    const mk = (prefix: string) => prefix + sha256Hex(idemKey()).slice(prefix.length);
+    const expiredA = mk('ab');
+    const expiredB = mk('ab');
+    const liveA = mk('ab');
+    const expiredC = mk('cd');
+    for (const [hash, expired] of [
+      [expiredA, true],
+      [expiredB, true],
+      [liveA, false],
+      [expiredC, true],
+    ] as const) {
+      await h.deps.db.query(
+        `INSERT INTO idempotency_keys (key_hash, request_hash, state, response_status, response_body, expires_at)
+         VALUES ($1, 'x', 'done', 201, '{}', now() + ${expired ? "INTERVAL '-1 hour'" : "INTERVAL '1 hour'"})`,
+        [hash],
+      );
+    }
+    const left = async () =>
+      (await h.deps.db.query<{ key_hash: string }>('SELECT key_hash FROM idempotency_keys WHERE key_hash = ANY($1)', [[expiredA, expiredB, liveA, expiredC]])).rows
+        .map((r) => r.key_hash)
+        .sort();
+    expect(await purgeExpiredIdempotencyKeys(h.deps.db, 'ab')).toBeGreaterThanOrEqual(2);
+    expect(await left()).toEqual([liveA, expiredC].sort());
+    await purgeExpiredIdempotencyKeys(h.deps.db, 'fe'); // another slice: nothing of ours
+    expect(await left()).toEqual([liveA, expiredC].sort());
+    await purgeExpiredIdempotencyKeys(h.deps.db);
+    expect(await left()).toEqual([liveA]);
+    await expect(purgeExpiredIdempotencyKeys(h.deps.db, "a' OR 1=1")).rejects.toThrow(/slice/);
+  });
+});

@@ -1,0 +1,274 @@
+/**
+ * The OpenAPI 3.1 document (issue 3 "OpenAPI"; api/openapi.ts): every route the server registers is in
+ * /api/openapi.json with its path parameters, querystring, body, a documented success response and the
+ * problem+json error responses, security from its credential kind, and the Roost-Version and
+ * Idempotency-Key headers; real responses validate against what the document says; the reference page
+ * renders.
+ */
+import Ajv from 'ajv';
+import addFormats from 'ajv-formats';
+import { ERROR_STATUS } from '../../domain/errors';
+import { CURRENT_API_VERSION, SUPPORTED_API_VERSIONS } from '../../api/plugins/api-version';
+import { RouteEntry, securityFor } from '../../api/openapi';
+import { createHarness, Harness } from '../support/harness';
+
+let h: Harness;
+let doc: any;
+let routes: RouteEntry[];
+
+beforeAll(async () => {
+  h = await createHarness();
+  const res = await h.request({ method: 'GET', url: '/api/openapi.json', key: null });
+  expect(res.statusCode).toBe(200);
+  doc = res.json();
+  routes = h.app.routeTable.filter((r) => !r.docsUi);
+});
+afterAll(async () => h.close());
+
+/** `/api/roosts/:roostId` → `/api/roosts/{roostId}`. */
+const openapiPath = (url: string) => url.replace(/:([A-Za-z0-9_]+)/g, '{$1}');
+const operation = (r: RouteEntry) => doc.paths[openapiPath(r.url)]?.[r.method.toLowerCase()];
+const label = (r: RouteEntry) => `${r.method} ${r.url}`;
+
+/** Resolves a local `$ref` of the document. */
+function deref(node: any): any {
+  if (node && typeof node.$ref === 'string') {
+    return node.$ref
+      .replace(/^#\//, '')
+      .split('/')
+      .reduce((n: any, part: string) => n?.[part], doc);
+  }
+  return node;
+}
+
+/** Replaces every local `$ref` by its target (the document's schemas are not recursive). */
+function inline(node: any): any {
+  if (Array.isArray(node)) return node.map(inline);
+  if (node && typeof node === 'object') {
+    if (typeof node.$ref === 'string') return inline(deref(node));
+    return Object.fromEntries(Object.entries(node).map(([k, v]) => [k, inline(v)]));
+  }
+  return node;
+}
+
+const ajv = new Ajv({ strict: false, allErrors: true });
+addFormats(ajv);
+
+/** Checks a real response against the document's schema for its route and status. */
+function conforms(method: string, path: string, res: { statusCode: number; headers: Record<string, unknown>; json: () => unknown }): void {
+  const op = doc.paths[path]?.[method.toLowerCase()];
+  expect(op).toBeDefined();
+  const documented = op.responses[String(res.statusCode)] ?? op.responses[`${String(res.statusCode)[0]}XX`];
+  expect(documented).toBeDefined();
+  const mediaType = String(res.headers['content-type']).split(';')[0];
+  const schema = documented.content?.[mediaType]?.schema;
+  expect(schema).toBeDefined();
+  const validate = ajv.compile(inline(schema));
+  const ok = validate(res.json());
+  if (!ok) throw new Error(`${method} ${path} ${res.statusCode} does not match its documented schema: ${ajv.errorsText(validate.errors)}`);
+}
+
+describe('route coverage', () => {
+  it('is an OpenAPI 3.1 document at the current API date', () => {
+    expect(doc.openapi).toBe('3.1.0');
+    expect(doc.info.version).toBe(CURRENT_API_VERSION);
+    expect(routes.length).toBeGreaterThan(20);
+  });
+
+  it('lists every registered route (nothing is hidden but the reference page itself)', () => {
+    const missing = routes.filter((r) => !operation(r)).map(label);
+    expect(missing).toEqual([]);
+    expect(routes.filter((r) => r.hidden).map(label)).toEqual([]);
+    // …and nothing that is not registered.
+    const registered = new Set(routes.map((r) => `${r.method.toLowerCase()} ${openapiPath(r.url)}`));
+    const extra: string[] = [];
+    for (const [path, item] of Object.entries<any>(doc.paths)) for (const m of Object.keys(item)) if (!registered.has(`${m} ${path}`)) extra.push(`${m} ${path}`);
+    expect(extra).toEqual([]);
+  });
+
+  it('contains the routes of the spec that this server implements', () => {
+    const spec = [
+      'post /api/roosts/{roostId}/versions',
+      'patch /api/roosts/{roostId}/versions/{versionRef}',
+      'get /api/roosts/{roostId}/versions',
+      'get /api/roosts/{roostId}/versions/{versionRef}',
+      'get /api/roosts/{roostId}/versions/{versionRef}/files',
+      'get /api/roosts/{roostId}/versions/{versionRef}/diff',
+      'post /api/roosts/{roostId}/rollback',
+      'post /api/roosts/{roostId}/deploy',
+      'get /api/roosts',
+      'get /api/roosts/{roostId}',
+      'post /api/roosts',
+      'patch /api/roosts/{roostId}',
+      'delete /api/roosts/{roostId}',
+      'post /api/chunks/check',
+      'post /api/chunks/upload-urls',
+      'post /api/chunks/download-urls',
+      'get /api/chunks/download-urls',
+      'post /api/chunks/{digest}/mount',
+      'get /api/chunks/{digest}/referrers',
+      'get /api/sites/{siteId}/machines',
+      'get /api/sites/{siteId}/machines/{machineId}',
+      'get /api/sites/{siteId}/machines/{machineId}/deployments',
+      'post /api/sites/{siteId}/machines/{machineId}/commands',
+      'get /api/sites/{siteId}/machines/{machineId}/commands/{commandId}',
+      'get /api/version',
+      'get /api/whoami',
+    ];
+    const absent = spec.filter((s) => {
+      const [m, p] = s.split(' ');
+      return !doc.paths[p]?.[m];
+    });
+    expect(absent).toEqual([]);
+  });
+
+  it('gives every operation a documented success response and problem+json error responses', () => {
+    const problems: string[] = [];
+    for (const r of routes) {
+      const op = operation(r);
+      const statuses = Object.keys(op.responses);
+      const success = statuses.filter((s) => /^2/.test(s));
+      if (success.length === 0) problems.push(`${label(r)}: no 2xx response`);
+      for (const s of success) {
+        const res = op.responses[s];
+        if (s !== '204' && !res.content) problems.push(`${label(r)}: ${s} has no content schema`);
+        if (!res.headers?.['X-Request-Id'] || !res.headers?.['Roost-Version']) problems.push(`${label(r)}: ${s} lacks the standard headers`);
+      }
+      const errors = statuses.filter((s) => /^[45]/.test(s));
+      if (!errors.some((s) => /^4/.test(s))) problems.push(`${label(r)}: no 4xx response`);
+      for (const s of errors) {
+        const content = op.responses[s].content;
+        if (Object.keys(content ?? {}).join() !== 'application/problem+json' || content['application/problem+json'].schema.$ref !== '#/components/schemas/Problem') {
+          problems.push(`${label(r)}: ${s} is not the shared Problem`);
+        }
+      }
+      // What every route can answer through the shared mechanisms.
+      for (const s of ['400', '500']) if (!op.responses[s]) problems.push(`${label(r)}: no ${s}`);
+      if (r.auth !== 'none' && !op.responses['401']) problems.push(`${label(r)}: no 401`);
+      if ((r.auth === 'user' || r.auth === 'userOrAgent') && !op.responses['403']) problems.push(`${label(r)}: no 403`);
+      if (r.idempotency !== 'ignored' && (!op.responses['409'] || !op.responses['422'])) problems.push(`${label(r)}: keyed route lacks 409/422`);
+      if (r.idempotency !== 'ignored' && !op.responses[statuses.find((s) => /^2/.test(s))!].headers['Idempotent-Replayed']) {
+        problems.push(`${label(r)}: keyed route does not document Idempotent-Replayed`);
+      }
+    }
+    expect(problems).toEqual([]);
+  });
+
+  it('documents path parameters, querystring and body from the route schemas', () => {
+    const problems: string[] = [];
+    for (const r of routes) {
+      const op = operation(r);
+      const params: any[] = op.parameters ?? [];
+      for (const name of [...r.url.matchAll(/:([A-Za-z0-9_]+)/g)].map((m) => m[1])) {
+        const p = params.find((x) => x.in === 'path' && x.name === name);
+        if (!p || p.required !== true || !p.schema) problems.push(`${label(r)}: path parameter ${name}`);
+      }
+      for (const name of r.query) {
+        // A credential in the query is documented as a security scheme, not as a parameter.
+        if (name === 'api_key' && r.allowQueryKey) continue;
+        if (!params.some((x) => x.in === 'query' && x.name === name && x.schema)) problems.push(`${label(r)}: query parameter ${name}`);
+      }
+      if (r.hasBody && !op.requestBody?.content) problems.push(`${label(r)}: request body`);
+    }
+    expect(problems).toEqual([]);
+  });
+
+  it('states security, Roost-Version and Idempotency-Key per operation', () => {
+    const problems: string[] = [];
+    const operationIds = new Set<string>();
+    for (const r of routes) {
+      const op = operation(r);
+      if (JSON.stringify(op.security) !== JSON.stringify(securityFor(r.auth, r.allowQueryKey))) problems.push(`${label(r)}: security ${JSON.stringify(op.security)}`);
+      const header = (name: string) => (op.parameters ?? []).find((p: any) => p.in === 'header' && p.name === name);
+      const version = header('Roost-Version');
+      if (!version || version.required !== false || JSON.stringify(version.schema.enum) !== JSON.stringify([...SUPPORTED_API_VERSIONS])) problems.push(`${label(r)}: Roost-Version`);
+      const idem = header('Idempotency-Key');
+      if (r.idempotency === 'ignored' ? idem : !idem || idem.required !== (r.idempotency === 'required') || idem.schema.maxLength !== 255) {
+        problems.push(`${label(r)}: Idempotency-Key (${r.idempotency})`);
+      }
+      if (r.method !== 'GET' && op['x-idempotency'] !== r.idempotency) problems.push(`${label(r)}: x-idempotency`);
+      if (!op.operationId || operationIds.has(op.operationId)) problems.push(`${label(r)}: operationId ${op.operationId}`);
+      operationIds.add(op.operationId);
+      if (!op.tags?.length || !op.summary) problems.push(`${label(r)}: tags/summary`);
+    }
+    expect(problems).toEqual([]);
+    const declared = new Set(doc.tags.map((t: { name: string }) => t.name));
+    for (const r of routes) for (const t of operation(r).tags) expect(declared).toContain(t);
+  });
+
+  it('defines the shared Problem component with the envelope of SPEC.md "Errors", and every $ref resolves', () => {
+    const problem = doc.components.schemas.Problem;
+    expect(problem.required).toEqual(expect.arrayContaining(['type', 'title', 'status', 'detail', 'code', 'docsUrl', 'requestId']));
+    expect(Object.keys(problem.properties)).toEqual(expect.arrayContaining(['param', 'errors']));
+    expect(problem.additionalProperties).toBe(true);
+    const refs: string[] = [];
+    const walk = (n: any) => {
+      if (Array.isArray(n)) n.forEach(walk);
+      else if (n && typeof n === 'object') {
+        if (typeof n.$ref === 'string') refs.push(n.$ref);
+        Object.values(n).forEach(walk);
+      }
+    };
+    walk(doc);
+    expect(refs.length).toBeGreaterThan(0);
+    for (const ref of new Set(refs)) expect([ref, deref({ $ref: ref })]).toEqual([ref, expect.anything()]);
+    for (const scheme of doc.security.flatMap((s: object) => Object.keys(s))) expect(doc.components.securitySchemes[scheme]).toBeDefined();
+  });
+
+  it('documents 429 rate_limited where a rate-limit bucket counts the request', () => {
+    const roosts = doc.paths['/api/roosts'].get.responses['429'];
+    expect(roosts.description).toContain('rate_limited');
+    expect(Object.keys(roosts.headers)).toEqual(expect.arrayContaining(['Retry-After', 'Roost-Rate-Limited-Reason']));
+    expect(doc.paths['/api/version'].get.responses['429']).toBeUndefined();
+  });
+
+  it('lists every error code of the catalogue in the description, with an anchor docsUrl can point at', () => {
+    for (const code of Object.keys(ERROR_STATUS)) expect(doc.info.description).toContain(`id="error-${code}"`);
+  });
+});
+
+describe('real responses match the document', () => {
+  it('success bodies validate against their documented schemas', async () => {
+    conforms('GET', '/api/version', await h.request({ method: 'GET', url: '/api/version', key: null }));
+    conforms('GET', '/api/whoami', await h.request({ method: 'GET', url: '/api/whoami' }));
+    const created = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'documented' } });
+    expect(created.statusCode).toBe(201);
+    conforms('POST', '/api/roosts', created);
+    conforms('GET', '/api/roosts', await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` }));
+    conforms('GET', '/api/roosts/{roostId}', await h.request({ method: 'GET', url: `/api/roosts/${created.json().roostId}?siteId=${h.siteId}` }));
+    conforms('GET', '/api/sites/{siteId}/machines', await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines` }));
+  });
+
+  it('error bodies are the documented Problem for each kind of failure', async () => {
+    const cases = [
+      { method: 'GET', path: '/api/roosts', url: '/api/roosts', status: 400, code: 'validation_failed' },
+      { method: 'GET', path: '/api/roosts', url: `/api/roosts?siteId=${h.siteId}`, key: null, status: 401, code: 'unauthorized' },
+      { method: 'GET', path: '/api/roosts/{roostId}', url: `/api/roosts/rst_missing?siteId=${h.siteId}`, status: 404, code: 'not_found' },
+      { method: 'GET', path: '/api/version', url: '/api/version', key: null, headers: { 'roost-version': '1999-01-01' }, status: 400, code: 'unsupported_version' },
+      { method: 'POST', path: '/api/roosts/{roostId}/rollback', url: '/api/roosts/rst_x/rollback', body: { siteId: h.siteId }, status: 400, code: 'idempotency_key_required' },
+    ];
+    for (const c of cases) {
+      const res = await h.request({ method: c.method, url: c.url, key: c.key, headers: c.headers, body: c.body });
+      expect([c.url, res.statusCode, res.json().code]).toEqual([c.url, c.status, c.code]);
+      expect(res.headers['content-type']).toMatch(/^application\/problem\+json/);
+      conforms(c.method, c.path, res);
+    }
+  });
+});
+
+describe('reference page', () => {
+  it('renders without credentials and loads the same document', async () => {
+    const page = await h.request({ method: 'GET', url: '/docs/', key: null });
+    expect(page.statusCode).toBe(200);
+    expect(page.headers['content-type']).toMatch(/text\/html/);
+    expect(page.body).toMatch(/swagger-ui/i);
+    const init = await h.request({ method: 'GET', url: '/docs/static/swagger-initializer.js', key: null });
+    expect(init.statusCode).toBe(200);
+    const json = await h.request({ method: 'GET', url: '/docs/json', key: null });
+    expect(json.statusCode).toBe(200);
+    expect(json.json()).toEqual(doc);
+    const yaml = await h.request({ method: 'GET', url: '/docs/yaml', key: null });
+    expect(yaml.statusCode).toBe(200);
+    expect(yaml.body).toContain('openapi: 3.1.0');
+  });
+});

@@ -1,0 +1,273 @@
+/**
+ * Pagination on every paged list route (SPEC.md Conventions "Pagination", Limits; api/pagination.ts),
+ * data-driven over the server's route table: `page_size`/`page_token`, the `limit`/`cursor` aliases with
+ * the canonical name winning, `next_page_token` and `nextPageToken` ('' at the end), each route's
+ * default and maximum, 400 validation_failed on 0, max+1, non-numeric sizes and forged tokens, and a
+ * walk over every page returning every item exactly once, in the order of one big page.
+ */
+import { newId, sha256Hex } from '../../domain/hex';
+import { VERSION_MEDIA_TYPE } from '../../domain/version';
+import { decodePageToken, encodePageToken } from '../../api/pagination';
+import { createHarness, Harness, idemKey } from '../support/harness';
+import { idTokenFor, insertKey, makeUser } from '../support/identity';
+
+let h: Harness;
+beforeAll(async () => {
+  h = await createHarness();
+});
+afterAll(async () => h.close());
+
+interface ListFixture {
+  /** `METHOD /url` as registered. */
+  route: string;
+  /** The page size limits the route must apply (SPEC.md Limits, or the route's documented choice). */
+  defaultSize: number;
+  maxSize: number;
+  /** Seeds more items than the default page and returns the base URL (with its required query) and credential. */
+  seed: () => Promise<{ url: string; key: string; expected: string[] }>;
+  items: string;
+  id: (item: any) => string;
+}
+
+/** `n` empty files named by index (no chunks: nothing to upload). */
+function emptyFiles(n: number, prefix: string) {
+  return Array.from({ length: n }, (_, i) => ({ path: `${prefix}/${String(i).padStart(4, '0')}.txt`, size: 0, chunks: [] }));
+}
+
+function versionBody(files: ReturnType<typeof emptyFiles>) {
+  return { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'pagination-test' }, files };
+}
+
+async function createRoost(siteId: string, key: string, name: string): Promise<string> {
+  const res = await h.request({ method: 'POST', url: '/api/roosts', key, body: { siteId, name } });
+  expect(res.statusCode).toBe(201);
+  return res.json().roostId;
+}
+
+async function publish(siteId: string, key: string, roostId: string, files: ReturnType<typeof emptyFiles>): Promise<string> {
+  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, key, idempotencyKey: true, body: { siteId, version: versionBody(files) } });
+  expect(res.statusCode).toBe(201);
+  return res.json().versionId;
+}
+
+const FIXTURES: ListFixture[] = [
+  {
+    route: 'GET /api/roosts',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'roosts',
+    id: (r) => r.roostId,
+    seed: async () => {
+      const site = await h.other();
+      const expected: string[] = [];
+      for (let i = 0; i < 23; i++) expected.push(await createRoost(site.siteId, site.apiKey, `roost ${i}`));
+      return { url: `/api/roosts?siteId=${site.siteId}`, key: site.apiKey, expected };
+    },
+  },
+  {
+    route: 'GET /api/roosts/:roostId/versions',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'versions',
+    id: (v) => v.versionId,
+    seed: async () => {
+      const roostId = await createRoost(h.siteId, h.apiKey, 'versions list');
+      const expected: string[] = [];
+      for (let i = 0; i < 23; i++) expected.push(await publish(h.siteId, h.apiKey, roostId, emptyFiles(1, `v${i}`)));
+      return { url: `/api/roosts/${roostId}/versions?siteId=${h.siteId}`, key: h.apiKey, expected };
+    },
+  },
+  {
+    route: 'GET /api/roosts/:roostId/versions/:versionRef/files',
+    defaultSize: 100,
+    maxSize: 500,
+    items: 'files',
+    id: (f) => f.path,
+    seed: async () => {
+      const roostId = await createRoost(h.siteId, h.apiKey, 'files list');
+      const files = emptyFiles(103, 'tree');
+      const versionId = await publish(h.siteId, h.apiKey, roostId, files);
+      return { url: `/api/roosts/${roostId}/versions/${versionId}/files?siteId=${h.siteId}`, key: h.apiKey, expected: files.map((f) => f.path) };
+    },
+  },
+  {
+    route: 'GET /api/chunks/:digest/referrers',
+    defaultSize: 50,
+    maxSize: 200,
+    items: 'referrers',
+    id: (e) => e.entryId,
+    seed: async () => {
+      const digest = sha256Hex(`pagination-${newId('x')}`);
+      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 10)', [h.siteId, digest]);
+      const expected: string[] = [];
+      for (let i = 0; i < 53; i++) {
+        const entryId = newId('mnt');
+        expected.push(entryId);
+        await h.deps.db.query(
+          `INSERT INTO chunk_referrers (site_id, hash, entry_id, source, roost_id, from_roost_id, to_roost_id, created_by)
+           VALUES ($1, $2, $3, 'mount', $4, 'rst_from', $4, $5)`,
+          [h.siteId, digest, entryId, `rst_to_${String(i).padStart(3, '0')}`, h.userId],
+        );
+      }
+      return { url: `/api/chunks/${digest}/referrers?siteId=${h.siteId}`, key: h.apiKey, expected };
+    },
+  },
+  {
+    route: 'GET /api/sites/:siteId/machines',
+    defaultSize: 50,
+    maxSize: 200,
+    items: 'machines',
+    id: (m) => m.machineId,
+    seed: async () => {
+      const site = await h.other();
+      const expected = Array.from({ length: 53 }, (_, i) => `pg-${String(i).padStart(3, '0')}`);
+      await h.deps.db.query('INSERT INTO machines (site_id, machine_id, hostname) SELECT $1, m, m FROM UNNEST(CAST($2 AS TEXT[])) AS t(m)', [site.siteId, expected]);
+      return { url: `/api/sites/${site.siteId}/machines`, key: site.apiKey, expected };
+    },
+  },
+  {
+    route: 'GET /api/keys',
+    defaultSize: 50,
+    maxSize: 100,
+    items: 'keys',
+    id: (k) => k.keyId,
+    seed: async () => {
+      const user = await makeUser(h.deps.db);
+      const expected: string[] = [];
+      for (let i = 0; i < 53; i++) expected.push((await insertKey(h.deps.db, { uid: user.uid, scopes: [] })).keyId);
+      return { url: '/api/keys', key: await idTokenFor(h, user), expected };
+    },
+  },
+  {
+    route: 'GET /api/account/api-keys',
+    defaultSize: 50,
+    maxSize: 100,
+    items: 'keys',
+    id: (k) => k.keyId,
+    seed: async () => {
+      const admin = await makeUser(h.deps.db, { role: 'superadmin' });
+      const owner = await makeUser(h.deps.db);
+      const expected: string[] = [];
+      for (let i = 0; i < 53; i++) expected.push((await insertKey(h.deps.db, { uid: owner.uid, scopes: [] })).keyId);
+      return { url: `/api/account/api-keys?userId=${owner.uid}`, key: await idTokenFor(h, admin), expected };
+    },
+  },
+];
+
+const with_ = (url: string, q: string) => `${url}${url.includes('?') ? '&' : '?'}${q}`;
+
+it('covers every paged route the server registers (and only those)', () => {
+  const paged = h.app.routeTable.filter((r) => r.paged).map((r) => `${r.method} ${r.url}`);
+  const fixtures = FIXTURES.map((f) => f.route);
+  expect(paged.filter((r) => !fixtures.includes(r))).toEqual([]);
+  expect(fixtures.filter((r) => !paged.includes(r))).toEqual([]);
+});
+
+describe.each(FIXTURES.map((f) => [f.route, f] as const))('%s', (_route, f) => {
+  let url: string;
+  let key: string;
+  let expected: string[];
+  beforeAll(async () => {
+    ({ url, key, expected } = await f.seed());
+    expect(expected.length).toBeGreaterThan(f.defaultSize);
+  });
+
+  const get = async (q: string) => {
+    const res = await h.request({ method: 'GET', url: with_(url, q), key });
+    return { status: res.statusCode, body: res.json() };
+  };
+
+  /** Follows next_page_token (or `cursor` with the aliases) to the end; returns ids in order. */
+  async function walk(size: number, aliases: boolean): Promise<string[]> {
+    const ids: string[] = [];
+    let token = '';
+    for (let pages = 0; pages < 1000; pages++) {
+      const q = aliases ? `limit=${size}${token ? `&cursor=${token}` : ''}` : `page_size=${size}${token ? `&page_token=${token}` : ''}`;
+      const { status, body } = await get(q);
+      expect(status).toBe(200);
+      expect(body.nextPageToken).toBe(body.next_page_token);
+      const items = body[f.items];
+      expect(items.length).toBeLessThanOrEqual(size);
+      ids.push(...items.map(f.id));
+      token = body.next_page_token;
+      if (token === '') return ids;
+      expect(items.length).toBe(size);
+    }
+    throw new Error('no last page');
+  }
+
+  it('serves the default page size, then every item once across pages, in one order', async () => {
+    const first = await get('');
+    expect(first.status).toBe(200);
+    expect(first.body[f.items]).toHaveLength(f.defaultSize);
+    expect(first.body.next_page_token).not.toBe('');
+    const all = await get(`page_size=${f.maxSize}`);
+    expect(all.status).toBe(200);
+    const order = all.body[f.items].map(f.id);
+    expect(all.body.next_page_token).toBe('');
+    expect(all.body.nextPageToken).toBe('');
+    expect([...order].sort()).toEqual([...expected].sort());
+    const walked = await walk(7, false);
+    expect(walked).toEqual(order);
+    expect(new Set(walked).size).toBe(walked.length);
+    expect(await walk(expected.length - 1, true)).toEqual(order);
+  });
+
+  it('accepts 1 and the maximum; rejects 0, max+1 and non-numeric sizes with validation_failed', async () => {
+    expect((await get('page_size=1')).body[f.items]).toHaveLength(1);
+    expect((await get(`limit=${f.maxSize}`)).status).toBe(200);
+    for (const [q, param] of [
+      ['page_size=0', 'page_size'],
+      [`page_size=${f.maxSize + 1}`, 'page_size'],
+      ['page_size=abc', 'page_size'],
+      ['page_size=-1', 'page_size'],
+      ['page_size=2.5', 'page_size'],
+      ['limit=0', 'limit'],
+      [`limit=${f.maxSize + 1}`, 'limit'],
+      [`limit=x&page_size=${f.maxSize + 1}`, 'page_size'],
+    ]) {
+      const { status, body } = await get(q);
+      expect([q, status, body.code, body.param]).toEqual([q, 400, 'validation_failed', param]);
+      expect(body.errors[param]).toBeDefined();
+    }
+  });
+
+  it('lets the canonical name win when both are sent', async () => {
+    const sized = await get('page_size=2&limit=5');
+    expect(sized.body[f.items]).toHaveLength(2);
+    const token = sized.body.next_page_token;
+    const second = await get(`page_size=2&page_token=${token}&cursor=garbage`);
+    expect(second.status).toBe(200);
+    const third = await get(`page_size=2&cursor=${token}`);
+    expect(third.body[f.items].map(f.id)).toEqual(second.body[f.items].map(f.id));
+    const bad = await get(`page_size=2&page_token=garbage&cursor=${token}`);
+    expect([bad.status, bad.body.code, bad.body.param]).toEqual([400, 'validation_failed', 'page_token']);
+  });
+
+  it('rejects tokens it did not issue: garbage, hand-made, edited', async () => {
+    const real = (await get('page_size=2')).body.next_page_token as string;
+    const position = decodePageToken(real);
+    expect(position).toBeDefined();
+    const handMade = Buffer.from(JSON.stringify({ p: position })).toString('base64url');
+    const edited = Buffer.from(Buffer.from(real, 'base64url').toString('utf8').replace(/"c":"./, (m) => `${m.slice(0, -1)}${m.endsWith('A') ? 'B' : 'A'}`)).toString('base64url');
+    const foreignShape = encodePageToken({ not: 'a position' });
+    for (const [name, token] of [
+      ['garbage', 'garbage'],
+      ['not base64', '%%%'],
+      ['hand-made', handMade],
+      ['edited', edited],
+      ['wrong shape', foreignShape],
+    ]) {
+      const { status, body } = await get(`page_token=${encodeURIComponent(token)}`);
+      expect([name, status, body.code, body.param]).toEqual([name, 400, 'validation_failed', 'page_token']);
+      const alias = await get(`cursor=${encodeURIComponent(token)}`);
+      expect([name, alias.status, alias.body.param]).toEqual([name, 400, 'cursor']);
+    }
+  });
+});
+
+it('an idempotency key does not change list results (GET routes ignore it)', async () => {
+  const res = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&page_size=1`, headers: { 'idempotency-key': idemKey() } });
+  expect(res.statusCode).toBe(200);
+  expect(res.headers['idempotent-replayed']).toBeUndefined();
+});
