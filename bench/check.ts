@@ -1,0 +1,104 @@
+/**
+ * Benchmark 4, `check`: latency of `POST /api/chunks/check` with 1000 hashes against a site holding
+ * `storedChunks` chunks (100,000 by default, inserted with one bulk `INSERT … SELECT FROM UNNEST`), over
+ * `requests` sequential requests, each half present and half absent (shuffled), against the floor: the
+ * route's own query `SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2)` run directly through
+ * `pg` with the same hash sets the same number of times.
+ *
+ * API request i and SQL query i run back to back (interleaved), so both see the same machine noise.
+ * The HTTP side is the CLI's client (cli/client.ts: fetch with keep-alive, JSON, the full-access key),
+ * so the figure includes HTTP, JSON, schema validation, authentication and authorisation. Every answer
+ * is checked (exactly the absent half reported missing) so a broken route cannot pass for a fast one.
+ */
+import { createHash } from 'node:crypto';
+import type { BenchStack } from './stack';
+import { latencySummary, log, now, prng, round, shuffle } from './util';
+
+export interface CheckFigures {
+  storedChunks: number;
+  hashesPerRequest: number;
+  requests: number;
+  /** One bulk INSERT of the stored chunks (ms). */
+  insertMs: number;
+  api: ReturnType<typeof latencySummary>;
+  floor: ReturnType<typeof latencySummary> & { sql: string };
+  /** API p50 ÷ SQL p50, and the same at p99. */
+  timesFloorP50: number;
+  timesFloorP99: number;
+}
+
+const FLOOR_SQL = 'SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2)';
+const HASHES_PER_REQUEST = 1000;
+const WARMUP = 20;
+
+function digest(s: string): string {
+  return createHash('sha256').update(s).digest('hex');
+}
+
+/** Runs benchmark 4 on a fresh site of `bench`. */
+export async function benchCheck(bench: BenchStack, opts: { storedChunks: number; requests: number }): Promise<CheckFigures> {
+  if (opts.storedChunks < HASHES_PER_REQUEST / 2) throw new Error(`--stored-chunks must be at least ${HASHES_PER_REQUEST / 2} (half of every request is present)`);
+  const site = await bench.newSite('check');
+  const stored = Array.from({ length: opts.storedChunks }, (_, i) => digest(`bench-stored-${i}`));
+  log(`check: inserting ${opts.storedChunks} chunks for ${site.siteId} (one statement)`);
+  const t0 = now();
+  await bench.pool.query(
+    `INSERT INTO chunks (site_id, hash, size) SELECT $1, h, $3 FROM UNNEST($2::text[]) AS t(h)`,
+    [site.siteId, stored, 4 * 1024 * 1024],
+  );
+  const insertMs = now() - t0;
+  await bench.pool.query('ANALYZE chunks');
+
+  const random = prng(4242);
+  const half = HASHES_PER_REQUEST / 2;
+  const sets: { hashes: string[]; absent: Set<string> }[] = [];
+  for (let r = 0; r < opts.requests + WARMUP; r++) {
+    const present = Array.from({ length: half }, () => stored[Math.floor(random() * stored.length)]);
+    const absent = Array.from({ length: half }, (_, j) => digest(`bench-absent-${r}-${j}`));
+    // Distinct present hashes (the route dedups; the floor gets the same list).
+    const uniq = [...new Set(present)];
+    while (uniq.length < half) {
+      const h = stored[Math.floor(random() * stored.length)];
+      if (!uniq.includes(h)) uniq.push(h);
+    }
+    sets.push({ hashes: shuffle([...uniq, ...absent], random), absent: new Set(absent) });
+  }
+
+  const floorClient = await bench.pool.connect();
+  const apiMs: number[] = [];
+  const sqlMs: number[] = [];
+  try {
+    for (let r = 0; r < sets.length; r++) {
+      const { hashes, absent } = sets[r];
+      const a0 = now();
+      const res = await site.client.request<{ missing: string[] }>('POST', '/api/chunks/check', { body: { siteId: site.siteId, hashes }, retrySafe: true });
+      const a1 = now();
+      const q = await floorClient.query<{ hash: string }>(FLOOR_SQL, [site.siteId, hashes]);
+      const s1 = now();
+      const missing = res.body.missing;
+      if (missing.length !== absent.size || !missing.every((h) => absent.has(h))) {
+        throw new Error(`chunks/check answered ${missing.length} missing, expected exactly the ${absent.size} absent hashes`);
+      }
+      if (q.rows.length !== half) throw new Error(`the floor query found ${q.rows.length} rows, expected ${half}`);
+      if (r >= WARMUP) {
+        apiMs.push(a1 - a0);
+        sqlMs.push(s1 - a1);
+      }
+      if (r >= WARMUP && (r - WARMUP + 1) % 100 === 0) log(`check: ${r - WARMUP + 1}/${opts.requests} requests`);
+    }
+  } finally {
+    floorClient.release();
+  }
+  const api = latencySummary(apiMs);
+  const floor = latencySummary(sqlMs);
+  return {
+    storedChunks: opts.storedChunks,
+    hashesPerRequest: HASHES_PER_REQUEST,
+    requests: opts.requests,
+    insertMs: round(insertMs),
+    api,
+    floor: { ...floor, sql: FLOOR_SQL },
+    timesFloorP50: floor.p50 > 0 ? round(api.p50 / floor.p50, 2) : 0,
+    timesFloorP99: floor.p99 > 0 ? round(api.p99 / floor.p99, 2) : 0,
+  };
+}

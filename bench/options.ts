@@ -1,0 +1,80 @@
+/**
+ * Command-line options of `npm run bench` (node:util parseArgs; unknown options are an error).
+ *
+ *   --only <names>        comma list of benchmarks: chunker, push, republish, check, rollout (default all)
+ *   --size-mib <n>        size of the generated tree for chunker, push, republish (default 1024)
+ *   --machines <n>        simulated machines for rollout (default 1000)
+ *   --requests <n>        chunks/check requests (default 300)
+ *   --stored-chunks <n>   chunks stored for the check benchmark (default 100000)
+ *   --concurrency <n>     chunk PUTs in flight, push and its floor (default 4, the CLI's default)
+ *   --rounds <n>          alternating rounds of the chunker benchmark (default 3)
+ *   --database <name>     bench database on the embedded cluster (default roost_bench)
+ *   --keep-database       leave the bench database in place afterwards (for inspection)
+ *   --out <file>          also write the JSON document to this file
+ */
+import { parseArgs } from 'node:util';
+
+export const BENCHMARKS = ['chunker', 'push', 'republish', 'check', 'rollout'] as const;
+export type BenchName = (typeof BENCHMARKS)[number];
+
+export interface BenchOptions {
+  only: BenchName[];
+  sizeMiB: number;
+  machines: number;
+  requests: number;
+  storedChunks: number;
+  concurrency: number;
+  rounds: number;
+  database: string;
+  keepDatabase: boolean;
+  out?: string;
+}
+
+function positive(name: string, raw: string | undefined, fallback: number): number {
+  if (raw === undefined) return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive integer (got ${raw})`);
+  return n;
+}
+
+/** Parses argv (without node and the script). @throws Error naming the bad option. */
+export function parseOptions(argv: string[]): BenchOptions {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      only: { type: 'string' },
+      'size-mib': { type: 'string' },
+      machines: { type: 'string' },
+      requests: { type: 'string' },
+      'stored-chunks': { type: 'string' },
+      concurrency: { type: 'string' },
+      rounds: { type: 'string' },
+      database: { type: 'string' },
+      'keep-database': { type: 'boolean' },
+      out: { type: 'string' },
+    },
+  });
+  let only: BenchName[] = [...BENCHMARKS];
+  if (values.only !== undefined) {
+    const names = values.only.split(',').map((s) => s.trim()).filter(Boolean);
+    const bad = names.filter((n) => !(BENCHMARKS as readonly string[]).includes(n));
+    if (bad.length || names.length === 0) throw new Error(`--only takes a comma list of ${BENCHMARKS.join(', ')} (got ${values.only})`);
+    only = BENCHMARKS.filter((b) => names.includes(b));
+  }
+  const database = values.database ?? 'roost_bench';
+  if (!/^[a-z_][a-z0-9_]{0,62}$/.test(database)) throw new Error(`--database must be a plain lowercase identifier (got ${database})`);
+  return {
+    only,
+    sizeMiB: positive('size-mib', values['size-mib'], 1024),
+    machines: positive('machines', values.machines, 1000),
+    requests: positive('requests', values.requests, 300),
+    storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),
+    concurrency: positive('concurrency', values.concurrency, 4),
+    rounds: positive('rounds', values.rounds, 3),
+    database,
+    keepDatabase: values['keep-database'] === true,
+    out: values.out,
+  };
+}

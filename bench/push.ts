@@ -1,0 +1,211 @@
+/**
+ * Benchmarks 2 and 3 over the generated tree, with the real push pipeline (cli/push.ts `push()`, the CLI's
+ * client, the bench API, Azurite).
+ *
+ * 2. `push`: a cold push end to end (a new site, so no chunk is deduplicated: hash, check, upload-urls,
+ *    PUT every chunk, publish), timed from the call to `push()` to its return, against the upload floor:
+ *    plain parallel PUTs of the same distinct chunks, at the same concurrency, to the same Azurite,
+ *    under another new site. For the floor the chunks are cut into memory and their upload URLs are
+ *    requested before the clock starts; only the PUTs are timed. Both move exactly the same bytes, and
+ *    both start from an empty Azurite (the bench Azurite is restarted empty in between, since its
+ *    per-PUT cost grows with the number of blobs it holds).
+ * 3. `republish`: pushing the unchanged tree again (same body, so the same version id: the server finds
+ *    every chunk and the version already current and changes nothing), in seconds, against `sha256sum`
+ *    of the same file list. `rounds` alternating rounds, medians reported.
+ */
+import pLimit from 'p-limit';
+import { producerConfig, readChunk, scanTree, walkTree } from '../cli/chunker';
+import { push, PushResult } from '../cli/push';
+import { sha256sumFiles } from './sha256sum';
+import type { BenchSite, BenchStack } from './stack';
+import type { TreeInfo } from './tree';
+import { log, mbps, median, mib, now, round } from './util';
+
+/** A tree published by the cold push, reused by the republish benchmark. */
+export interface PublishedTree {
+  site: BenchSite;
+  roostId: string;
+  versionId: string;
+  /** The version body's `config` block, reused so a republish produces the identical body. */
+  config: Record<string, unknown>;
+}
+
+export interface ColdPushFigures {
+  tree: { files: number; bytes: number };
+  concurrency: number;
+  /** Distinct chunks and their bytes (what both sides upload). */
+  chunks: number;
+  uploadBytes: number;
+  push: {
+    seconds: number;
+    /** Uploaded bytes ÷ wall time. */
+    MBps: number;
+    /** Tree bytes ÷ wall time (what a user sees). */
+    treeMBps: number;
+    stagesMs: PushResult['timings'];
+    chunksUploaded: number;
+    versionId: string;
+  };
+  floor: { what: string; seconds: number; MBps: number; setupSeconds: number };
+  /** push seconds ÷ floor seconds. */
+  timesFloor: number;
+}
+
+export interface RepublishFigures {
+  tree: { files: number; bytes: number };
+  rounds: number;
+  republish: { seconds: number; bestSeconds: number; samplesSeconds: number[]; stagesMs: PushResult['timings']; chunksUploaded: number; sameVersion: boolean };
+  floor: { tool: 'sha256sum'; seconds: number; bestSeconds: number; samplesSeconds: number[] };
+  /** republish seconds ÷ sha256sum seconds (medians). */
+  timesFloor: number;
+  /** The same over each side's best round. */
+  timesFloorBest: number;
+}
+
+/** Creates a roost in the site through the API; returns its id. */
+export async function createRoost(site: BenchSite, name: string, extra: Record<string, unknown> = {}): Promise<string> {
+  const r = await site.client.request<{ roostId: string }>('POST', '/api/roosts', { body: { siteId: site.siteId, name, ...extra } });
+  return r.body.roostId;
+}
+
+/** One plain PUT of bytes to a signed URL, as a block blob (the same request the CLI sends). */
+async function plainPut(url: string, bytes: Buffer): Promise<void> {
+  const res = await fetch(url, {
+    method: 'PUT',
+    headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': String(bytes.length) },
+    body: bytes,
+  });
+  await res.arrayBuffer();
+  if (!res.ok) throw new Error(`upload floor: PUT answered ${res.status}`);
+}
+
+/** The upload floor: returns seconds of the timed PUTs plus the untimed set-up, and bytes moved. */
+async function uploadFloor(bench: BenchStack, tree: TreeInfo, concurrency: number): Promise<{ seconds: number; setupSeconds: number; bytes: number; chunks: number }> {
+  const s0 = now();
+  const site = await bench.newSite('upload-floor');
+  const scan = await scanTree(tree.root);
+  const hashes = [...scan.locations.keys()];
+  const buffers = new Map<string, Buffer>();
+  let bytes = 0;
+  for (const h of hashes) {
+    const b = await readChunk(scan.locations.get(h)!, h);
+    buffers.set(h, b);
+    bytes += b.length;
+  }
+  const urls: Record<string, string> = {};
+  for (let i = 0; i < hashes.length; i += 1000) {
+    const r = await site.client.post<{ urls: Record<string, string> }>('/api/chunks/upload-urls', { siteId: site.siteId, hashes: hashes.slice(i, i + 1000) }, { retrySafe: true });
+    Object.assign(urls, r.urls);
+  }
+  const setupSeconds = (now() - s0) / 1000;
+  log(`push: upload floor: ${hashes.length} chunks (${mib(bytes)}) cut into memory, URLs issued; PUTting at concurrency ${concurrency}`);
+  const limit = pLimit(concurrency);
+  const t0 = now();
+  await Promise.all(hashes.map((h) => limit(() => plainPut(urls[h], buffers.get(h)!))));
+  const seconds = (now() - t0) / 1000;
+  buffers.clear();
+  return { seconds, setupSeconds, bytes, chunks: hashes.length };
+}
+
+/** Runs benchmark 2; also returns the published tree for benchmark 3. */
+export async function benchColdPush(bench: BenchStack, tree: TreeInfo, opts: { concurrency: number }): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
+  const floor = await uploadFloor(bench, tree, opts.concurrency);
+  log(`push: upload floor ${round(floor.seconds)} s (${mbps(floor.bytes, floor.seconds * 1000)} MB/s)`);
+  // Azurite gets slower the more blobs it holds: the push starts from the same (empty) storage.
+  await bench.resetStorage();
+
+  const site = await bench.newSite('push');
+  const roostId = await createRoost(site, 'bench tree');
+  const config = { ...producerConfig(), producer: 'roost-cli' as const };
+  log(`push: cold push of ${mib(tree.bytes)} to ${site.siteId}/${roostId} at concurrency ${opts.concurrency}`);
+  let lastStage = '';
+  const t0 = now();
+  const result = await push({
+    client: site.client,
+    siteId: site.siteId,
+    roostId,
+    dir: tree.root,
+    concurrency: opts.concurrency,
+    config,
+    onProgress: (p) => {
+      if (p.stage !== lastStage) log(`push: stage ${p.stage}`);
+      lastStage = p.stage;
+    },
+  });
+  const ms = now() - t0;
+  if (result.chunksUploaded !== floor.chunks || result.bytesUploaded !== floor.bytes) {
+    throw new Error(`cold push uploaded ${result.chunksUploaded} chunks / ${result.bytesUploaded} bytes, the floor ${floor.chunks} / ${floor.bytes}`);
+  }
+  const pushSeconds = ms / 1000;
+  log(`push: cold push ${round(pushSeconds)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)})`);
+  return {
+    figures: {
+      tree: { files: result.filesTotal, bytes: result.bytesTotal },
+      concurrency: opts.concurrency,
+      chunks: floor.chunks,
+      uploadBytes: floor.bytes,
+      push: {
+        seconds: round(pushSeconds),
+        MBps: mbps(result.bytesUploaded, ms),
+        treeMBps: mbps(result.bytesTotal, ms),
+        stagesMs: result.timings,
+        chunksUploaded: result.chunksUploaded,
+        versionId: result.versionId,
+      },
+      floor: {
+        what: `parallel PUTs of the pre-cut chunks at concurrency ${opts.concurrency}`,
+        seconds: round(floor.seconds),
+        MBps: mbps(floor.bytes, floor.seconds * 1000),
+        setupSeconds: round(floor.setupSeconds),
+      },
+      timesFloor: round(pushSeconds / floor.seconds, 2),
+    },
+    published: { site, roostId, versionId: result.versionId, config },
+  };
+}
+
+/** Publishes the tree untimed (when `republish` runs without `push`). */
+export async function publishTree(bench: BenchStack, tree: TreeInfo, concurrency: number): Promise<PublishedTree> {
+  const site = await bench.newSite('republish');
+  const roostId = await createRoost(site, 'bench tree');
+  const config = { ...producerConfig(), producer: 'roost-cli' as const };
+  log(`republish: publishing the tree once (untimed set-up)`);
+  const r = await push({ client: site.client, siteId: site.siteId, roostId, dir: tree.root, concurrency, config });
+  return { site, roostId, versionId: r.versionId, config };
+}
+
+/** Runs benchmark 3 against an already published tree. */
+export async function benchRepublish(tree: TreeInfo, published: PublishedTree, opts: { concurrency: number; rounds: number }): Promise<RepublishFigures> {
+  const { files } = await walkTree(tree.root);
+  const paths = files.map((f) => f.absPath);
+  const pushSec: number[] = [];
+  const floorSec: number[] = [];
+  let last: PushResult | undefined;
+  let sameVersion = true;
+  for (let r = 0; r < opts.rounds; r++) {
+    floorSec.push((await sha256sumFiles(paths)) / 1000);
+    const t0 = now();
+    last = await push({
+      client: published.site.client,
+      siteId: published.site.siteId,
+      roostId: published.roostId,
+      dir: tree.root,
+      concurrency: opts.concurrency,
+      config: published.config,
+    });
+    pushSec.push((now() - t0) / 1000);
+    if (last.versionId !== published.versionId) sameVersion = false;
+    if (last.chunksUploaded !== 0) throw new Error(`a no-op republish uploaded ${last.chunksUploaded} chunks`);
+    log(`republish: round ${r + 1}/${opts.rounds}: sha256sum ${round(floorSec[r])} s, republish ${round(pushSec[r])} s (${JSON.stringify(last.timings)})`);
+  }
+  const p = median(pushSec);
+  const f = median(floorSec);
+  return {
+    tree: { files: files.length, bytes: files.reduce((s, x) => s + x.size, 0) },
+    rounds: opts.rounds,
+    republish: { seconds: round(p), bestSeconds: round(Math.min(...pushSec)), samplesSeconds: pushSec.map((x) => round(x)), stagesMs: last!.timings, chunksUploaded: last!.chunksUploaded, sameVersion },
+    floor: { tool: 'sha256sum', seconds: round(f), bestSeconds: round(Math.min(...floorSec)), samplesSeconds: floorSec.map((x) => round(x)) },
+    timesFloor: round(p / f, 2),
+    timesFloorBest: round(Math.min(...pushSec) / Math.min(...floorSec), 2),
+  };
+}
