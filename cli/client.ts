@@ -89,6 +89,8 @@ export interface RequestOptions {
   /** A POST that changes nothing (chunk check, upload-urls): retried like a GET. */
   retrySafe?: boolean;
   headers?: Record<string, string>;
+  /** Per-attempt timeout in ms for this call (default: the client's). Publishing a large version takes minutes. */
+  timeoutMs?: number;
 }
 
 export interface ApiResponse<T> {
@@ -133,8 +135,10 @@ export function retryAfterMs(header: string | null | undefined, body?: unknown, 
  * Whether a failed attempt may be retried (SPEC.md Errors). `status` undefined means no HTTP answer
  * (network failure or timeout). `replayable`: GET/HEAD, retrySafe, or a mutation with an Idempotency-Key.
  */
-export function isRetryable(status: number | undefined, replayable: boolean): boolean {
+export function isRetryable(status: number | undefined, replayable: boolean, code?: string): boolean {
   if (status === 429) return true;
+  // The first attempt of this keyed request is still running on the server: wait for its replay.
+  if (status === 409 && code === 'idempotency_key_in_use') return replayable;
   if (status === undefined) return replayable;
   return replayable && RETRYABLE_STATUSES.has(status);
 }
@@ -222,7 +226,7 @@ export class RoostClient {
       const last = attempt + 1 >= this.maxAttempts;
       let res: Response;
       try {
-        res = await fetch(url, { method: m, headers, body: payload, signal: AbortSignal.timeout(this.timeoutMs) });
+        res = await fetch(url, { method: m, headers, body: payload, signal: AbortSignal.timeout(opts.timeoutMs ?? this.timeoutMs) });
       } catch (err) {
         const reason = describeNetworkError(err);
         if (!last && isRetryable(undefined, replayable)) {
@@ -245,8 +249,8 @@ export class RoostClient {
         };
       }
       const problem = body && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
-      if (!last && isRetryable(res.status, replayable)) {
-        const after = res.status === 429 ? retryAfterMs(res.headers.get('retry-after'), problem) : undefined;
+      if (!last && isRetryable(res.status, replayable, typeof problem.code === 'string' ? problem.code : undefined)) {
+        const after = res.status === 429 || res.status === 409 ? retryAfterMs(res.headers.get('retry-after'), problem) : undefined;
         if (after === undefined || after <= MAX_RETRY_AFTER_MS) {
           await this.pause(m, url, attempt, after ?? backoffDelayMs(attempt, this.random), `HTTP ${res.status}`);
           continue;

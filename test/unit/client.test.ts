@@ -115,6 +115,21 @@ describe('retries', () => {
     expect(seen[3].headers['idempotency-key']).not.toBe(keys[0]);
   });
 
+  it('waits out 409 idempotency_key_in_use on a keyed mutation (the first attempt still runs), then gets the replay', async () => {
+    script = [
+      { ...problem(409, 'idempotency_key_in_use'), headers: { 'retry-after': '1' } },
+      { status: 201, body: { ok: true }, headers: { 'idempotent-replayed': 'true' } },
+    ];
+    const delays: number[] = [];
+    const res = await client(delays).request('POST', '/api/x', { body: { a: 1 }, idempotencyKey: true });
+    expect(res.replayed).toBe(true);
+    expect(delays).toEqual([1000]);
+    expect(seen[0].headers['idempotency-key']).toBe(seen[1].headers['idempotency-key']);
+    // without a key there is nothing to wait for: the 409 is final
+    script = [problem(409, 'idempotency_key_in_use')];
+    await expect(client([]).request('POST', '/api/x', { body: {} })).rejects.toMatchObject({ code: 'idempotency_key_in_use', status: 409 });
+  });
+
   it('retries a read-only POST marked retrySafe', async () => {
     script = [problem(502, 'bad_gateway'), { status: 200, body: { missing: [] } }];
     expect(await client([]).post('/api/chunks/check', { hashes: [] }, { retrySafe: true })).toEqual({ missing: [] });
