@@ -94,6 +94,12 @@ export interface AgentOptions extends AgentFaults {
   persistToken?: boolean;
   /** Random source (tests). */
   random?: () => number;
+  /**
+   * fsync each assembled file before its rename (default true: a real machine's switch survives a power
+   * cut). The fleet simulator turns it off: its machines share one disk, where 20 machines' worth of
+   * per-file syncs serialise (measured ~14 ms a file, 500 s for 20 × 1,800 files).
+   */
+  fsyncFiles?: boolean;
 }
 
 /** A command as the agent receives it. */
@@ -735,7 +741,7 @@ export class Agent extends EventEmitter {
         await fh.write(data, 0, data.length, written);
         written += data.length;
       }
-      await fh.sync();
+      if (this.opts.fsyncFiles !== false) await fh.sync();
     } catch (err) {
       await fh.close().catch(() => undefined);
       await fs.rm(tmp, { force: true });

@@ -37,6 +37,8 @@ export interface FleetOptions extends AgentFaults {
   progressIntervalMs?: number;
   uploadScreenshots?: boolean;
   random?: () => number;
+  /** fsync every assembled file (default false here: simulated machines share one disk; see AgentOptions). */
+  fsyncFiles?: boolean;
   /** Extra per-agent options (e.g. hostname), by index. */
   perAgent?: (index: number, machineId: string) => Partial<AgentOptions>;
 }
@@ -88,6 +90,7 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
         failSyncRate: opts.failSyncRate,
         failMachines: opts.failMachines,
         syncDelayMs: opts.syncDelayMs,
+        fsyncFiles: opts.fsyncFiles ?? false,
         ...(opts.perAgent?.(i, machineId) ?? {}),
       }),
   );

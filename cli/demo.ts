@@ -162,17 +162,18 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
     const client = new RoostClient({ baseUrl: stack.urls.api, apiKey: boot.apiKey });
 
     // 1. The tree: a working copy of a real software tree, so the demo can change it.
+    // Symlinks are copied as what they point to: a roost carries regular files only (push skips links).
     const work = path.join(demoDir, 'source');
     fs.mkdirSync(work, { recursive: true });
     let sourceDir: string;
     if (opts.dir) {
       sourceDir = path.resolve(opts.dir);
       if (!fs.existsSync(sourceDir)) throw new Error(`no such directory: ${sourceDir}`);
-      fs.cpSync(sourceDir, work, { recursive: true, dereference: false, verbatimSymlinks: true });
+      fs.cpSync(sourceDir, work, { recursive: true, dereference: true });
     } else {
       const modules = path.resolve(__dirname, '..', 'node_modules');
       sourceDir = DEFAULT_PACKAGES.map((p) => `node_modules/${p}`).join(' + ');
-      for (const p of DEFAULT_PACKAGES) fs.cpSync(path.join(modules, p), path.join(work, p), { recursive: true, dereference: false, verbatimSymlinks: true });
+      for (const p of DEFAULT_PACKAGES) fs.cpSync(path.join(modules, p), path.join(work, p), { recursive: true, dereference: true });
     }
     const source = { ...treeStats(work), dir: sourceDir };
     log(`tree ${sourceDir}: ${source.files} files, ${(source.bytes / 1048576).toFixed(1)} MiB, largest ${(source.largestFile / 1048576).toFixed(1)} MiB, ${source.zeroByteFiles} zero-byte`);
@@ -274,7 +275,7 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
 
     // 4. Canary then fleet, verified.
     const original = path.join(demoDir, 'source-v1');
-    fs.cpSync(work, original, { recursive: true, verbatimSymlinks: true });
+    fs.cpSync(work, original, { recursive: true });
     await deployAndVerify('deploy v1', v1.versionId, v1.versionNumber, original);
 
     // 5. A few changes, pushed again: only new chunks upload; agents skip unchanged files.
