@@ -47,6 +47,11 @@ export const EnvSchema = Type.Object({
   ROOST_HEARTBEAT_STALE_SECONDS: Type.Integer({ minimum: 5, default: 90 }),
   /** Secret from which `roost admin bootstrap` derives its reproducible key. Embedded default: a random secret kept in DATA/bootstrap-secret. */
   ROOST_BOOTSTRAP_SECRET: Type.Optional(Type.String({ minLength: 16 })),
+  /**
+   * Key that seals secrets at rest (webhook signing secrets, per-site manifest signing keys): 32 bytes as
+   * 64 hex chars or base64. Embedded default: a random key kept in DATA/secret-key (stack/secrets.ts).
+   */
+  ROOST_SECRET_KEY: Type.Optional(Type.String({ minLength: 32 })),
   /** Log level for the API (pino levels). */
   ROOST_LOG_LEVEL: Type.String({ default: 'warn' }),
   /**

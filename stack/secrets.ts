@@ -14,3 +14,27 @@ export function bootstrapSecret(cfg: Config): string {
   }
   return fs.readFileSync(file, 'utf8').trim();
 }
+
+/**
+ * The 32-byte key that seals secrets at rest (domain/seal.ts): ROOST_SECRET_KEY (64 hex chars or base64
+ * of 32 bytes), else DATA/secret-key (generated once, mode 0600). Throws when ROOST_SECRET_KEY is not 32
+ * bytes.
+ */
+export function secretKey(cfg: Config): Buffer {
+  if (cfg.ROOST_SECRET_KEY) {
+    const v = cfg.ROOST_SECRET_KEY.trim();
+    const key = /^[0-9a-fA-F]{64}$/.test(v) ? Buffer.from(v, 'hex') : Buffer.from(v, 'base64');
+    if (key.length !== 32) throw new Error('ROOST_SECRET_KEY must be 32 bytes (64 hex characters or base64)');
+    return key;
+  }
+  const file = path.join(cfg.ROOST_DATA_DIR, 'secret-key');
+  if (!fs.existsSync(file)) {
+    fs.mkdirSync(cfg.ROOST_DATA_DIR, { recursive: true });
+    try {
+      fs.writeFileSync(file, randomBytes(32).toString('hex'), { mode: 0o600, flag: 'wx' });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+  }
+  return Buffer.from(fs.readFileSync(file, 'utf8').trim(), 'hex');
+}
