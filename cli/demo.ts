@@ -228,10 +228,13 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
       const workflowId = rolloutWorkflowId(siteId, roostId, versionId);
       log(`${label}: rollout ${res.body.rolloutId} (canary ${res.body.canary.join(', ')}; fleet ${res.body.fleet.length}) — watch it at ${workflowUiUrl(cfg, workflowId)}`);
       const handle = stack.api.deps.temporal.workflow.getHandle(workflowId);
+      let timer: NodeJS.Timeout | undefined;
       const outcome = await Promise.race([
         handle.result(),
-        new Promise((_, reject) => setTimeout(() => reject(new Error(`${label}: rollout did not finish within ${opts.timeoutMs} ms`)), opts.timeoutMs)),
-      ]);
+        new Promise((_, reject) => {
+          timer = setTimeout(() => reject(new Error(`${label}: rollout did not finish within ${opts.timeoutMs} ms`)), opts.timeoutMs);
+        }),
+      ]).finally(() => clearTimeout(timer)); // a pending limit timer would keep the process alive after the demo
       const seconds = (Date.now() - t0) / 1000;
       const history = await handle.fetchHistory();
       const stage = String((outcome as { stage?: string } | undefined)?.stage ?? 'completed');

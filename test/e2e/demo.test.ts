@@ -2,13 +2,16 @@
  * End to end: the walk-through of `npm run demo` (cli/demo.ts) on a smaller generated tree with a
  * 3-chunk file and a zero-byte file, against the real services: push, canary-then-fleet rollout to
  * simulated machines, byte-for-byte verification, a second push that uploads only new chunks,
- * rollback and diff.
+ * rollback and diff. It runs the real command (`roost demo --json` in a child process), so it also
+ * proves the command exits by itself once the walk-through is done: the rollout limit is an hour, so a
+ * limit timer left pending would hold the process past the test timeout.
  */
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { runDemo } from '../../cli/demo';
+import { spawn } from 'node:child_process';
+import type { DemoReport } from '../../cli/demo';
 import { CHUNK_SIZE } from '../../domain/version';
 
 function makeTree(root: string): void {
@@ -30,20 +33,22 @@ describe('the demo walk-through', () => {
   it('pushes, rolls out canary then fleet, verifies, dedups, rolls back and diffs', async () => {
     const dir = path.join(tmp, 'tree');
     makeTree(dir);
-    const report = await runDemo({
-      dir,
-      machines: 4,
-      keep: false,
-      tty: false,
-      quiet: true,
-      timeoutMs: 120_000,
-      env: {
-        ROOST_PG_DATABASE: process.env.ROOST_TEST_DATABASE ?? 'roost_test',
-        ROOST_TASK_QUEUE: `roost-e2e-${randomBytes(4).toString('hex')}`,
-        ROOST_API_PORT: '0',
-        ROOST_LOG_LEVEL: 'silent',
-      },
-    });
+    const env = {
+      ...process.env,
+      ROOST_PG_DATABASE: process.env.ROOST_TEST_DATABASE ?? 'roost_test',
+      ROOST_TASK_QUEUE: `roost-e2e-${randomBytes(4).toString('hex')}`,
+      ROOST_API_PORT: '0',
+      ROOST_LOG_LEVEL: 'silent',
+    };
+    const cli = path.join(__dirname, '..', '..', 'bin', 'roost.js');
+    const child = spawn(process.execPath, [cli, 'demo', '--dir', dir, '--machines', '4', '--timeout', '3600', '--json'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const exitCode = await new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+    if (exitCode !== 0) throw new Error(`roost demo exited ${exitCode}:\n${stderr.slice(-4000)}`);
+    const report = JSON.parse(stdout) as DemoReport;
     expect(report.ok).toBe(true);
     expect(report.source.files).toBe(43);
     expect(report.source.zeroByteFiles).toBe(1);
