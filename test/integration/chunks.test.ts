@@ -7,6 +7,7 @@ import { createHarness, Harness, idemKey } from '../support/harness';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
 import { mountEntryId, versionEntryId } from '../../db/chunks';
 import type { Scope } from '../../domain/scopes';
+import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
 let b: { siteId: string; userId: string; apiKey: string };
@@ -31,15 +32,7 @@ async function hold(siteId: string, hash: string, size = 1024): Promise<void> {
 }
 
 /** A live key of the main user limited to `scopes` (inserted the way db/bootstrap.ts does). */
-async function scopedKey(scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomToken(32)}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'scoped test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
+const scopedKey = (scopes: Scope[]) => scopedKeyOf(h, scopes);
 
 /** An enrolled machine of `siteId`; returns its raw `sat_` agent token. */
 async function agentToken(siteId: string): Promise<string> {

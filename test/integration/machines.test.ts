@@ -1,7 +1,7 @@
 /** Machines routes (SPEC.md "Machines (site scoped)", "Machine", "Command"). */
 import { createHarness, Harness, idemKey } from '../support/harness';
-import { newId, randomToken, sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
+import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
 let secret: string;
@@ -12,15 +12,7 @@ beforeAll(async () => {
 });
 afterAll(async () => h.close());
 
-async function scopedKey(scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomToken()}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'scoped test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
+const scopedKey = (scopes: Scope[]) => scopedKeyOf(h, scopes);
 
 async function enrol(machineId: string, extra: Record<string, unknown> = {}): Promise<string> {
   const res = await h.request({

@@ -13,11 +13,12 @@ import { publishScan, push, PushProgress } from '../../cli/push';
 import { scanTree } from '../../cli/chunker';
 import { listAllFiles, listVersions } from '../../cli/commands/versions';
 import { Rollout, watchRollout } from '../../cli/commands/deploy';
-import { keyPrefixOf } from '../../db/bootstrap';
 import { rolloutWorkflowId } from '../../api/temporal';
-import { newId, sha256Hex } from '../../domain/hex';
+import { sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, computeVersionId } from '../../domain/version';
 import { createHarness, Harness } from '../support/harness';
+import type { Scope } from '../../domain/scopes';
+import { scopedKey as scopedKeyOf } from '../support/identity';
 
 const ROOT = path.resolve(__dirname, '..', '..');
 
@@ -74,14 +75,7 @@ function roost(args: string[], key = h.apiKey): Promise<{ code: number; stdout: 
   });
 }
 
-async function scopedKey(scopes: unknown[]): Promise<string> {
-  const raw = `svk_live_${randomBytes(32).toString('base64url')}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id) VALUES ($1, $2, 'scoped', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, keyPrefixOf(raw), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
+const scopedKey = (scopes: unknown[]) => scopedKeyOf(h, scopes as Scope[]);
 
 describe('push pipeline', () => {
   let roostId: string;

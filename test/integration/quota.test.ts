@@ -6,12 +6,13 @@
  * quota.exceeded at 100 %. The site runs on a 10 MiB tier given by ROOST_QUOTA_TIERS.
  */
 import { randomBytes } from 'node:crypto';
-import { newId, randomToken, sha256Hex } from '../../domain/hex';
+import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { CHUNK_SIZE, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { billingPeriod, DEFAULT_QUOTA_TIERS, parseQuotaTiers, tierLimit } from '../../db/quota';
 import { chunkBlobName } from '../../storage/blob';
 import { createHarness, Harness } from '../support/harness';
+import { scopedKey as scopedKeyOf } from '../support/identity';
 
 const MiB = 1024 * 1024;
 const LIMIT = 10 * MiB;
@@ -44,15 +45,7 @@ const E = chunk('e.bin', 2 * MiB);
 const G = chunk('g.bin', 0.5 * MiB);
 const H = chunk('h.bin', 1 * MiB);
 
-async function scopedKey(scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomToken(32)}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'quota test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
+const scopedKey = (scopes: Scope[]) => scopedKeyOf(h, scopes);
 
 async function snapshot(siteId = h.siteId, key?: string) {
   const res = await h.request({ method: 'GET', url: `/api/sites/${siteId}/quota`, key });

@@ -12,12 +12,13 @@ import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import type { LightMyRequestResponse } from 'fastify';
 import { buildApp } from '../../api/app';
-import { newId, randomToken, sha256Hex } from '../../domain/hex';
+import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { ServiceHandle, startRedisServer } from '../../stack/services';
 import { testConfig } from '../support/env';
 import { createHarness, Harness } from '../support/harness';
+import { scopedKey } from '../support/identity';
 
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -31,15 +32,6 @@ function freePort(): Promise<number> {
 }
 
 /** A key of the harness user with `scopes` (inserted the way db/bootstrap.ts does). */
-async function scopedKey(h: Harness, scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomToken(32)}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'rate-limit test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
 
 function limitHeaders(res: LightMyRequestResponse) {
   const pick = (name: string) => res.headers[name.toLowerCase()];

@@ -2,11 +2,11 @@
  * Roost routes over the real services: POST/GET /api/roosts, GET/PATCH/DELETE /api/roosts/{roostId}
  * (SPEC.md "Roost record", "Roosts").
  */
-import { randomBytes } from 'node:crypto';
-import { newId, sha256Hex } from '../../domain/hex';
+import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { createHarness, Harness, idemKey } from '../support/harness';
+import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
 beforeAll(async () => {
@@ -15,15 +15,7 @@ beforeAll(async () => {
 afterAll(async () => h.close());
 
 /** A live key of the harness user carrying only `scopes`. */
-async function scopedKey(scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomBytes(32).toString('base64url')}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'scoped test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
+const scopedKey = (scopes: Scope[]) => scopedKeyOf(h, scopes);
 
 async function create(body: Record<string, unknown> = {}, key?: string) {
   return h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'App', ...body }, key });

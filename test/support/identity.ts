@@ -73,3 +73,11 @@ export async function sessionFor(h: Harness, who: { uid: string; email: string }
   const body = res.json();
   return { token: body.sessionToken, body };
 }
+
+/**
+ * A live key of the harness user carrying only `scopes`, with the harness site as its primary site (the
+ * missing-scope cases of every route test: 403 scope_insufficient with `required`).
+ */
+export async function scopedKey(h: Harness, scopes: Scope[], name = 'scoped test key'): Promise<string> {
+  return (await insertKey(h.deps.db, { uid: h.userId, scopes, primarySiteId: h.siteId, name })).raw;
+}
