@@ -66,8 +66,10 @@ export class ApiClient {
       body = JSON.stringify(opts.body);
       headers['content-type'] = 'application/json';
     }
-    const res = await fetch(url, { method, headers, body, signal: opts.signal });
-    const text = await res.text();
+    const { res, text } = await withRequestSignal(opts.signal, async (signal) => {
+      const r = await fetch(url, { method, headers, body, signal });
+      return { res: r, text: await r.text() };
+    });
     let parsed: any = undefined;
     if (text.length > 0) {
       try {
@@ -90,12 +92,33 @@ export class ApiClient {
  * @throws HttpError with the blob service's status (403 when the SAS expired, 404 when absent).
  */
 export async function fetchBytes(url: string, signal?: AbortSignal): Promise<Buffer> {
-  const res = await fetch(url, { signal });
-  if (!res.ok) {
-    await res.arrayBuffer().catch(() => undefined);
-    throw new HttpError(res.status, undefined, `GET blob → ${res.status}`);
+  return withRequestSignal(signal, async (s) => {
+    const res = await fetch(url, { signal: s });
+    if (!res.ok) {
+      await res.arrayBuffer().catch(() => undefined);
+      throw new HttpError(res.status, undefined, `GET blob → ${res.status}`);
+    }
+    return Buffer.from(await res.arrayBuffer());
+  });
+}
+
+/**
+ * Runs one request under its own AbortSignal that follows `signal`. fetch leaves its abort listener on
+ * the signal it is given until the request is garbage-collected, so thousands of requests on one agent's
+ * long-lived signal piled up listeners (MaxListenersExceededWarning); the per-request signal takes them
+ * instead, and the one listener added here is removed when the request ends.
+ */
+export async function withRequestSignal<T>(signal: AbortSignal | undefined, fn: (s: AbortSignal | undefined) => Promise<T>): Promise<T> {
+  if (!signal) return fn(undefined);
+  const ac = new AbortController();
+  const forward = () => ac.abort(signal.reason);
+  if (signal.aborted) forward();
+  else signal.addEventListener('abort', forward, { once: true });
+  try {
+    return await fn(ac.signal);
+  } finally {
+    signal.removeEventListener('abort', forward);
   }
-  return Buffer.from(await res.arrayBuffer());
 }
 
 /** Sleeps `ms`, resolving early (without error) when `signal` aborts. */
