@@ -10,6 +10,7 @@ import problem from './plugins/problem';
 import apiVersion from './plugins/api-version';
 import auth from './plugins/auth';
 import idempotency from './plugins/idempotency';
+import audit from './plugins/audit';
 import rateLimit from './plugins/rate-limit';
 import { registerRoutes } from './routes';
 import openapi from './openapi';
@@ -41,6 +42,7 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
   await app.register(auth);
   await app.register(rateLimit);
   await app.register(idempotency);
+  await app.register(audit);
   await registerRoutes(app);
   return app;
 }

@@ -45,6 +45,23 @@ export const EnvSchema = Type.Object({
   ROOST_TASK_QUEUE: Type.String({ default: 'roost' }),
   /** Seconds without a heartbeat after which a machine counts as offline. */
   ROOST_HEARTBEAT_STALE_SECONDS: Type.Integer({ minimum: 5, default: 90 }),
+  /** Background sweeps (docs/decisions/sweeps.md): seconds between heartbeat-staleness runs (machine.offline). */
+  ROOST_SWEEP_STALENESS_INTERVAL_SECONDS: Type.Integer({ minimum: 1, default: 30 }),
+  /** Seconds between chunk garbage-collection runs (chunk.garbage_collected). */
+  ROOST_SWEEP_CHUNK_GC_INTERVAL_SECONDS: Type.Integer({ minimum: 1, default: 3600 }),
+  /** Seconds between chunk verification runs (chunk.verify_failed). */
+  ROOST_SWEEP_CHUNK_VERIFY_INTERVAL_SECONDS: Type.Integer({ minimum: 1, default: 600 }),
+  /** Seconds between key expiry runs (api_key.expired). */
+  ROOST_SWEEP_KEY_EXPIRY_INTERVAL_SECONDS: Type.Integer({ minimum: 1, default: 300 }),
+  /** Chunks re-hashed per verification run (the sample), never-verified and oldest-verified first. */
+  ROOST_SWEEP_CHUNK_VERIFY_SAMPLE: Type.Integer({ minimum: 1, maximum: 100000, default: 128 }),
+  /** SPEC.md Limits: seconds a chunk stays unreferenced (or unreferenced since upload) before collection. Default 30 days. */
+  ROOST_CHUNK_GC_GRACE_SECONDS: Type.Integer({ minimum: 0, default: 2592000 }),
+  /**
+   * Seconds between a chunk's condemnation (row removed, blob kept) and its blob's deletion: longer than
+   * any publish takes between checking chunk presence and committing (docs/decisions/sweeps.md). Default 1 hour.
+   */
+  ROOST_CHUNK_GC_SAFETY_SECONDS: Type.Integer({ minimum: 0, default: 3600 }),
   /** Secret from which `roost admin bootstrap` derives its reproducible key. Embedded default: a random secret kept in DATA/bootstrap-secret. */
   ROOST_BOOTSTRAP_SECRET: Type.Optional(Type.String({ minLength: 16 })),
   /**
@@ -52,6 +69,13 @@ export const EnvSchema = Type.Object({
    * 64 hex chars or base64. Embedded default: a random key kept in DATA/secret-key (stack/secrets.ts).
    */
   ROOST_SECRET_KEY: Type.Optional(Type.String({ minLength: 32 })),
+  /**
+   * Whether worker start-up (worker/main.ts, `roost stack`, the demo) ensures the background workflows of
+   * its task queue: the event relay (webhook fan-out) and the sweep schedules (worker/background.ts).
+   */
+  ROOST_BACKGROUND_WORKFLOWS: Type.Boolean({ default: true }),
+  /** How often a rollout's wave watcher polls the database for agent reports (ms; stored with each new rollout). */
+  ROOST_ROLLOUT_POLL_MS: Type.Integer({ minimum: 50, maximum: 60_000, default: 2000 }),
   /** Log level for the API (pino levels). */
   ROOST_LOG_LEVEL: Type.String({ default: 'warn' }),
   /**
@@ -89,6 +113,39 @@ export const EnvSchema = Type.Object({
   ROOST_OIDC_AUDIENCE: Type.String({ minLength: 1, default: 'roost' }),
   /** Lifetime of a first-party session (`sst_`) in minutes, from its creation (not sliding). Default 12 hours. */
   ROOST_SESSION_TTL_MINUTES: Type.Integer({ minimum: 1, maximum: 43200, default: 720 }),
+  /**
+   * Audit sampling of API-key use (docs/decisions/audit-key-use.md): an `api_key_used` record is appended
+   * at most once per this many seconds per site, key and client address. Default one hour.
+   */
+  ROOST_AUDIT_KEY_USE_SAMPLE_SECONDS: Type.Integer({ minimum: 1, default: 3600 }),
+  /**
+   * Webhooks (docs/decisions/webhook-urls.md): allow delivery URLs that resolve to loopback, private,
+   * link-local or other non-public addresses, and plain http. Off in production; tests and local
+   * development turn it on.
+   */
+  ROOST_WEBHOOK_ALLOW_PRIVATE: Type.Boolean({ default: false }),
+  /** Webhooks: attempts per delivery run (the first included) before the delivery counts as failed. */
+  ROOST_WEBHOOK_MAX_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 50, default: 12 }),
+  /** Webhooks: delay before the second attempt, milliseconds; it doubles per attempt up to ROOST_WEBHOOK_RETRY_MAX_MS. */
+  ROOST_WEBHOOK_RETRY_INITIAL_MS: Type.Integer({ minimum: 10, default: 30000 }),
+  /** Webhooks: longest delay between two attempts, milliseconds (default 1 hour). */
+  ROOST_WEBHOOK_RETRY_MAX_MS: Type.Integer({ minimum: 10, default: 3600000 }),
+  /** Webhooks: timeout of one delivery POST, milliseconds (connect to last response byte). */
+  ROOST_WEBHOOK_TIMEOUT_MS: Type.Integer({ minimum: 100, maximum: 60000, default: 10000 }),
+  /** Webhooks: consecutive failed deliveries (each after all its attempts) that pause a subscription. */
+  ROOST_WEBHOOK_PAUSE_AFTER_FAILURES: Type.Integer({ minimum: 1, maximum: 1000, default: 5 }),
+  /** Event relay: milliseconds between two polls of the outbox for webhook fan-out. */
+  ROOST_WEBHOOK_RELAY_POLL_MS: Type.Integer({ minimum: 20, maximum: 20000, default: 400 }),
+  /** Event relay: seconds one relay activity runs before the workflow continues as new (bounded history). */
+  ROOST_WEBHOOK_RELAY_RUN_SECONDS: Type.Integer({ minimum: 1, maximum: 600, default: 240 }),
+  /** Event stream (SPEC.md "Event stream", Limits): milliseconds between two `keepalive` frames of one client. Default about 15 s. */
+  ROOST_STREAM_KEEPALIVE_MS: Type.Integer({ minimum: 50, maximum: 300000, default: 15000 }),
+  /** Event stream: milliseconds between two polls of the outbox per site with connected clients (each API process polls its own). */
+  ROOST_STREAM_POLL_MS: Type.Integer({ minimum: 10, maximum: 60000, default: 250 }),
+  /** Event stream: unsent bytes per client above which the stream stops writing to it (it falls behind and catches up from the database once drained). */
+  ROOST_STREAM_CLIENT_BUFFER_BYTES: Type.Integer({ minimum: 1024, default: 1048576 }),
+  /** Event stream: a client whose unsent bytes stay above ROOST_STREAM_CLIENT_BUFFER_BYTES this long (ms) is dropped; it resumes with Last-Event-ID. */
+  ROOST_STREAM_STALL_MS: Type.Integer({ minimum: 100, default: 30000 }),
 });
 
 export type Env = Static<typeof EnvSchema>;

@@ -24,6 +24,13 @@ import { localJwks, oidcSettings } from '../../stack/oidc';
 import type { AgentPrincipal, Principal, UserPrincipal } from '../context';
 
 export { API_KEY_RE };
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The site `authorizeSite` last let this request act on (the audit log's site: api/plugins/audit.ts). */
+    authorizedSiteId?: string;
+  }
+}
 export const AGENT_TOKEN_RE = /^sat_[A-Za-z0-9_-]{43}$/;
 /** First-party session token: `sst_` + 43 base64url chars. */
 export const SESSION_TOKEN_RE = /^sst_[A-Za-z0-9_-]{43}$/;
@@ -322,6 +329,7 @@ export async function authorizeSite(request: FastifyRequest, siteId: string, any
   );
   if (!rows[0] || !rows[0].ok) throw new ApiError('not_found', 'site not found');
   requireScopes(user, anyOf);
+  request.authorizedSiteId = siteId;
   return user;
 }
 
