@@ -15,6 +15,7 @@ import {
   UserDelegationKey,
   generateBlobSASQueryParameters,
 } from '@azure/storage-blob';
+import { createHash } from 'node:crypto';
 import { DefaultAzureCredential } from '@azure/identity';
 import { Config, azuriteConnectionString } from '../config/env';
 
@@ -128,6 +129,30 @@ export class BlobStore {
       if ((err as { statusCode?: number }).statusCode === 404) return null;
       throw err;
     }
+  }
+
+  /**
+   * SHA-256 hex and byte count of a site's stored chunk, streamed (never buffered whole), or null when no
+   * blob exists. Used by the chunk verification sweep (activities/sweeps.ts).
+   */
+  async chunkDigest(siteId: string, hash: string): Promise<{ digest: string; size: number } | null> {
+    let body: NodeJS.ReadableStream | undefined;
+    try {
+      body = (await this.container('chunks').getBlobClient(chunkBlobName(siteId, hash)).download()).readableStreamBody;
+    } catch (err) {
+      if ((err as { statusCode?: number }).statusCode === 404) return null;
+      throw err;
+    }
+    const digest = createHash('sha256');
+    let size = 0;
+    if (body) {
+      for await (const part of body) {
+        const buf = typeof part === 'string' ? Buffer.from(part) : (part as Buffer);
+        size += buf.length;
+        digest.update(buf);
+      }
+    }
+    return { digest: digest.digest('hex'), size };
   }
 
   /** Uploads bytes to a blob (overwrites). */

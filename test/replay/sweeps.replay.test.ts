@@ -1,0 +1,48 @@
+/**
+ * Replay gate of the sweep workflows (workflows/sweeps.ts; DESIGN.md "Temporal": every workflow has a
+ * replay test from a recorded history). histories/sweeps/sweep-*.json were recorded from real runs of
+ * test/integration/sweeps.test.ts (ROOST_RECORD_HISTORIES=1) and must replay against today's
+ * workflows/index.ts bundle: a sweep changed without `patched()` (or a new workflow type) fails here.
+ * Each recorded run made more than one activity call, so a changed batching loop is caught too.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { DefaultLogger, Runtime, Worker } from '@temporalio/worker';
+import { historyFromJson } from '../../scripts/record-history';
+import { workflowBundle } from '../../worker/worker';
+
+const HISTORIES = path.join(__dirname, 'histories', 'sweeps');
+
+/** Recorded history file → the workflow type it must start with. */
+const EXPECTED: Record<string, string> = {
+  'sweep-staleness.json': 'heartbeatStalenessSweepWorkflow',
+  'sweep-chunk-gc.json': 'chunkGcSweepWorkflow',
+  'sweep-chunk-verify.json': 'chunkVerifySweepWorkflow',
+  'sweep-key-expiry.json': 'keyExpirySweepWorkflow',
+};
+const files = Object.keys(EXPECTED);
+
+function load(file: string) {
+  return historyFromJson(JSON.parse(fs.readFileSync(path.join(HISTORIES, file), 'utf8')));
+}
+
+beforeAll(() => {
+  try {
+    Runtime.install({ logger: new DefaultLogger('ERROR'), telemetryOptions: { logging: { filter: { core: 'ERROR', other: 'ERROR' } } } });
+  } catch {
+    /* already installed */
+  }
+});
+
+it('has a recorded history of every sweep workflow, each with several activity calls', () => {
+  for (const f of files) {
+    const events = load(f).events!;
+    expect(events[0].workflowExecutionStartedEventAttributes?.workflowType?.name).toBe(EXPECTED[f]);
+    expect(events.filter((e) => e.activityTaskScheduledEventAttributes).length).toBeGreaterThan(1);
+    expect(events[events.length - 1].workflowExecutionCompletedEventAttributes).toBeTruthy();
+  }
+});
+
+it.each(files)('replays %s against the current workflow code', async (file) => {
+  await expect(Worker.runReplayHistory({ workflowBundle: await workflowBundle() }, load(file), file)).resolves.toBeUndefined();
+});
