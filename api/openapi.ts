@@ -96,6 +96,7 @@ export const TAGS = [
   { name: 'chunks', description: 'Content-addressed chunks: presence check, signed upload/download URLs, mounts, referrers.' },
   { name: 'machines', description: 'Machines of a site, their deployments and remote commands.' },
   { name: 'agent', description: 'The agent protocol (docs/agent-protocol.md): enrolment, heartbeats, commands, state reports.' },
+  { name: 'events', description: 'The server-sent event stream of a site: connected, keepalive and the catalog events, resumable with Last-Event-ID.' },
 ];
 
 const SECURITY_SCHEMES = {
