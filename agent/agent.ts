@@ -3,13 +3,16 @@
  * enrolment secret, heartbeats, long-polls its commands and executes them.
  *
  * `sync_pull` (a roost version onto this machine):
- *   1. GET the version's signed body URL, fetch the body and refuse it unless SHA-256(JCS(body)) equals
- *      the versionId (domain/version.ts computeVersionId) and it is a valid body whose file sizes equal
- *      the sum of their chunk sizes.
+ *   1. GET the version's signed body URL with the service's signature of the version; refuse it
+ *      (`signature_invalid`) unless the signature verifies against a pinned site key (agent/signature.ts;
+ *      keys pinned from the enrolment answer, refreshed only from GET /api/agent/signing-keys when the kid
+ *      is unknown). Fetch the body and refuse it unless SHA-256(JCS(body)) equals the versionId
+ *      (domain/version.ts computeVersionId) and it is a valid body whose file sizes equal the sum of their
+ *      chunk sizes.
  *   2. Plan: files whose size and chunk list equal the last committed manifest's (and are still on disk
  *      at that size) are skipped (`files_skipped`); the other files' distinct chunks are needed
- *      (`chunks_total`); those already in the local chunk store `<rootDir>/chunks/<hash>` are reused
- *      (`chunks_dedup`).
+ *      (`chunks_total`); those already in the local chunk store `<rootDir>/chunks/<hash>` that still hash
+ *      to their digest are reused (`chunks_dedup`).
  *   3. Download the rest through signed URLs requested in batches of ≤1000 (POST /api/chunks/download-urls),
  *      with bounded concurrency (optionally shared by a whole fleet), re-verifying every chunk's SHA-256
  *      and size and refetching on mismatch (3 tries). No per-chunk call reaches the API, only blob storage.
@@ -18,16 +21,25 @@
  *      (confined to rootDir), write the manifest `<rootDir>/state/<roostId>.json`, report `committed`.
  *   Target state goes pending → downloading → assembling → committed | failed (| cancelled when the
  *   command was closed by the server meanwhile); progress is reported at most every `progressIntervalMs`.
+ *   With `params.activation: 'staged'`, step 4 instead builds the complete new tree under
+ *   `<rootDir>/staging/<roostId>/<versionId>/` (changed files assembled from chunks, unchanged live files
+ *   hard-linked), writes the staged manifest beside it, leaves the live tree and its manifest untouched
+ *   and closes the command `completed` with result `staged` (target state stays `assembling`). Staging a
+ *   version removes other staged versions of the roost; a failed staging removes its partial tree.
+ *
+ * `roost_activate` switches a staged tree in (dropped files removed, staged files renamed into the extract
+ * root, manifest written), reports `committed` and completes; `not_staged` when there is no complete
+ * staged tree of that version (nothing changes). A commit clears the roost's staging area.
  *
  * reboot_machine, shutdown_machine, restart_process and capture_screenshot are acknowledged without
  * touching the host (a simulated machine); a screenshot uploads a 1×1 placeholder PNG unless
  * `uploadScreenshots` is false (docs/decisions/agent-simulated-commands.md).
  *
  * Fault injection (tests, benchmarks): `corruptFirstDownloadRate` flips a byte of the first download of
- * that fraction of chunks (proves the refetch), `failSyncRate` / `failMachines` make syncs fail, and
- * `syncDelayMs` delays each sync.
+ * that fraction of chunks (proves the refetch), `failSyncRate` / `failMachines` make syncs fail,
+ * `failStageMachines` make staged syncs fail mid-staging, and `syncDelayMs` delays each sync.
  */
-import { EventEmitter } from 'node:events';
+import { EventEmitter, setMaxListeners } from 'node:events';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import os from 'node:os';
@@ -36,12 +48,19 @@ import pLimit from 'p-limit';
 import { computeVersionId, validateVersionBody, VersionBody } from '../domain/version';
 import { isSha256Hex } from '../domain/hex';
 import { ApiClient, HttpError, fetchBytes, isTransient, sleep } from './http';
+import { isValidJwk, SigningJwk, verifyVersionSignature } from './signature';
 
 export const AGENT_VERSION = '0.1.0-reference';
 /** Hashes per download-urls call (SPEC.md Limits). */
 export const DOWNLOAD_URL_BATCH = 1000;
 /** Tries per chunk (first download plus refetches) before the sync fails. */
 export const CHUNK_TRIES = 3;
+/** Top-level folder of the machine root holding staged trees (`staging/<roostId>/<versionId>/`). */
+export const STAGING_DIR = 'staging';
+/** Error of a roost_activate for a version that has no complete staged tree. */
+export const NOT_STAGED = 'not_staged';
+/** Error of a sync whose version signature is missing, by an unknown key, or does not verify. */
+export const SIGNATURE_INVALID = 'signature_invalid';
 
 /** A 1×1 transparent PNG: the simulated screenshot. */
 const PLACEHOLDER_PNG = Buffer.from(
@@ -62,6 +81,8 @@ export interface AgentFaults {
   failSyncRate?: number;
   /** Machine ids whose syncs always fail. */
   failMachines?: string[];
+  /** Machine ids whose staged syncs (activation 'staged') fail while staging (the live tree stays untouched). */
+  failStageMachines?: string[];
   /** Delay before each sync starts (ms). */
   syncDelayMs?: number;
 }
@@ -100,6 +121,8 @@ export interface AgentOptions extends AgentFaults {
    * per-file syncs serialise (measured ~14 ms a file, 500 s for 20 × 1,800 files).
    */
   fsyncFiles?: boolean;
+  /** Site signing keys to trust from the start (normally pinned from the enrolment answer). */
+  signingKeys?: SigningJwk[];
 }
 
 /** A command as the agent receives it. */
@@ -127,6 +150,8 @@ export interface CommandOutcome {
   commandId: string;
   type: string;
   status: 'completed' | 'failed' | 'cancelled' | 'abandoned';
+  /** On completed: `staged` for a staged sync_pull, else `success`. */
+  result?: 'success' | 'staged';
   error?: string;
   counters?: SyncCounters;
   refetched?: number;
@@ -142,6 +167,15 @@ export interface Manifest {
   files: { path: string; size: number; chunks: string[] }[];
 }
 
+/** A staged tree's manifest (`<rootDir>/staging/<roostId>/<versionId>.json`, written when staging completes). */
+export interface StagedManifest extends Manifest {
+  stagedAt: string;
+  /** The committed version the staging planned against (null: none). */
+  baseVersionId: string | null;
+  /** Counters of the staging run, reported again with `committed` at activation. */
+  counters: SyncCounters;
+}
+
 interface SyncParams {
   roostId: string;
   versionId: string;
@@ -149,6 +183,8 @@ interface SyncParams {
   rolloutId?: string;
   extractRoot?: string;
   attempt?: number;
+  /** 'staged': assemble into the staging area and wait for roost_activate (default 'immediate'). */
+  activation?: string | null;
 }
 
 /** A failure that closes the sync as failed (message becomes the reported error). */
@@ -161,14 +197,14 @@ const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 /**
  * Maps an extract root as the server gives it (e.g. `C:\Roost\app`, `/opt/app`, `app`) to a directory
  * under `rootDir`: drive letters and leading slashes dropped, backslashes read as separators.
- * @throws SyncFailure on `..` segments, an empty root, or the reserved top-level `chunks`/`state`.
+ * @throws SyncFailure on `..` segments, an empty root, or the reserved top-level `chunks`/`state`/`staging`.
  */
 export function resolveExtractDir(rootDir: string, extractRoot: string): string {
   const s = extractRoot.replace(/\\/g, '/').replace(/^[A-Za-z]:/, '');
   const segs = s.split('/').filter((x) => x !== '' && x !== '.');
   if (segs.some((x) => x === '..')) throw new SyncFailure(`extract root "${extractRoot}" must not contain ".."`);
   if (segs.length === 0) throw new SyncFailure('the roost has no extract root');
-  if (['chunks', 'state'].includes(segs[0].toLowerCase())) throw new SyncFailure(`extract root "${extractRoot}" uses a reserved folder`);
+  if (['chunks', 'state', STAGING_DIR].includes(segs[0].toLowerCase())) throw new SyncFailure(`extract root "${extractRoot}" uses a reserved folder`);
   const root = path.resolve(rootDir);
   const dir = path.resolve(root, ...segs);
   if (!dir.startsWith(root + path.sep)) throw new SyncFailure(`extract root "${extractRoot}" escapes the machine root`);
@@ -206,17 +242,27 @@ async function writeAtomic(file: string, data: Buffer | string): Promise<void> {
  * `warn` (message) on recoverable trouble.
  */
 export class Agent extends EventEmitter {
+  /**
+   * The controller whose signal stops this agent. Every request in flight holds one listener on it
+   * (agent/http.ts withRequestSignal), and an agent may run dozens at once, so Node's default warning
+   * threshold of 10 listeners is raised to a bound no healthy agent reaches.
+   */
+  private static stopController(): AbortController {
+    const c = new AbortController();
+    setMaxListeners(10_000, c.signal);
+    return c;
+  }
   readonly machineId: string;
   readonly siteId: string;
   readonly rootDir: string;
   readonly api: ApiClient;
   /** Running totals since start. */
-  readonly stats = { commands: 0, syncsCommitted: 0, syncsFailed: 0, chunksFetched: 0, chunksDedup: 0, chunksRefetched: 0, bytesFetched: 0, filesSkipped: 0 };
+  readonly stats = { commands: 0, syncsCommitted: 0, syncsStaged: 0, syncsFailed: 0, chunksFetched: 0, chunksDedup: 0, chunksRefetched: 0, bytesFetched: 0, filesSkipped: 0 };
 
   private readonly opts: AgentOptions;
   private readonly limit: Limiter;
   private readonly random: () => number;
-  private abort = new AbortController();
+  private abort = Agent.stopController();
   private heartbeatTimer: NodeJS.Timeout | undefined;
   private pollLoop: Promise<void> | undefined;
   private readonly inflight = new Set<Promise<void>>();
@@ -225,6 +271,8 @@ export class Agent extends EventEmitter {
   private readonly roostChains = new Map<string, Promise<void>>();
   private readonly outcomes = new Map<string, CommandOutcome>();
   private enrolling: Promise<void> | undefined;
+  /** Pinned site signing keys by kid. */
+  private readonly signingKeys = new Map<string, SigningJwk>();
   /** The periodic heartbeat in flight, if any (stop() waits for it so no request outlives the agent). */
   private beating: Promise<void> | undefined;
 
@@ -237,6 +285,7 @@ export class Agent extends EventEmitter {
     this.api = new ApiClient(opts.baseUrl);
     this.limit = opts.downloadLimit ?? pLimit(opts.downloadConcurrency ?? 8);
     this.random = opts.random ?? Math.random;
+    this.pinKeys(opts.signingKeys);
   }
 
   /** True between start() and stop(). */
@@ -265,7 +314,7 @@ export class Agent extends EventEmitter {
    */
   async start(): Promise<void> {
     if (this.pollLoop) return;
-    if (this.abort.signal.aborted) this.abort = new AbortController();
+    if (this.abort.signal.aborted) this.abort = Agent.stopController();
     await fs.mkdir(this.stateDir, { recursive: true });
     await fs.mkdir(this.chunkDir, { recursive: true });
     if (!this.api.token && this.opts.persistToken !== false) await this.loadToken();
@@ -330,7 +379,7 @@ export class Agent extends EventEmitter {
   async enrol(): Promise<void> {
     if (this.enrolling) return this.enrolling;
     this.enrolling = (async () => {
-      const res = await this.api.json<{ agentToken: string }>('POST', '/api/agent/enrol', {
+      const res = await this.api.json<{ agentToken: string; signingKeys?: unknown[] }>('POST', '/api/agent/enrol', {
         body: {
           siteId: this.siteId,
           enrolmentSecret: this.opts.enrolmentSecret,
@@ -343,10 +392,8 @@ export class Agent extends EventEmitter {
         },
       });
       this.api.token = res.agentToken;
-      if (this.opts.persistToken !== false) {
-        await fs.mkdir(this.stateDir, { recursive: true });
-        await writeAtomic(path.join(this.stateDir, 'agent.json'), JSON.stringify({ siteId: this.siteId, machineId: this.machineId, agentToken: res.agentToken }));
-      }
+      this.pinKeys(res.signingKeys);
+      await this.saveState();
     })();
     try {
       await this.enrolling;
@@ -358,10 +405,23 @@ export class Agent extends EventEmitter {
   private async loadToken(): Promise<void> {
     try {
       const saved = JSON.parse(await fs.readFile(path.join(this.stateDir, 'agent.json'), 'utf8'));
-      if (saved.siteId === this.siteId && saved.machineId === this.machineId && typeof saved.agentToken === 'string') this.api.token = saved.agentToken;
+      if (saved.siteId === this.siteId && saved.machineId === this.machineId && typeof saved.agentToken === 'string') {
+        this.api.token = saved.agentToken;
+        this.pinKeys(saved.signingKeys);
+      }
     } catch {
       /* no saved token */
     }
+  }
+
+  /** Saves token and pinned keys to `<rootDir>/state/agent.json` (unless `persistToken` is false). */
+  private async saveState(): Promise<void> {
+    if (this.opts.persistToken === false || !this.api.token) return;
+    await fs.mkdir(this.stateDir, { recursive: true });
+    await writeAtomic(
+      path.join(this.stateDir, 'agent.json'),
+      JSON.stringify({ siteId: this.siteId, machineId: this.machineId, agentToken: this.api.token, signingKeys: this.pinnedKeys }),
+    );
   }
 
   /** Calls the API; a 401 (token rotated or revoked) re-enrols once and retries. */
@@ -433,8 +493,8 @@ export class Agent extends EventEmitter {
       this.emit('command', outcome);
     };
     let p: Promise<void>;
-    if (cmd.type === 'sync_pull' && typeof cmd.params?.roostId === 'string') {
-      // One sync per roost at a time, in delivery order.
+    if ((cmd.type === 'sync_pull' || cmd.type === 'roost_activate') && typeof cmd.params?.roostId === 'string') {
+      // One sync or activation per roost at a time, in delivery order.
       const roostId = cmd.params.roostId;
       const prev = this.roostChains.get(roostId) ?? Promise.resolve();
       p = prev.then(run, run);
@@ -478,6 +538,8 @@ export class Agent extends EventEmitter {
     switch (cmd.type) {
       case 'sync_pull':
         return this.syncPull(cmd);
+      case 'roost_activate':
+        return this.activate(cmd);
       case 'capture_screenshot':
         if (this.opts.uploadScreenshots !== false) {
           try {
@@ -503,13 +565,13 @@ export class Agent extends EventEmitter {
     } catch (err) {
       this.emit('warn', `could not report ${cmd.commandId}: ${errMessage(err)}`);
     }
-    return { commandId: cmd.commandId, type: cmd.type, status, ...(error ? { error } : {}) };
+    return { commandId: cmd.commandId, type: cmd.type, status, ...(status === 'completed' ? { result: 'success' as const } : {}), ...(error ? { error } : {}) };
   }
 
   /** Loads the last committed manifest of a roost, or null. */
   async readManifest(roostId: string): Promise<Manifest | null> {
     try {
-      return JSON.parse(await fs.readFile(path.join(this.stateDir, `${encodeURIComponent(roostId)}.json`), 'utf8')) as Manifest;
+      return JSON.parse(await fs.readFile(this.manifestPath(roostId), 'utf8')) as Manifest;
     } catch {
       return null;
     }
@@ -520,17 +582,22 @@ export class Agent extends EventEmitter {
     const p = cmd.params as unknown as SyncParams;
     const counters: SyncCounters = { chunks_fetched: 0, chunks_total: 0, chunks_dedup: 0, files_total: 0, files_assembled: 0, files_skipped: 0, bytes_fetched: 0 };
     let refetched = 0;
-    const outcome = (status: CommandOutcome['status'], error?: string): CommandOutcome => ({
+    const outcome = (status: CommandOutcome['status'], error?: string, result?: CommandOutcome['result']): CommandOutcome => ({
       commandId: cmd.commandId,
       type: cmd.type,
       status,
       ...(error ? { error } : {}),
+      ...(result ? { result } : {}),
       counters: { ...counters },
       refetched,
     });
     if (typeof p?.roostId !== 'string' || !isSha256Hex(p?.versionId)) {
       return this.closeCommand(cmd, 'failed', 'sync_pull needs params.roostId and a 64-hex params.versionId');
     }
+    if (p.activation !== undefined && p.activation !== null && p.activation !== 'immediate' && p.activation !== 'staged') {
+      return this.closeCommand(cmd, 'failed', `sync_pull params.activation must be "immediate" or "staged" (got ${JSON.stringify(p.activation).slice(0, 40)})`);
+    }
+    const staged = p.activation === 'staged';
     const statePath = `/api/agent/roosts/${encodeURIComponent(p.roostId)}/state`;
     let status = 'pending';
     let lastReport = 0;
@@ -568,6 +635,8 @@ export class Agent extends EventEmitter {
       if (err instanceof SyncCancelled) return outcome('cancelled', err.message);
       return outcome('failed', errMessage(err));
     }
+    const stageDir = this.stagingDir(p.roostId, p.versionId);
+    const stagedManifestPath = this.stagedManifestPath(p.roostId, p.versionId);
     try {
       await enter('pending');
       if (this.opts.syncDelayMs) await sleep(this.opts.syncDelayMs, signal);
@@ -576,11 +645,12 @@ export class Agent extends EventEmitter {
         throw new SyncFailure('injected failure (fault injection)');
       }
 
-      // 1. The version body, verified against its id.
-      const info = await this.callRetrying<{ versionUrl: string; extractPath: string }>(
+      // 1. The version: its signature against the pinned site keys, then the body against its id.
+      const info = await this.callRetrying<{ versionUrl: string; extractPath: string; signature?: string; signingKeyId?: string }>(
         'GET',
         `/api/agent/roosts/${encodeURIComponent(p.roostId)}/versions/${p.versionId}`,
       );
+      await this.verifySignature(p.roostId, p.versionId, info.signature, info.signingKeyId);
       const raw = await fetchBytes(info.versionUrl, signal);
       let body: VersionBody;
       try {
@@ -598,21 +668,25 @@ export class Agent extends EventEmitter {
       const extractDir = resolveExtractDir(this.rootDir, p.extractRoot || info.extractPath || '');
       const extractRel = path.relative(this.rootDir, extractDir).split(path.sep).join('/');
 
-      // 2. Plan: skipped files, needed chunks, local dedup.
+      // 2. Plan: skipped files (unchanged since the last commit), needed chunks, local dedup.
       const prev = await this.readManifest(p.roostId);
       const prevSameRoot = prev && prev.extractDir === extractRel ? prev : null;
       const prevFiles = new Map((prevSameRoot?.files ?? []).map((f) => [f.path, f]));
       const toAssemble: VersionBody['files'] = [];
+      const unchanged: VersionBody['files'] = [];
       for (const f of body.files) {
         const old = prevFiles.get(f.path);
         const target = confined(extractDir, f.path);
+        confined(stageDir, f.path);
         let same = !!old && old.size === f.size && old.chunks.length === f.chunks.length && old.chunks.every((h, i) => h === f.chunks[i].hash);
         if (same) {
           const st = await fs.stat(target).catch(() => null);
           same = !!st && st.isFile() && st.size === f.size;
         }
-        if (same) counters.files_skipped++;
-        else toAssemble.push(f);
+        if (same) {
+          counters.files_skipped++;
+          unchanged.push(f);
+        } else toAssemble.push(f);
       }
       counters.files_total = body.files.length;
       const needed = new Map<string, number>();
@@ -621,7 +695,8 @@ export class Agent extends EventEmitter {
       const missing: [string, number][] = [];
       for (const [hash, size] of needed) {
         const st = await fs.stat(this.chunkPath(hash)).catch(() => null);
-        if (st && st.size === size) counters.chunks_dedup++;
+        // A stored chunk is reused only when it still hashes to its digest (else it is fetched again).
+        if (st && st.size === size && (await this.storedChunkIntact(hash))) counters.chunks_dedup++;
         else missing.push([hash, size]);
       }
 
@@ -642,20 +717,9 @@ export class Agent extends EventEmitter {
         );
       }
 
-      // 4. Assemble.
+      // 4. Assemble: into the live extract root (immediate), or a complete tree in the staging area (staged).
       await commandStatus('assembling', 50);
       await enter('assembling');
-      if (prev) {
-        const prevDir = prev.extractDir ? path.resolve(this.rootDir, ...prev.extractDir.split('/')) : extractDir;
-        const keep = prevSameRoot ? new Set(body.files.map((f) => f.path)) : new Set<string>();
-        for (const f of prev.files) if (!keep.has(f.path)) await this.removeFile(prevDir, f.path);
-      }
-      for (const f of toAssemble) {
-        if (signal.aborted) throw new SyncCancelled('agent stopping');
-        await this.assembleFile(extractDir, f);
-        counters.files_assembled++;
-        progress();
-      }
       const manifest: Manifest = {
         roostId: p.roostId,
         versionId: p.versionId,
@@ -663,17 +727,61 @@ export class Agent extends EventEmitter {
         committedAt: new Date().toISOString(),
         files: body.files.map((f) => ({ path: f.path, size: f.size, chunks: f.chunks.map((c) => c.hash) })),
       };
-      await writeAtomic(path.join(this.stateDir, `${encodeURIComponent(p.roostId)}.json`), JSON.stringify(manifest));
-      await enter('committed');
-      await this.reportCommand(cmd.commandId, { status: 'completed', result: 'success', progress: 100 });
-      this.stats.syncsCommitted++;
+      if (staged) {
+        // A new staging supersedes any other staged version of this roost; this version restarts clean.
+        await this.clearStaging(p.roostId);
+        await fs.mkdir(stageDir, { recursive: true });
+        const failStage = (this.opts.failStageMachines ?? []).includes(this.machineId);
+        for (const f of unchanged) {
+          if (signal.aborted) throw new SyncCancelled('agent stopping');
+          await this.linkInto(stageDir, extractDir, f.path);
+          if (failStage) throw new SyncFailure('injected staging failure (fault injection)');
+        }
+        for (const f of toAssemble) {
+          if (signal.aborted) throw new SyncCancelled('agent stopping');
+          await this.assembleFile(stageDir, f);
+          counters.files_assembled++;
+          progress();
+          if (failStage) throw new SyncFailure('injected staging failure (fault injection)');
+        }
+        if (failStage) throw new SyncFailure('injected staging failure (fault injection)');
+        const stagedManifest: StagedManifest = { ...manifest, stagedAt: manifest.committedAt, baseVersionId: prev?.versionId ?? null, counters: { ...counters } };
+        await writeAtomic(stagedManifestPath, JSON.stringify(stagedManifest));
+        // The final counters (progress reports are throttled); the target state stays `assembling` until activation.
+        await enter('assembling');
+        await this.reportCommand(cmd.commandId, { status: 'completed', result: 'staged', progress: 100 });
+        this.stats.syncsStaged++;
+      } else {
+        if (prev) {
+          const prevDir = prev.extractDir ? path.resolve(this.rootDir, ...prev.extractDir.split('/')) : extractDir;
+          const keep = prevSameRoot ? new Set(body.files.map((f) => f.path)) : new Set<string>();
+          for (const f of prev.files) if (!keep.has(f.path)) await this.removeFile(prevDir, f.path);
+        }
+        for (const f of toAssemble) {
+          if (signal.aborted) throw new SyncCancelled('agent stopping');
+          await this.assembleFile(extractDir, f);
+          counters.files_assembled++;
+          progress();
+        }
+        await writeAtomic(this.manifestPath(p.roostId), JSON.stringify(manifest));
+        await enter('committed');
+        await this.reportCommand(cmd.commandId, { status: 'completed', result: 'success', progress: 100 });
+        this.stats.syncsCommitted++;
+        // Any staged tree of this roost is now superseded.
+        await this.clearStaging(p.roostId).catch((err) => this.emit('warn', `could not clear staging of ${p.roostId}: ${errMessage(err)}`));
+      }
       this.stats.chunksFetched += counters.chunks_fetched;
       this.stats.chunksDedup += counters.chunks_dedup;
       this.stats.chunksRefetched += refetched;
       this.stats.bytesFetched += counters.bytes_fetched;
       this.stats.filesSkipped += counters.files_skipped;
-      return outcome('completed');
+      return outcome('completed', undefined, staged ? 'staged' : 'success');
     } catch (err) {
+      if (staged) {
+        // A failed or interrupted staging leaves nothing behind (the live tree was never touched).
+        await fs.rm(stagedManifestPath, { force: true }).catch(() => undefined);
+        await fs.rm(stageDir, { recursive: true, force: true }).catch(() => undefined);
+      }
       if (signal.aborted) return outcome('abandoned', 'agent stopped');
       const message = errMessage(err);
       const cancelled = err instanceof SyncCancelled;
@@ -685,6 +793,170 @@ export class Agent extends EventEmitter {
       }
       if (!cancelled) this.stats.syncsFailed++;
       return outcome(cancelled ? 'cancelled' : 'failed', message);
+    }
+  }
+
+  /**
+   * roost_activate `{ roostId, versionId, rolloutId, extractRoot }`: switches the tree staged by a
+   * `sync_pull` with `activation: 'staged'` into the live extract root (files of the previous version
+   * the new one lacks removed, staged files renamed in, manifest written), reports target state
+   * `committed` with the staging run's counters and completes the command. Downloads nothing.
+   * No complete staged tree of that version → command failed with error `not_staged`, nothing changed.
+   */
+  private async activate(cmd: AgentCommand): Promise<CommandOutcome> {
+    const p = cmd.params as { roostId?: unknown; versionId?: unknown; extractRoot?: unknown };
+    if (typeof p?.roostId !== 'string' || !isSha256Hex(p?.versionId)) {
+      return this.closeCommand(cmd, 'failed', 'roost_activate needs params.roostId and a 64-hex params.versionId');
+    }
+    const roostId = p.roostId;
+    const versionId = p.versionId as string;
+    const base = { commandId: cmd.commandId, type: cmd.type };
+    try {
+      const r = await this.reportCommand(cmd.commandId, { status: 'activating', progress: 0 });
+      if (!r.applied && TERMINAL.has(r.status)) return { ...base, status: 'cancelled', error: `command was closed by the server (${r.status})` };
+    } catch (err) {
+      return { ...base, status: 'failed', error: errMessage(err) };
+    }
+    const stageDir = this.stagingDir(roostId, versionId);
+    let staged: StagedManifest | null = null;
+    try {
+      staged = JSON.parse(await fs.readFile(this.stagedManifestPath(roostId, versionId), 'utf8')) as StagedManifest;
+    } catch {
+      staged = null;
+    }
+    let complete = !!staged && staged.roostId === roostId && staged.versionId === versionId;
+    for (const f of complete ? staged!.files : []) {
+      const st = await fs.lstat(path.join(stageDir, ...f.path.split('/'))).catch(() => null);
+      if (!st || !st.isFile() || st.size !== f.size) {
+        complete = false;
+        break;
+      }
+    }
+    if (!complete || !staged) return this.closeCommand(cmd, 'failed', NOT_STAGED);
+
+    const counters = staged.counters;
+    const sendState = (status: string, error?: string) =>
+      this.callRetrying('PUT', `/api/agent/roosts/${encodeURIComponent(roostId)}/state`, { body: { reportedVersionId: versionId, status, ...counters, ...(error ? { error } : {}) } });
+    try {
+      const extractRoot = typeof p.extractRoot === 'string' && p.extractRoot ? p.extractRoot : staged.extractDir;
+      const extractDir = resolveExtractDir(this.rootDir, extractRoot);
+      const extractRel = path.relative(this.rootDir, extractDir).split(path.sep).join('/');
+      const prev = await this.readManifest(roostId);
+      if (prev) {
+        const prevDir = prev.extractDir ? path.resolve(this.rootDir, ...prev.extractDir.split('/')) : extractDir;
+        const keep = prev.extractDir === extractRel ? new Set(staged.files.map((f) => f.path)) : new Set<string>();
+        for (const f of prev.files) if (!keep.has(f.path)) await this.removeFile(prevDir, f.path);
+      }
+      for (const f of staged.files) {
+        const from = confined(stageDir, f.path);
+        const target = confined(extractDir, f.path);
+        await fs.mkdir(path.dirname(target), { recursive: true });
+        const st = await fs.lstat(target).catch(() => null);
+        if (st && !st.isFile()) throw new SyncFailure(`${f.path}: a non-file is in the way`);
+        await fs.rename(from, target);
+      }
+      const manifest: Manifest = { roostId, versionId, extractDir: extractRel, committedAt: new Date().toISOString(), files: staged.files };
+      await writeAtomic(this.manifestPath(roostId), JSON.stringify(manifest));
+      await sendState('committed');
+      await this.reportCommand(cmd.commandId, { status: 'completed', result: 'success', progress: 100 });
+      this.stats.syncsCommitted++;
+      await this.clearStaging(roostId).catch((err) => this.emit('warn', `could not clear staging of ${roostId}: ${errMessage(err)}`));
+      return { ...base, status: 'completed', result: 'success', counters: { ...counters } };
+    } catch (err) {
+      const message = errMessage(err);
+      try {
+        await sendState('failed', message);
+        await this.reportCommand(cmd.commandId, { status: 'failed', error: message });
+      } catch (reportErr) {
+        this.emit('warn', `could not report failure of ${cmd.commandId}: ${errMessage(reportErr)}`);
+      }
+      this.stats.syncsFailed++;
+      return { ...base, status: 'failed', error: message };
+    }
+  }
+
+  /** True when the local store's copy of a chunk hashes to its digest. */
+  private async storedChunkIntact(hash: string): Promise<boolean> {
+    try {
+      return createHash('sha256').update(await fs.readFile(this.chunkPath(hash))).digest('hex') === hash;
+    } catch {
+      return false;
+    }
+  }
+
+  /** `<rootDir>/staging/<roostId>/<versionId>`: the staged tree of a version. */
+  stagingDir(roostId: string, versionId: string): string {
+    return path.join(this.rootDir, STAGING_DIR, encodeURIComponent(roostId), versionId);
+  }
+
+  /** The staged manifest (written last: its presence marks a complete staged tree), beside the tree. */
+  private stagedManifestPath(roostId: string, versionId: string): string {
+    return path.join(this.rootDir, STAGING_DIR, encodeURIComponent(roostId), `${versionId}.json`);
+  }
+
+  private manifestPath(roostId: string): string {
+    return path.join(this.stateDir, `${encodeURIComponent(roostId)}.json`);
+  }
+
+  /** Removes every staged tree of a roost (superseded by a newer staging or a commit). */
+  private async clearStaging(roostId: string): Promise<void> {
+    await fs.rm(path.join(this.rootDir, STAGING_DIR, encodeURIComponent(roostId)), { recursive: true, force: true });
+  }
+
+  /** Places an unchanged live file into the staging tree: a hard link (no copy), or a copy where links fail. */
+  private async linkInto(stageDir: string, extractDir: string, rel: string): Promise<void> {
+    const from = confined(extractDir, rel);
+    const to = confined(stageDir, rel);
+    await fs.mkdir(path.dirname(to), { recursive: true });
+    try {
+      await fs.link(from, to);
+    } catch {
+      await fs.copyFile(from, to);
+    }
+  }
+
+  /** The site keys this agent trusts, by kid (from enrolment, the saved state, or a refresh). */
+  get pinnedKeys(): SigningJwk[] {
+    return [...this.signingKeys.values()];
+  }
+
+  private pinKeys(keys: unknown): void {
+    if (!Array.isArray(keys)) return;
+    for (const k of keys) {
+      if (isValidJwk(k)) this.signingKeys.set(k.kid, { kty: 'OKP', crv: 'Ed25519', x: k.x, kid: k.kid, alg: 'EdDSA', use: 'sig' });
+    }
+  }
+
+  /**
+   * GET /api/agent/signing-keys over the authenticated agent channel and pins any new valid key. Only
+   * this route and enrolment add keys: a key named by a version answer is never trusted on its own.
+   */
+  async refreshSigningKeys(): Promise<void> {
+    const res = await this.callRetrying<{ keys: unknown[] }>('GET', '/api/agent/signing-keys');
+    const before = this.signingKeys.size;
+    this.pinKeys(res.keys);
+    if (this.signingKeys.size !== before) await this.saveState();
+  }
+
+  /**
+   * Checks a version's signature against the pinned keys (refreshing them once when the kid is
+   * unknown). @throws SyncFailure `signature_invalid` when unsigned, signed by an unknown key, or the
+   * signature does not verify.
+   */
+  private async verifySignature(roostId: string, versionId: string, signature: string | undefined, kid: string | undefined): Promise<void> {
+    if (typeof signature !== 'string' || typeof kid !== 'string') {
+      this.emit('warn', `version ${versionId} of ${roostId} is unsigned; refused`);
+      throw new SyncFailure(SIGNATURE_INVALID);
+    }
+    if (!this.signingKeys.has(kid)) await this.refreshSigningKeys();
+    const key = this.signingKeys.get(kid);
+    if (!key) {
+      this.emit('warn', `version ${versionId} of ${roostId} is signed by unknown key ${kid}; refused`);
+      throw new SyncFailure(SIGNATURE_INVALID);
+    }
+    if (!verifyVersionSignature(key, this.siteId, roostId, versionId, signature)) {
+      this.emit('warn', `version ${versionId} of ${roostId}: signature does not verify with ${kid}; refused`);
+      throw new SyncFailure(SIGNATURE_INVALID);
     }
   }
 

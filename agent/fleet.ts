@@ -7,6 +7,9 @@
  * `downloadConcurrency` chunks in memory at once. Per-agent cost at rest: one pending long-poll request,
  * one heartbeat timer and a few small maps.
  *
+ * Faults (AgentFaults) apply to every agent: `failMachines` fail every sync of the listed machines,
+ * `failStageMachines` fail only their staged syncs (activation 'staged'; their live trees stay as they were).
+ *
  * `verifyTree(a, b)` compares two directory trees byte for byte and lists the differences.
  */
 import { createHash } from 'node:crypto';
@@ -89,6 +92,7 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
         corruptFirstDownloadRate: opts.corruptFirstDownloadRate,
         failSyncRate: opts.failSyncRate,
         failMachines: opts.failMachines,
+        failStageMachines: opts.failStageMachines,
         syncDelayMs: opts.syncDelayMs,
         fsyncFiles: opts.fsyncFiles ?? false,
         ...(opts.perAgent?.(i, machineId) ?? {}),
@@ -125,7 +129,7 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
         }),
       ),
     stats: () => {
-      const total = { commands: 0, syncsCommitted: 0, syncsFailed: 0, chunksFetched: 0, chunksDedup: 0, chunksRefetched: 0, bytesFetched: 0, filesSkipped: 0 };
+      const total = { commands: 0, syncsCommitted: 0, syncsStaged: 0, syncsFailed: 0, chunksFetched: 0, chunksDedup: 0, chunksRefetched: 0, bytesFetched: 0, filesSkipped: 0 };
       for (const a of agents) for (const k of Object.keys(total) as (keyof typeof total)[]) total[k] += a.stats[k];
       return total;
     },

@@ -276,7 +276,8 @@ export interface CommandReport {
 
 /**
  * Applies an agent's report to an open command: an intermediate status keeps it open, a terminal one
- * closes it (completed_at). On `completed` result defaults to `success`, on `cancelled` to `cancelled`;
+ * closes it (completed_at). On `completed` result defaults to `success` (a staged sync_pull reports
+ * `staged`; a roost_activate reports `success`), on `cancelled` to `cancelled`;
  * on `failed` error defaults to `failed`. A report on a closed command changes nothing.
  * @returns the row after the report and whether it changed; null when the command is not this machine's.
  */
@@ -379,12 +380,15 @@ export interface AgentVersionRow {
   extract_path: string;
   version_number: number;
   blob_name: string;
+  /** Version signature (base64url) and its key id; null until signed (db/signing-keys.ts). */
+  signature: string | null;
+  signing_key_id: string | null;
 }
 
 /** A version of a live (not deleted) roost of the site, or null. */
 export async function roostVersionForAgent(db: Queryable, siteId: string, roostId: string, versionId: string): Promise<AgentVersionRow | null> {
   const { rows } = await db.query<AgentVersionRow>(
-    `SELECT r.extract_path, v.version_number, v.blob_name
+    `SELECT r.extract_path, v.version_number, v.blob_name, v.signature, v.signing_key_id
        FROM roosts r JOIN roost_versions v ON v.site_id = r.site_id AND v.roost_id = r.roost_id
       WHERE r.site_id = $1 AND r.roost_id = $2 AND v.version_id = $3 AND r.deleted_at IS NULL`,
     [siteId, roostId, versionId],

@@ -51,6 +51,10 @@ export interface VersionRow {
   created_at: Date;
   created_by: string;
   updated_at: Date;
+  /** Ed25519 signature of the version (base64url; db/signing-keys.ts), null until signed. */
+  signature: string | null;
+  /** Key id of `signature`. */
+  signing_key_id: string | null;
 }
 
 /** The summary fields of a version joined onto a roost (current or previous). */
@@ -76,7 +80,7 @@ export interface RoostView extends RoostRow {
 const ROOST_COLS = `site_id, roost_id, name, targets, extract_path, version_counter, current_version_id, previous_version_id,
   created_at, created_by, updated_at, deleted_at`;
 const VERSION_COLS = `site_id, roost_id, version_id, version_number, description, blob_name, total_size, total_files,
-  parent_version_id, created_at, created_by, updated_at`;
+  parent_version_id, created_at, created_by, updated_at, signature, signing_key_id`;
 
 /** Stable URL of a version body blob (`versionUrl`): the blob's plain URL, not a signed one. */
 export function versionUrlOf(blob: BlobStore, row: { blob_name: string }): string {
@@ -449,6 +453,8 @@ export interface PublishInput {
   expectedCurrentVersionId?: string | null;
   changes: RoostChanges;
   userId: string;
+  /** The service's signature of the new version (db/signing-keys.ts signVersionFor); stored on insert only. */
+  signature?: { signature: string; keyId: string };
 }
 
 export interface PublishResult {
@@ -526,9 +532,21 @@ export async function publishVersion(db: Pool, input: PublishInput): Promise<Pub
     const versionNumber = roost.version_counter + 1;
     await tx.query(
       `INSERT INTO roost_versions (site_id, roost_id, version_id, version_number, description, blob_name, total_size, total_files,
-         parent_version_id, created_by)
-       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-      [...base, input.versionId, versionNumber, input.description, input.blobName, input.totalSize, input.totalFiles, roost.current_version_id, input.userId],
+         parent_version_id, created_by, signature, signing_key_id)
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+      [
+        ...base,
+        input.versionId,
+        versionNumber,
+        input.description,
+        input.blobName,
+        input.totalSize,
+        input.totalFiles,
+        roost.current_version_id,
+        input.userId,
+        input.signature?.signature ?? null,
+        input.signature?.keyId ?? null,
+      ],
     );
     if (input.chunks.length) {
       await tx.query(
@@ -537,6 +555,22 @@ export async function publishVersion(db: Pool, input: PublishInput): Promise<Pub
          ON CONFLICT (site_id, hash, roost_id, version_id) DO NOTHING`,
         [...base, input.versionId, input.chunks.map((c) => c.hash), input.chunks.map((c) => c.size), input.chunks.map((c) => c.fileCount)],
       );
+    }
+    if (input.chunks.length) {
+      // The route checked the chunks before this transaction; chunk GC (workflows/sweeps.ts) may have
+      // condemned one since. Re-reading them here makes publish and GC conflict under SERIALIZABLE, so
+      // a version never commits referencing a chunk whose row is gone.
+      const present = await tx.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])', [
+        input.siteId,
+        input.chunks.map((c) => c.hash),
+      ]);
+      if (present.rows.length < input.chunks.length) {
+        const have = new Set(present.rows.map((r) => r.hash));
+        const missing = input.chunks.map((c) => c.hash).filter((h) => !have.has(h));
+        throw new ApiError('precondition_failed', `${missing.length} referenced chunk${missing.length > 1 ? 's are' : ' is'} not stored for this site; upload them, then publish again`, {
+          extras: { missingChunks: missing.slice(0, 20), missingCount: missing.length },
+        });
+      }
     }
     const n = set.args.length;
     await tx.query(

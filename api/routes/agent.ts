@@ -7,7 +7,7 @@
  *   GET  /api/agent/commands?wait=0..30                  pending commands, long-polled
  *   POST /api/agent/commands/{commandId}                 intermediate or terminal command status
  *   PUT  /api/agent/commands/{commandId}/screenshot      PNG of a capture_screenshot command
- *   GET  /api/agent/roosts/{roostId}/versions/{versionId} signed read URL of the version body
+ *   GET  /api/agent/roosts/{roostId}/versions/{versionId} signed read URL of the version body, its signature and key id
  *   PUT  /api/agent/roosts/{roostId}/state               roost target-state report
  *
  * Every /api/agent/* route but enrol takes `Authorization: Bearer sat_…`, which binds the request to one
@@ -42,6 +42,8 @@ import {
   upsertTargetState,
 } from '../../db/machines';
 import { CommandState, Problem, commandView } from './machines';
+import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from '../../db/signing-keys';
+import { SigningKeyJwk } from './signing-keys';
 
 /** Longest long-poll (seconds); larger `wait` values are capped. */
 export const MAX_WAIT_SECONDS = 30;
@@ -200,7 +202,11 @@ const CommandReportBody = Type.Object(
       description: 'completed, failed or cancelled close the command; any other lowercase word but pending (e.g. downloading) keeps it open',
     }),
     progress: Type.Optional(Type.Number({ minimum: 0, maximum: 100, description: 'percent' })),
-    result: Type.Optional(Type.Union([Type.Literal('success'), Type.Literal('cancelled')])),
+    result: Type.Optional(
+      Type.Union([Type.Literal('success'), Type.Literal('cancelled'), Type.Literal('staged')], {
+        description: "'staged': a sync_pull with activation 'staged' has its tree staged (completed, not yet active)",
+      }),
+    ),
     error: Type.Optional(Type.String({ maxLength: 65536 })),
   },
   { additionalProperties: false },
@@ -285,7 +291,16 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
         tags: ['agent'],
         summary: 'Enrol a machine with the site enrolment secret; returns its agent token (re-enrolling rotates it)',
         body: EnrolBody,
-        response: { 201: Type.Object({ siteId: Type.String(), machineId: Type.String(), agentToken: Type.String() }), 400: Problem, 401: Problem },
+        response: {
+          201: Type.Object({
+            siteId: Type.String(),
+            machineId: Type.String(),
+            agentToken: Type.String(),
+            signingKeys: Type.Array(SigningKeyJwk, { description: "the site's public signing keys; the agent pins them (docs/agent-protocol.md)" }),
+          }),
+          400: Problem,
+          401: Problem,
+        },
       },
     },
     async (request, reply) => {
@@ -310,8 +325,13 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
         sha256Hex(agentToken),
         stale(),
       );
+      const signingKeys = (await listSigningKeys(app.deps.db, sealKeyOf(app.deps.cfg), body.siteId)).map((k) => ({
+        ...k.jwk,
+        active: k.active,
+        createdAt: k.createdAt.toISOString(),
+      }));
       reply.code(201);
-      return { siteId: body.siteId, machineId: body.machineId, agentToken };
+      return { siteId: body.siteId, machineId: body.machineId, agentToken, signingKeys };
     },
   );
 
@@ -453,6 +473,8 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
             versionUrl: Type.String(),
             expiresAt: Timestamp,
             extractPath: Type.String(),
+            signature: Type.String({ description: 'Ed25519 signature (base64url) of roost-version-v1:<siteId>:<roostId>:<versionId>' }),
+            signingKeyId: Type.String({ description: 'kid of the site key that made it' }),
           }),
           ...agentErrors,
         },
@@ -467,6 +489,10 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
         if (!exists.roost) throw new ApiError('not_found', 'roost not found');
         throw new ApiError('version_not_found', 'version not found in this roost');
       }
+      // Versions published before signing existed are signed on first read.
+      const [sig] = await ensureVersionSignatures(app.deps.db, sealKeyOf(app.deps.cfg), agent.siteId, [
+        { roost_id: roostId, version_id: versionId, signature: row.signature, signing_key_id: row.signing_key_id },
+      ]);
       const signed = await app.deps.blob.readUrl('versions', row.blob_name);
       return {
         roostId,
@@ -475,6 +501,8 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
         versionUrl: signed.url,
         expiresAt: new Date(signed.expiresAt).toISOString(),
         extractPath: row.extract_path,
+        signature: sig.signature!,
+        signingKeyId: sig.signing_key_id!,
       };
     },
   );

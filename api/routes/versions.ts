@@ -28,6 +28,7 @@ import { encodePageToken, PagingQuery, pageTokens, parsePaging } from '../pagina
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { quotaTiers, recordChunks } from '../../db/quota';
+import { ensureVersionSignatures, sealKeyOf, signVersionFor } from '../../db/signing-keys';
 import { DateTime, ExtractPath, Nullable, problems, RoostName, RoostParams, SiteId, Targets } from './roosts';
 
 // ---------------------------------------------------------------------------------------------------
@@ -54,10 +55,15 @@ const VersionRecord = Type.Object({
   totalSize: Type.Number(),
   totalFiles: Type.Integer(),
   parentVersionId: Nullable(Type.String()),
+  signature: Type.String({ description: 'Ed25519 signature (base64url) of `roost-version-v1:<siteId>:<roostId>:<versionId>` (docs/decisions/signed-manifests.md)' }),
+  signingKeyId: Type.String({ description: 'kid of the site signing key that made `signature` (GET /api/sites/{siteId}/signing-keys)' }),
 });
 type VersionRecord = Static<typeof VersionRecord>;
 
-/** The version record of SPEC.md (list shape: no roostId/siteId). */
+/**
+ * The version record of SPEC.md (list shape: no roostId/siteId), plus the additive `signature` and
+ * `signingKeyId` (issue #5). The row must be signed first (`ensureVersionSignatures`).
+ */
 export function versionRecord(row: VersionRow, blob: BlobStore): VersionRecord {
   return {
     versionId: row.version_id,
@@ -69,6 +75,8 @@ export function versionRecord(row: VersionRow, blob: BlobStore): VersionRecord {
     totalSize: row.total_size,
     totalFiles: row.total_files,
     parentVersionId: row.parent_version_id,
+    signature: row.signature ?? '',
+    signingKeyId: row.signing_key_id ?? '',
   };
 }
 
@@ -229,6 +237,8 @@ const Metadata = Type.Object({
   totalSize: Type.Number(),
   totalFiles: Type.Integer(),
   parentVersionId: Nullable(Type.String()),
+  signature: Type.String(),
+  signingKeyId: Type.String(),
 });
 const FetchResponse = Type.Object({
   versionId: Type.String(),
@@ -320,6 +330,12 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
     return resolveVersionIn(db, roost, parsed, param);
   }
 
+  const sealKey = () => sealKeyOf(app.deps.cfg);
+  /** Signs rows published before signing existed (first read), in place. */
+  function signed<T extends VersionRow>(siteId: string, rows: T[]): Promise<T[]> {
+    return ensureVersionSignatures(db, sealKey(), siteId, rows);
+  }
+
   function body(row: VersionRow): Promise<VersionBody> {
     return loadVersionBody(app.deps, row.site_id, row.roost_id, row.version_id, row.blob_name);
   }
@@ -391,6 +407,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
         expectedCurrentVersionId: expected,
         changes,
         userId: user.userId,
+        signature: await signVersionFor(db, sealKey(), siteId, roostId, versionId),
       });
       return reply.code(r.outcome === 'created' ? 201 : 200).send({
         versionId: r.versionId,
@@ -422,7 +439,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const page = await listVersions(db, q.siteId, roostId, { limit: paging.pageSize, beforeNumber: paging.after });
       const last = page.rows[page.rows.length - 1];
       return {
-        versions: page.rows.map((r) => versionRecord(r, blob)),
+        versions: (await signed(q.siteId, page.rows)).map((r) => versionRecord(r, blob)),
         nextCursor: null,
         ...pageTokens(page.more && last ? last.version_number : undefined),
       };
@@ -444,7 +461,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const { roostId, versionRef } = request.params;
       const { siteId } = request.query;
       await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'read'));
-      const row = await resolve(siteId, roostId, versionRef);
+      const [row] = await signed(siteId, [await resolve(siteId, roostId, versionRef)]);
       const stored = await body(row);
       const { versionId, versionNumber, description, ...metadata } = versionRecord(row, blob);
       return { versionId, versionNumber, description, roostId, siteId, version: stored, metadata, ...metadata };
@@ -548,7 +565,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       }
       await authorizeSite(request, b.siteId, roostRequirement(b.siteId, roostId, 'write'));
       const ref = parseVersionRef(versionRef, 'versionRef');
-      const row = await updateVersionDescription(db, b.siteId, roostId, ref, normalizeDescription(b.description));
+      const [row] = await signed(b.siteId, [await updateVersionDescription(db, b.siteId, roostId, ref, normalizeDescription(b.description))]);
       return { ...versionRecord(row, blob), roostId, siteId: b.siteId, updatedAt: row.updated_at.toISOString() };
     },
   );

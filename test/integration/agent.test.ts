@@ -15,6 +15,7 @@ import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import type { Scope } from '../../domain/scopes';
 import { Agent } from '../../agent/agent';
 import { verifyTree } from '../../agent/fleet';
+import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
 let baseUrl: string;
@@ -37,15 +38,7 @@ afterAll(async () => {
 // ------------------------------------------------------------------------------------------- helpers
 
 /** Inserts an API key of the harness user with exactly `scopes`; returns the raw key. */
-async function scopedKey(scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomToken()}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'scoped test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
+const scopedKey = (scopes: Scope[]) => scopedKeyOf(h, scopes);
 
 async function enrol(machineId: string, opts: { siteId?: string; secret?: string } = {}): Promise<string> {
   const res = await h.request({

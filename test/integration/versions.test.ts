@@ -4,11 +4,12 @@
  * patch, rollback.
  */
 import { randomBytes } from 'node:crypto';
-import { newId, sha256Hex } from '../../domain/hex';
+import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { computeVersionId, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { versionBlobName } from '../../storage/blob';
 import { createHarness, Harness, idemKey } from '../support/harness';
+import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
 beforeAll(async () => {
@@ -83,15 +84,7 @@ async function eventsOf(type: string, roostId: string) {
   return rows.map((r) => r.data);
 }
 
-async function scopedKey(scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomBytes(32).toString('base64url')}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'scoped test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
-}
+const scopedKey = (scopes: Scope[]) => scopedKeyOf(h, scopes);
 
 const get = (url: string, key?: string) => h.request({ method: 'GET', url, key });
 
@@ -466,7 +459,10 @@ describe('version refs and reads', () => {
     expect(res.statusCode).toBe(200);
     const r = res.json();
     expect(r).toMatchObject({ versionId: v[0].versionId, versionNumber: 1, description: 'release 1', roostId, siteId: h.siteId, version: body(filesOf[0]) });
-    const metadata = { versionUrl: r.versionUrl, createdAt: r.createdAt, createdBy: h.userId, totalSize: 20, totalFiles: 4, parentVersionId: null };
+    // signature/signingKeyId: the service's Ed25519 signature of the version (docs/decisions/signed-manifests.md).
+    expect(r.signature).toMatch(/^[A-Za-z0-9_-]{86}$/);
+    expect(r.signingKeyId).toMatch(/^sk_[0-9a-f]{24}$/);
+    const metadata = { versionUrl: r.versionUrl, createdAt: r.createdAt, createdBy: h.userId, totalSize: 20, totalFiles: 4, parentVersionId: null, signature: r.signature, signingKeyId: r.signingKeyId };
     expect(r.metadata).toEqual(metadata);
     expect(r).toMatchObject(metadata);
     expect(r.versionUrl).toMatch(new RegExp(`/versions/sites/${h.siteId}/roosts/${roostId}/versions/${v[0].versionId}\\.json$`));
@@ -492,7 +488,7 @@ describe('version refs and reads', () => {
     expect(body.next_page_token).toBe('');
     expect(body.nextPageToken).toBe('');
     expect(Object.keys(body.versions[0]).sort()).toEqual(
-      ['createdAt', 'createdBy', 'description', 'parentVersionId', 'totalFiles', 'totalSize', 'versionId', 'versionNumber', 'versionUrl'].sort(),
+      ['createdAt', 'createdBy', 'description', 'parentVersionId', 'signature', 'signingKeyId', 'totalFiles', 'totalSize', 'versionId', 'versionNumber', 'versionUrl'].sort(),
     );
     expect(body.versions[0]).toMatchObject({ versionId: v[2].versionId, description: 'release 3', parentVersionId: v[1].versionId, totalFiles: 2 });
   });

@@ -1,0 +1,83 @@
+/**
+ * Site signing keys (issue #5 "Signed manifests"; docs/decisions/signed-manifests.md):
+ *
+ *   GET /api/sites/{siteId}/signing-keys   the site's public Ed25519 keys as a JWK set (site read)
+ *   GET /api/agent/signing-keys            the same set for the calling agent's own site (agent token)
+ *
+ * Every version the service publishes is signed with the site's active key over
+ * `roost-version-v1:<siteId>:<roostId>:<versionId>`; agents pin the keys they get at enrolment and
+ * refresh them only over their authenticated agent channel (the second route). The first call for a
+ * site without a key creates it (db/signing-keys.ts).
+ */
+import type { FastifyInstance } from 'fastify';
+import { Type } from '@sinclair/typebox';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { ApiError } from '../../domain/errors';
+import { listSigningKeys, sealKeyOf } from '../../db/signing-keys';
+import { authorizeSite, requireAgent, SITE_ID_RE } from '../plugins/auth';
+import { Problem } from './machines';
+
+/** A public key in JWK form (RFC 8037) plus whether new signatures use it. */
+export const SigningKeyJwk = Type.Object({
+  kty: Type.Literal('OKP'),
+  crv: Type.Literal('Ed25519'),
+  x: Type.String({ description: 'base64url raw 32-byte public key' }),
+  kid: Type.String({ description: 'key id: sk_ + 24 hex of SHA-256(raw public key)' }),
+  alg: Type.Literal('EdDSA'),
+  use: Type.Literal('sig'),
+  active: Type.Boolean({ description: 'true for the key that signs new versions' }),
+  createdAt: Type.String({ format: 'date-time' }),
+});
+
+const KeySet = Type.Object({
+  siteId: Type.String(),
+  signatureMessage: Type.String({ description: 'what each version signature covers' }),
+  keys: Type.Array(SigningKeyJwk),
+});
+
+const MESSAGE_FORMAT = 'roost-version-v1:<siteId>:<roostId>:<versionId>';
+
+export default async function signingKeyRoutes(root: FastifyInstance): Promise<void> {
+  const app = root.withTypeProvider<TypeBoxTypeProvider>();
+
+  async function keySet(siteId: string) {
+    const keys = await listSigningKeys(app.deps.db, sealKeyOf(app.deps.cfg), siteId);
+    return {
+      siteId,
+      signatureMessage: MESSAGE_FORMAT,
+      keys: keys.map((k) => ({ ...k.jwk, active: k.active, createdAt: k.createdAt.toISOString() })),
+    };
+  }
+
+  app.get(
+    '/api/sites/:siteId/signing-keys',
+    {
+      schema: {
+        tags: ['versions'],
+        summary: "The site's public Ed25519 signing keys (JWK set); version signatures verify against them",
+        params: Type.Object({ siteId: Type.String({ pattern: SITE_ID_RE.source }) }),
+        response: { 200: KeySet, 400: Problem, 401: Problem, 403: Problem, 404: Problem },
+      },
+    },
+    async (request) => {
+      const { siteId } = request.params;
+      await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'read' }]);
+      const { rows } = await app.deps.db.query('SELECT 1 FROM sites WHERE site_id = $1', [siteId]);
+      if (rows.length === 0) throw new ApiError('not_found', 'site not found');
+      return keySet(siteId);
+    },
+  );
+
+  app.get(
+    '/api/agent/signing-keys',
+    {
+      config: { auth: 'agent' },
+      schema: {
+        tags: ['agent'],
+        summary: "The public signing keys of this agent's site (refresh of the set pinned at enrolment)",
+        response: { 200: KeySet, 401: Problem },
+      },
+    },
+    async (request) => keySet(requireAgent(request).siteId),
+  );
+}
