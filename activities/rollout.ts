@@ -10,21 +10,33 @@ import { Context, log } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { ActivityDeps } from './index';
 import {
+  HistoryEntry,
   RolloutPolicy,
   RolloutStage,
+  RolloutState,
   StageChange,
   TERMINAL_STAGES,
   Wave,
   WaveCounts,
+  WavePlan,
+  activateStaged,
+  createRollbackRollout,
   dbNowPlus,
   dispatchDue,
+  dispatchDueIn,
   getRollout,
   getWaveTarget,
   reconcileWave,
+  reconcileWaves,
   recordRolloutStarted,
+  recordRolloutTransition,
+  rolloutState,
+  setCurrentWave,
   setRolloutStage,
+  sumCounts,
 } from '../db/rollouts';
 import { getRoost } from '../db/roosts';
+import { maxFailures, successTarget, windowDelayMs } from '../domain/rollout-policy';
 
 /** Workflow input: ids only. */
 export interface RolloutRef {
@@ -47,7 +59,34 @@ export interface RolloutPlan {
   policy: RolloutPolicy;
   canaryCount: number;
   fleetCount: number;
+  /** Issue #5: the waves in order (names and sizes), and the rollout undone when this is a rollback. */
+  waves?: WavePlan[];
+  rollbackOf?: string | null;
 }
+
+/** Which part of a wave a watcher waits for (issue #5 path). */
+export type WatchPhase = 'sync' | 'stage' | 'activate';
+
+/** How a watched wave ended (issue #5 path). */
+export type WaveOutcome = 'done' | 'advance' | 'tripped' | 'aborted';
+
+/** Counts of the watched waves plus, on the issue #5 path, how the watch ended. */
+export interface WatchResult extends WaveCounts {
+  outcome?: WaveOutcome;
+}
+
+/** A transition the workflow records on the rollout (rollouts.state and rollouts.history). */
+export interface TransitionInput extends RolloutRef {
+  seq: number;
+  action: string;
+  state?: RolloutState;
+  by?: string;
+  wave?: number;
+  detail?: Record<string, unknown>;
+}
+
+/** A rollback rollout created by the workflow (ids only), or why none was. */
+export type RollbackStart = { rolloutId: string; workflowId: string; roostId: string; versionId: string; machines: number } | { refused: string };
 
 /** Result of dispatching a wave. */
 export interface DispatchResult {
@@ -56,11 +95,14 @@ export interface DispatchResult {
   deadline: number;
 }
 
-/** A wave to watch. */
+/** A wave to watch: a name (issue #2 path) or an index into the rollout's waves (issue #5 path). */
 export interface WatchInput extends RolloutRef {
-  wave: Wave;
-  /** From DispatchResult.deadline. */
+  wave: Wave | number;
+  /** From DispatchResult.deadline (issue #2 path; the issue #5 path uses per-machine deadlines). */
   deadline: number;
+  phase?: WatchPhase;
+  /** True for the last wave: never advance early, wait for every machine. */
+  last?: boolean;
 }
 
 function businessFailure(type: RolloutFailureType, message: string): ApplicationFailure {
@@ -73,6 +115,36 @@ export function createRolloutActivities({ db }: ActivityDeps) {
     const t = await getWaveTarget(db, ref.siteId, ref.rolloutId);
     if (!t) throw businessFailure('version_missing', `rollout ${ref.rolloutId} or its version no longer exists`);
     return t;
+  }
+
+  /**
+   * Issue #5 watcher over waves 0..`index` (stragglers of earlier waves included): reconciles, retries
+   * (not while paused), and returns when the rollout was aborted, the failure threshold tripped (once
+   * nothing is in flight), every machine finished its phase, or (sync phase, not the last wave) the
+   * wave reached its success threshold.
+   */
+  async function watchWaves(ctx: Context, t: NonNullable<Awaited<ReturnType<typeof getWaveTarget>>>, index: number, phase: WatchPhase, last: boolean): Promise<WatchResult> {
+    const names = t.rollout.waves.slice(0, index + 1).map((w) => w.name);
+    const current = t.rollout.waves[index];
+    const population = t.rollout.waves.slice(0, index + 1).reduce((a, w) => a + w.size, 0);
+    const maxFailed = maxFailures(t.policy.failureThreshold ?? { count: 0 }, population);
+    const target = successTarget(t.policy.successThreshold ?? null, current.size);
+    const staged = (t.policy.activation ?? 'immediate') !== 'immediate';
+    const pollMs = Math.max(50, t.policy.pollIntervalMs);
+    for (;;) {
+      const state = await rolloutState(db, t.siteId, t.rolloutId);
+      const byWave = await reconcileWaves(db, t, names);
+      const all = sumCounts(byWave.values());
+      ctx.heartbeat(all);
+      if (state === null || state === 'aborted' || !['running', 'paused', 'awaiting_promotion', 'waiting_window'].includes(state)) return { ...all, outcome: 'aborted' };
+      const inFlight = all.dispatched + (all.activating ?? 0);
+      if (all.failed > maxFailed && inFlight === 0) return { ...all, outcome: 'tripped' };
+      if (all.pending + inFlight === 0) return { ...all, outcome: all.failed > maxFailed ? 'tripped' : 'done' };
+      const w = byWave.get(current.name);
+      if (phase === 'sync' && !last && w && w.succeeded >= target) return { ...all, outcome: 'advance' };
+      if (all.pending > 0 && state !== 'paused') await dispatchDueIn(db, t, names, t.policy.waveTimeoutMs, { staged: staged && phase === 'stage' }, () => ctx.heartbeat(all));
+      await ctx.sleep(pollMs);
+    }
   }
 
   return {
@@ -92,6 +164,8 @@ export function createRolloutActivities({ db }: ActivityDeps) {
         policy: r.policy,
         canaryCount: r.canary.length,
         fleetCount: r.fleet.length,
+        waves: r.waves,
+        rollbackOf: r.rollbackOf,
       };
     },
 
@@ -105,12 +179,21 @@ export function createRolloutActivities({ db }: ActivityDeps) {
      * the count and the wave deadline (now + policy.waveTimeoutMs). Throws `roost_deleted` when the roost
      * was deleted, `version_missing` when the version is gone.
      */
-    async dispatchWave(input: RolloutRef & { wave: Wave }): Promise<DispatchResult> {
+    async dispatchWave(input: RolloutRef & { wave: Wave | number }): Promise<DispatchResult> {
       const t = await waveTarget(input);
       const roost = await getRoost(db, input.siteId, t.roostId);
       if (!roost) throw businessFailure('roost_deleted', `roost ${t.roostId} was deleted during the rollout`);
       const deadline = await dbNowPlus(db, t.policy.waveTimeoutMs);
-      const dispatched = await dispatchDue(db, t, input.wave, t.policy.waveTimeoutMs);
+      let dispatched: number;
+      if (typeof input.wave === 'number') {
+        const name = t.rollout.waves[input.wave]?.name;
+        if (!name) throw businessFailure('rollout_not_found', `rollout ${input.rolloutId} has no wave ${input.wave}`);
+        await setCurrentWave(db, input.siteId, input.rolloutId, input.wave);
+        const staged = (t.policy.activation ?? 'immediate') !== 'immediate';
+        dispatched = await dispatchDueIn(db, t, [name], t.policy.waveTimeoutMs, { staged });
+      } else {
+        dispatched = await dispatchDue(db, t, input.wave, t.policy.waveTimeoutMs);
+      }
       log.info('rollout wave dispatched', { rolloutId: input.rolloutId, wave: input.wave, dispatched });
       return { dispatched, deadline: deadline.getTime() };
     },
@@ -122,9 +205,10 @@ export function createRolloutActivities({ db }: ActivityDeps) {
      * worker is noticed within the heartbeat timeout and another worker resumes from the database).
      * Returns the wave's counts.
      */
-    async watchWave(input: WatchInput): Promise<WaveCounts> {
+    async watchWave(input: WatchInput): Promise<WatchResult> {
       const ctx = Context.current();
       const t = await waveTarget(input);
+      if (typeof input.wave === 'number') return watchWaves(ctx, t, input.wave, input.phase ?? 'sync', input.last ?? true);
       const deadline = new Date(input.deadline);
       const pollMs = Math.max(50, t.policy.pollIntervalMs);
       for (;;) {
@@ -140,6 +224,54 @@ export function createRolloutActivities({ db }: ActivityDeps) {
      * Moves the rollout to `stage` with its event in one transaction (db/rollouts.ts setRolloutStage).
      * A terminal rollout is left as it is. Throws `rollout_not_found` (non-retryable) when it is gone.
      */
+    /**
+     * Queues roost_activate for the staged machines of waves `from`..`to` and moves them to activating
+     * (db/rollouts.ts activateStaged). Returns how many were queued.
+     */
+    async activateWaves(input: RolloutRef & { from: number; to: number }): Promise<number> {
+      const t = await waveTarget(input);
+      const names = t.rollout.waves.slice(input.from, input.to + 1).map((w) => w.name);
+      return activateStaged(db, t, names);
+    },
+
+    /** Records a workflow transition (state with its seq, history entry once). */
+    async recordTransition(input: TransitionInput): Promise<void> {
+      const entry: Omit<HistoryEntry, 'at'> = { seq: input.seq, action: input.action };
+      if (input.state !== undefined) entry.state = input.state;
+      if (input.by !== undefined) entry.by = input.by;
+      if (input.wave !== undefined) entry.wave = input.wave;
+      if (input.detail !== undefined) entry.detail = input.detail;
+      const ok = await recordRolloutTransition(db, input.siteId, input.rolloutId, entry);
+      if (!ok) throw businessFailure('rollout_not_found', `rollout ${input.rolloutId} not found in site ${input.siteId}`);
+    },
+
+    /**
+     * Milliseconds until the rollout's maintenance window opens (0: open now, or no window), measured now
+     * in the site's timezone (sites.timezone; UTC when unknown).
+     */
+    async windowDelay(ref: RolloutRef): Promise<number> {
+      const r = await getRollout(db, ref.siteId, ref.rolloutId);
+      const w = r?.policy.maintenanceWindow;
+      if (!w) return 0;
+      const { rows } = await db.query<{ timezone: string }>('SELECT timezone FROM sites WHERE site_id = $1', [ref.siteId]);
+      let tz = rows[0]?.timezone || 'UTC';
+      try {
+        new Intl.DateTimeFormat('en-US', { timeZone: tz });
+      } catch {
+        tz = 'UTC';
+      }
+      return windowDelayMs(w, tz, Date.now());
+    },
+
+    /** Creates the rollback rollout of this (terminal, failed) rollout; ids only, or why not. */
+    async createRollback(input: RolloutRef & { by?: string }): Promise<RollbackStart> {
+      const r = await getRollout(db, input.siteId, input.rolloutId);
+      if (!r) throw businessFailure('rollout_not_found', `rollout ${input.rolloutId} not found in site ${input.siteId}`);
+      const out = await createRollbackRollout(db, input.siteId, input.rolloutId, input.by ?? r.createdBy);
+      if (typeof out === 'string') return { refused: out };
+      return { rolloutId: out.rollout.rolloutId, workflowId: out.rollout.workflowId, roostId: out.rollout.roostId, versionId: out.rollout.versionId, machines: out.machines };
+    },
+
     async changeRolloutStage(input: RolloutRef & { stage: RolloutStage; abortReason?: string }): Promise<StageChange> {
       const change = await setRolloutStage(db, input.siteId, input.rolloutId, input.stage, input.abortReason ?? null);
       if (!change) throw businessFailure('rollout_not_found', `rollout ${input.rolloutId} not found in site ${input.siteId}`);

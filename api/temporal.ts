@@ -4,10 +4,11 @@
  * workflow is started with the USE_EXISTING conflict policy, so a second start for the same version
  * attaches to the running workflow instead of starting another (SPEC.md `alreadyRunning`).
  */
-import { Client } from '@temporalio/client';
+import { Client, WorkflowUpdateFailedError, WorkflowNotFoundError } from '@temporalio/client';
+import { ApplicationFailure } from '@temporalio/common';
 import { SearchAttributeType, defineSearchAttributeKey } from '@temporalio/common';
 import type { Config } from '../config/env';
-import type { rolloutWorkflow } from '../workflows/rollout';
+import type { rolloutWorkflow, ControlArgs, ControlResult } from '../workflows/rollout';
 
 /** Workflow type name of roost rollouts (workflows/rollout.ts). */
 export const ROLLOUT_WORKFLOW_TYPE = 'rolloutWorkflow';
@@ -37,6 +38,8 @@ export interface RolloutStartRequest {
   roostId: string;
   versionId: string;
   rolloutId: string;
+  /** Workflow id to use (default `rolloutWorkflowId`; rollback rollouts use `rollback:<siteId>:<rolloutId>`). */
+  workflowId?: string;
 }
 
 /** A started (or already running) rollout workflow. */
@@ -71,7 +74,7 @@ export async function startRolloutWorkflow(
   r: RolloutStartRequest,
   opts: { taskQueue?: string; waitMs?: number } = {},
 ): Promise<StartedWorkflow> {
-  const workflowId = rolloutWorkflowId(r.siteId, r.roostId, r.versionId);
+  const workflowId = r.workflowId ?? rolloutWorkflowId(r.siteId, r.roostId, r.versionId);
   const waitMs = opts.waitMs ?? 2_000;
   for (let attempt = 0; attempt < 3; attempt++) {
     const handle = await client.workflow.start<typeof rolloutWorkflow>(ROLLOUT_WORKFLOW_TYPE, {
@@ -120,6 +123,47 @@ export async function describeWorkflow(client: Client, workflowId: string): Prom
     return { workflowId, runId: d.runId, status: d.status.name, historyLength: d.historyLength, memo: d.memo };
   } catch (err) {
     if ((err as Error).name === 'WorkflowNotFoundError') return null;
+    throw err;
+  }
+}
+
+/** Control updates of a running rollout (workflows/rollout.ts). */
+export type RolloutControl = 'pause' | 'resume' | 'promote' | 'abort';
+
+/** Why a control update was refused. */
+export class RolloutControlRefused extends Error {
+  constructor(
+    message: string,
+    /** `conflict`: the workflow's validator refused; `closed`: no running workflow for the rollout. */
+    readonly reason: 'conflict' | 'closed',
+  ) {
+    super(message);
+    this.name = 'RolloutControlRefused';
+  }
+}
+
+/**
+ * Sends control update `action` to the running rollout workflow `workflowId` (the run whose memo names
+ * `rolloutId`) and returns its answer.
+ * @throws RolloutControlRefused (`conflict` when the validator refused, with its message; `closed` when
+ *   the workflow is not running or belongs to another rollout); Temporal client errors otherwise.
+ */
+export async function controlRollout(client: Client, workflowId: string, rolloutId: string, action: RolloutControl, args: ControlArgs): Promise<ControlResult> {
+  const handle = client.workflow.getHandle(workflowId);
+  try {
+    const d = await handle.describe();
+    if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused('the rollout has no running workflow', 'closed');
+    return await handle.executeUpdate<ControlResult, [ControlArgs]>(action, { args: [args] });
+  } catch (err) {
+    if (err instanceof RolloutControlRefused) throw err;
+    if (err instanceof WorkflowNotFoundError) throw new RolloutControlRefused('the rollout has no running workflow', 'closed');
+    if (err instanceof WorkflowUpdateFailedError) {
+      const cause = err.cause;
+      if (cause instanceof ApplicationFailure && cause.type === 'conflict') throw new RolloutControlRefused(cause.message, 'conflict');
+      throw new RolloutControlRefused(cause?.message ?? 'the update failed', 'conflict');
+    }
+    const msg = (err as Error).message ?? '';
+    if (/workflow execution already completed|not found/i.test(msg)) throw new RolloutControlRefused('the rollout has no running workflow', 'closed');
     throw err;
   }
 }

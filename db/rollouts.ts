@@ -10,13 +10,17 @@
  * Per-machine status (`rollout_machines.status`): `pending` (not dispatched yet, or waiting out the retry
  * backoff after a failed attempt; `attempts` tells which) → `dispatched` → `succeeded` | `failed`
  * (terminal: retry budget exhausted or wave timeout) ; `cancelled` when the rollout ended before the
- * machine's wave ran. Rollout stage: `canary` (created; canary wave) → `started` (fleet wave) →
- * `completed` | `failed` (docs/decisions/rollout-stages.md).
+ * machine's wave ran; with staged activation `dispatched` → `staged` → `activating` → `succeeded`.
+ * Rollout stage: `canary` (created; canary wave) → `started` (later waves) → `completed` | `failed`
+ * (docs/decisions/rollout-stages.md); the control `state` beside it (running, paused, …) is described in
+ * docs/decisions/rollout-control.md.
  */
 import { createHash } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx, Queryable } from './pool';
 import { recordEvent } from './events';
+import { activateCommandId, dispatchActivation, DEFAULT_ACTIVATION_TTL_MS } from './activation';
+import type { Activation, MaintenanceWindow, PolicySpec, PromotionGate, Threshold } from '../domain/rollout-policy';
 
 export type RolloutStage = 'canary' | 'started' | 'completed' | 'failed';
 export type Wave = 'canary' | 'fleet';
@@ -33,6 +37,16 @@ export interface RolloutPolicy {
   retryBackoffMs: number;
   /** How often the wave watcher polls the database (ms). */
   pollIntervalMs: number;
+  /** Issue #5 policy fields (domain/rollout-policy.ts); absent on rollouts stored before it. */
+  canary?: PolicySpec['canary'];
+  waves?: number[];
+  bakeMs?: number;
+  successThreshold?: Threshold | null;
+  failureThreshold?: Threshold;
+  requirePromotion?: PromotionGate;
+  maintenanceWindow?: MaintenanceWindow | null;
+  autoRollback?: boolean;
+  activation?: Activation;
 }
 
 export const DEFAULT_POLICY: RolloutPolicy = {
@@ -70,6 +84,36 @@ export interface Rollout {
   createdAt: Date;
   createdBy: string;
   completedAt: Date | null;
+  /** Control state (docs/decisions/rollout-control.md). */
+  state: RolloutState;
+  stateSeq: number;
+  history: HistoryEntry[];
+  /** Waves in order (old rows: canary then fleet). */
+  waves: WavePlan[];
+  currentWave: number | null;
+  rollbackOf: string | null;
+  rolledBackBy: string | null;
+  updatedAt: Date;
+}
+
+/** Control state beside the spec's stage. */
+export type RolloutState = 'running' | 'paused' | 'awaiting_promotion' | 'waiting_window' | 'completed' | 'failed' | 'aborted' | 'rolled_back';
+
+/** One planned wave: its stored name (rollout_machines.wave) and machine count. */
+export interface WavePlan {
+  name: string;
+  size: number;
+}
+
+/** One entry of a rollout's own transition log (rollouts.history). */
+export interface HistoryEntry {
+  seq: number;
+  at: string;
+  action: string;
+  state?: RolloutState;
+  by?: string;
+  wave?: number;
+  detail?: Record<string, unknown>;
 }
 
 interface RolloutRow {
@@ -91,19 +135,43 @@ interface RolloutRow {
   created_at: Date;
   created_by: string;
   completed_at: Date | null;
+  state: RolloutState | null;
+  state_seq: number;
+  history: HistoryEntry[];
+  waves: WavePlan[] | null;
+  current_wave: number | null;
+  rollback_of: string | null;
+  rolled_back_by: string | null;
+  updated_at: Date;
 }
 
 const ROLLOUT_COLUMNS = `site_id, rollout_id, roost_id, version_id, stage, active, canary, fleet, extract_root, policy, schedule_at,
-  workflow_id, abort_reason, succeeded, failed, created_at, created_by, completed_at`;
+  workflow_id, abort_reason, succeeded, failed, created_at, created_by, completed_at, state, state_seq, history, waves, current_wave,
+  rollback_of, rolled_back_by, updated_at`;
 
-/** Policy with defaults filled in (unknown keys dropped). */
+const NUMERIC_KEYS = ['waveTimeoutMs', 'retries', 'retryBackoffMs', 'pollIntervalMs'] as const;
+const SPEC_KEYS = ['canary', 'waves', 'bakeMs', 'successThreshold', 'failureThreshold', 'requirePromotion', 'maintenanceWindow', 'autoRollback', 'activation'] as const;
+
+/** Policy with defaults filled in (unknown keys dropped; issue #5 fields kept as stored). */
 export function resolvePolicy(stored: Partial<RolloutPolicy> | null | undefined): RolloutPolicy {
-  const p = { ...DEFAULT_POLICY };
-  for (const k of Object.keys(DEFAULT_POLICY) as (keyof RolloutPolicy)[]) {
+  const p: RolloutPolicy = { ...DEFAULT_POLICY };
+  for (const k of NUMERIC_KEYS) {
     const v = stored?.[k];
     if (typeof v === 'number' && Number.isFinite(v) && v >= 0) p[k] = v;
   }
+  for (const k of SPEC_KEYS) {
+    const v = stored?.[k];
+    if (v !== undefined) (p as unknown as Record<string, unknown>)[k] = v;
+  }
   return p;
+}
+
+/**
+ * The stored policy of a validated spec. The watcher's poll interval is not a policy field: it is the
+ * operator setting ROOST_ROLLOUT_POLL_MS (config/env.ts, 50..60000 ms, default 2 s), passed in here.
+ */
+export function policyFromSpec(spec: PolicySpec, pollIntervalMs: number = DEFAULT_POLICY.pollIntervalMs): RolloutPolicy {
+  return { ...spec, pollIntervalMs };
 }
 
 function toRollout(r: RolloutRow): Rollout {
@@ -126,6 +194,17 @@ function toRollout(r: RolloutRow): Rollout {
     createdAt: r.created_at,
     createdBy: r.created_by,
     completedAt: r.completed_at,
+    state: r.state ?? (r.active ? 'running' : r.stage === 'completed' ? 'completed' : 'failed'),
+    stateSeq: Number(r.state_seq ?? 0),
+    history: r.history ?? [],
+    waves: r.waves ?? [
+      { name: 'canary', size: r.canary.length },
+      { name: 'fleet', size: r.fleet.length },
+    ],
+    currentWave: r.current_wave,
+    rollbackOf: r.rollback_of,
+    rolledBackBy: r.rolled_back_by,
+    updatedAt: r.updated_at,
   };
 }
 
@@ -193,25 +272,56 @@ export interface NewRollout {
   scheduleAt: Date | null;
   workflowId: string;
   createdBy: string;
+  /**
+   * Issue #5: the machines of every wave in order (domain/rollout-policy.ts planWaves). Absent: the two
+   * waves `canary` and `fleet` as before. Named by `waveNames` unless `waveNames` is given.
+   */
+  waves?: string[][];
+  waveNames?: string[];
+  /** Initial stage (default `canary`; rollback rollouts skip the canary and start at `started`). */
+  stage?: RolloutStage;
+  /** Rollback rollouts: the rollout undone, and the version each machine goes back to. */
+  rollbackOf?: string;
+  targetVersions?: Map<string, string>;
+}
+
+/** Names of `count` waves: 'canary', then 'fleet' when there is one more, else 'wave-<i>'. */
+function defaultWaveNames(count: number): string[] {
+  return Array.from({ length: count }, (_, i) => (i === 0 ? 'canary' : count === 2 ? 'fleet' : `wave-${i}`));
 }
 
 /**
- * Inserts the rollout (stage `canary`, active) and one `rollout_machines` row per machine (bulk UNNEST),
- * inside the caller's transaction. Throws the unique violation (23505) of `rollouts_one_active` when a
- * non-terminal rollout of the same version exists.
+ * Inserts the rollout (stage `canary` unless told, state running, active) and one `rollout_machines` row
+ * per machine (bulk UNNEST) with the version each machine reports committed now (`previous_version_id`,
+ * what a rollback returns it to), inside the caller's transaction. Throws the unique violation (23505)
+ * of `rollouts_one_active` when a non-terminal rollout of the same version exists.
  */
 export async function insertRollout(tx: Queryable, r: NewRollout): Promise<void> {
+  const waves = r.waves ?? [r.canary, r.fleet];
+  const names = r.waveNames ?? (r.waves ? defaultWaveNames(waves.length) : ['canary', 'fleet']);
+  const plan: WavePlan[] = waves.map((w, i) => ({ name: names[i], size: w.length }));
   await tx.query(
-    `INSERT INTO rollouts (site_id, rollout_id, roost_id, version_id, stage, active, canary, fleet, extract_root, policy, schedule_at, workflow_id, created_by)
-     VALUES ($1, $2, $3, $4, 'canary', true, $5, $6, $7, $8, $9, $10, $11)`,
-    [r.siteId, r.rolloutId, r.roostId, r.versionId, JSON.stringify(r.canary), JSON.stringify(r.fleet), r.extractRoot, JSON.stringify(r.policy), r.scheduleAt, r.workflowId, r.createdBy],
+    `INSERT INTO rollouts (site_id, rollout_id, roost_id, version_id, stage, active, canary, fleet, extract_root, policy, schedule_at, workflow_id, created_by,
+                           state, waves, rollback_of)
+     VALUES ($1, $2, $3, $4, $12, true, $5, $6, $7, $8, $9, $10, $11, 'running', $13, $14)`,
+    [r.siteId, r.rolloutId, r.roostId, r.versionId, JSON.stringify(r.canary), JSON.stringify(r.fleet), r.extractRoot, JSON.stringify(r.policy), r.scheduleAt, r.workflowId, r.createdBy,
+      r.stage ?? 'canary', JSON.stringify(plan), r.rollbackOf ?? null],
   );
-  const machines = [...r.canary, ...r.fleet];
-  const waves = [...r.canary.map(() => 'canary'), ...r.fleet.map(() => 'fleet')];
+  const machines: string[] = [];
+  const waveOf: string[] = [];
+  waves.forEach((w, i) => {
+    for (const m of w) {
+      machines.push(m);
+      waveOf.push(names[i]);
+    }
+  });
+  const targets = machines.map((m) => r.targetVersions?.get(m) ?? null);
   await tx.query(
-    `INSERT INTO rollout_machines (site_id, rollout_id, machine_id, wave)
-     SELECT $1, $2, t.machine_id, t.wave FROM UNNEST($3::text[], $4::text[]) AS t (machine_id, wave)`,
-    [r.siteId, r.rolloutId, machines, waves],
+    `INSERT INTO rollout_machines (site_id, rollout_id, machine_id, wave, target_version_id, previous_version_id)
+     SELECT $1, $2, t.machine_id, t.wave, t.target, ts.reported_version_id
+       FROM UNNEST($3::text[], $4::text[], $6::text[]) AS t (machine_id, wave, target)
+       LEFT JOIN roost_target_states AS ts ON ts.site_id = $1 AND ts.machine_id = t.machine_id AND ts.roost_id = $5 AND ts.status = 'committed'`,
+    [r.siteId, r.rolloutId, machines, waveOf, r.roostId, targets],
   );
 }
 
@@ -222,7 +332,7 @@ export async function insertRollout(tx: Queryable, r: NewRollout): Promise<void>
 export async function failUnstartedRollout(pool: Pool, siteId: string, rolloutId: string, abortReason: string): Promise<void> {
   await withTx(pool, async (tx) => {
     const upd = await tx.query(
-      `UPDATE rollouts SET stage = 'failed', active = false, abort_reason = $3, completed_at = now(), updated_at = now()
+      `UPDATE rollouts SET stage = 'failed', state = 'failed', active = false, abort_reason = $3, completed_at = now(), updated_at = now()
         WHERE site_id = $1 AND rollout_id = $2 AND active`,
       [siteId, rolloutId, abortReason],
     );
@@ -232,20 +342,22 @@ export async function failUnstartedRollout(pool: Pool, siteId: string, rolloutId
 }
 
 /**
- * Cancels the unfinished machines of a rollout that is ending: their sync_pull commands still `pending`
- * are closed as cancelled (an agent that is mid-sync sees its command closed; its later reports change
- * nothing) and the machines move to `cancelled`.
+ * Cancels the unfinished machines of a rollout that is ending: their sync_pull (or roost_activate)
+ * commands still `pending` are closed as cancelled (an agent that is mid-sync sees its command closed; its
+ * later reports change nothing) and the machines move to `cancelled` (staged machines keep their staged
+ * tree on disk, never activated; their live tree is unchanged).
  */
 async function cancelOpenMachines(tx: Queryable, siteId: string, rolloutId: string): Promise<void> {
   await tx.query(
     `UPDATE commands AS c SET status = 'cancelled', result = 'cancelled', completed_at = now(), updated_at = now()
        FROM rollout_machines AS rm
-      WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.status = 'dispatched'
+      WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.status IN ('dispatched', 'activating')
         AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'pending'`,
     [siteId, rolloutId],
   );
   await tx.query(
-    `UPDATE rollout_machines SET status = 'cancelled', updated_at = now() WHERE site_id = $1 AND rollout_id = $2 AND status IN ('pending', 'dispatched')`,
+    `UPDATE rollout_machines SET status = 'cancelled', updated_at = now()
+      WHERE site_id = $1 AND rollout_id = $2 AND status IN ('pending', 'dispatched', 'staged', 'activating')`,
     [siteId, rolloutId],
   );
 }
@@ -274,22 +386,46 @@ export interface WaveCounts {
   cancelled: number;
   /** Of `failed`, how many failed because the wave timed out. */
   timedOut: number;
+  /** Staged activation (issue #5): staged and waiting for activation / roost_activate queued. */
+  staged?: number;
+  activating?: number;
+}
+
+function emptyCounts(): WaveCounts {
+  return { total: 0, pending: 0, dispatched: 0, succeeded: 0, failed: 0, cancelled: 0, timedOut: 0, staged: 0, activating: 0 };
+}
+
+function addCount(c: WaveCounts, status: string, n: number, timedOut: number): void {
+  c.total += n;
+  if (status in c) (c as unknown as Record<string, number>)[status] += n;
+  if (status === 'failed') c.timedOut += timedOut;
 }
 
 /** Counts machines by status (one wave, or the whole rollout when `wave` is null). */
 export async function waveCounts(q: Queryable, siteId: string, rolloutId: string, wave: Wave | null): Promise<WaveCounts> {
-  const { rows } = await q.query<{ status: string; n: number; timed_out: number }>(
-    `SELECT status, CAST(count(*) AS INT) AS n, CAST(sum(CASE WHEN last_error = 'timeout' THEN 1 ELSE 0 END) AS INT) AS timed_out
-       FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND ($3::text IS NULL OR wave = $3) GROUP BY status`,
-    [siteId, rolloutId, wave],
+  return sumCounts((await countsByWave(q, siteId, rolloutId, wave === null ? null : [wave])).values());
+}
+
+/** Counts per wave name, for the waves `names` (every wave when null). */
+export async function countsByWave(q: Queryable, siteId: string, rolloutId: string, names: readonly string[] | null): Promise<Map<string, WaveCounts>> {
+  const { rows } = await q.query<{ wave: string; status: string; n: number; timed_out: number }>(
+    `SELECT wave, status, CAST(count(*) AS INT) AS n, CAST(sum(CASE WHEN last_error = 'timeout' THEN 1 ELSE 0 END) AS INT) AS timed_out
+       FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND ($3::text[] IS NULL OR wave = ANY($3::text[])) GROUP BY wave, status`,
+    [siteId, rolloutId, names],
   );
-  const c: WaveCounts = { total: 0, pending: 0, dispatched: 0, succeeded: 0, failed: 0, cancelled: 0, timedOut: 0 };
+  const out = new Map<string, WaveCounts>();
   for (const r of rows) {
-    const n = Number(r.n);
-    c.total += n;
-    if (r.status in c) (c as unknown as Record<string, number>)[r.status] += n;
-    if (r.status === 'failed') c.timedOut += Number(r.timed_out);
+    let c = out.get(r.wave);
+    if (!c) out.set(r.wave, (c = emptyCounts()));
+    addCount(c, r.status, Number(r.n), Number(r.timed_out));
   }
+  return out;
+}
+
+/** Sum of the counts of several waves. */
+export function sumCounts(list: Iterable<WaveCounts>): WaveCounts {
+  const c = emptyCounts();
+  for (const w of list) for (const k of Object.keys(c) as (keyof WaveCounts)[]) (c[k] as number) += w[k] ?? 0;
   return c;
 }
 
@@ -329,25 +465,43 @@ export async function getWaveTarget(q: Queryable, siteId: string, rolloutId: str
 
 /**
  * Queues `sync_pull` commands (params per docs/agent-protocol.md) for the wave's machines that are
- * `pending` and due: never dispatched, or failed earlier and past their backoff
- * (retryBackoffMs · 2^(attempts−1) after `finished_at`). Works in batches of DISPATCH_BATCH machines, one
- * transaction each: insert commands (deterministic ids, ON CONFLICT DO NOTHING) and mark the machines
- * `dispatched` with attempts + 1. Returns how many machines were dispatched. Idempotent.
+ * `pending` and due (see `dispatchDueIn`). Kept for the workflow path of issue #2.
+ */
+export async function dispatchDue(pool: Pool, t: WaveTarget, wave: Wave, commandTtlMs: number, onBatch?: (dispatchedSoFar: number) => void): Promise<number> {
+  return dispatchDueIn(pool, t, [wave], commandTtlMs, {}, onBatch);
+}
+
+/**
+ * Queues `sync_pull` commands (params per docs/agent-protocol.md, plus `activation: 'staged'` when
+ * `opts.staged`) for the machines of waves `names` that are `pending` and due: never dispatched, or
+ * failed earlier and past their backoff (retryBackoffMs · 2^(attempts−1) after `finished_at`). Each
+ * machine gets its own version (`target_version_id`, else the rollout's). Works in batches of
+ * DISPATCH_BATCH machines, one transaction each: insert commands (deterministic ids, ON CONFLICT DO
+ * NOTHING) and mark the machines `dispatched` with attempts + 1 and, on the first dispatch, their
+ * deadline (now + policy.waveTimeoutMs). Returns how many machines were dispatched. Idempotent.
  * @param commandTtlMs lifetime of each command (`expires_at`).
  * @param onBatch called after each batch (activities heartbeat there).
  */
-export async function dispatchDue(pool: Pool, t: WaveTarget, wave: Wave, commandTtlMs: number, onBatch?: (dispatchedSoFar: number) => void): Promise<number> {
+export async function dispatchDueIn(
+  pool: Pool,
+  t: WaveTarget,
+  names: readonly string[],
+  commandTtlMs: number,
+  opts: { staged?: boolean },
+  onBatch?: (dispatchedSoFar: number) => void,
+): Promise<number> {
   let total = 0;
   let after = '';
   for (;;) {
     const n = await withTx(pool, async (tx) => {
-      const { rows } = await tx.query<{ machine_id: string; attempts: number }>(
-        `SELECT machine_id, attempts FROM rollout_machines
-          WHERE site_id = $1 AND rollout_id = $2 AND wave = $3 AND status = 'pending' AND machine_id > $4
-            AND (attempts = 0 OR finished_at IS NULL
-                 OR finished_at + ($5::float8 * power(2::float8, (attempts - 1)::float8)) * INTERVAL '1 millisecond' <= now())
-          ORDER BY machine_id LIMIT $6`,
-        [t.siteId, t.rolloutId, wave, after, t.policy.retryBackoffMs, DISPATCH_BATCH],
+      const { rows } = await tx.query<{ machine_id: string; attempts: number; version_id: string; version_number: number }>(
+        `SELECT rm.machine_id, rm.attempts, rv.version_id, rv.version_number FROM rollout_machines AS rm
+           JOIN roost_versions AS rv ON rv.site_id = rm.site_id AND rv.roost_id = $7 AND rv.version_id = COALESCE(rm.target_version_id, $8)
+          WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status = 'pending' AND rm.machine_id > $4
+            AND (rm.attempts = 0 OR rm.finished_at IS NULL
+                 OR rm.finished_at + ($5::float8 * power(2::float8, (rm.attempts - 1)::float8)) * INTERVAL '1 millisecond' <= now())
+          ORDER BY rm.machine_id LIMIT $6`,
+        [t.siteId, t.rolloutId, names, after, t.policy.retryBackoffMs, DISPATCH_BATCH, t.roostId, t.versionId],
       );
       if (rows.length === 0) return { count: 0, last: after };
       const machineIds = rows.map((r) => r.machine_id);
@@ -356,19 +510,21 @@ export async function dispatchDue(pool: Pool, t: WaveTarget, wave: Wave, command
       await tx.query(
         `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, created_by, expires_at)
          SELECT $1, u.machine_id, u.command_id, 'sync_pull', 'pending',
-                jsonb_build_object('roostId', $2::text, 'versionId', $3::text, 'versionNumber', $4::int, 'rolloutId', $5::text,
-                                   'extractRoot', $6::text, 'attempt', u.attempt),
+                jsonb_build_object('roostId', $2::text, 'versionId', u.version_id, 'versionNumber', u.version_number, 'rolloutId', $5::text,
+                                   'extractRoot', $6::text, 'attempt', u.attempt)
+                  || CASE WHEN $12::bool THEN jsonb_build_object('activation', 'staged') ELSE '{}'::jsonb END,
                 $5, $7, now() + $8::float8 * INTERVAL '1 millisecond'
-           FROM UNNEST($9::text[], $10::text[], $11::int[]) AS u (machine_id, command_id, attempt)
+           FROM UNNEST($9::text[], $10::text[], $11::int[], $3::text[], $4::int[]) AS u (machine_id, command_id, attempt, version_id, version_number)
          ON CONFLICT (site_id, machine_id, command_id) DO NOTHING`,
-        [t.siteId, t.roostId, t.versionId, t.versionNumber, t.rolloutId, t.extractRoot, t.createdBy, commandTtlMs, machineIds, commandIds, attempts],
+        [t.siteId, t.roostId, rows.map((r) => r.version_id), rows.map((r) => r.version_number), t.rolloutId, t.extractRoot, t.createdBy, commandTtlMs, machineIds, commandIds, attempts, opts.staged === true],
       );
       const upd = await tx.query(
         `UPDATE rollout_machines AS rm
-            SET status = 'dispatched', attempts = u.attempt, command_id = u.command_id, dispatched_at = now(), updated_at = now()
+            SET status = 'dispatched', attempts = u.attempt, command_id = u.command_id, dispatched_at = now(), updated_at = now(),
+                deadline_at = COALESCE(rm.deadline_at, now() + $6::float8 * INTERVAL '1 millisecond')
            FROM UNNEST($3::text[], $4::text[], $5::int[]) AS u (machine_id, command_id, attempt)
           WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.machine_id = u.machine_id AND rm.status = 'pending'`,
-        [t.siteId, t.rolloutId, machineIds, commandIds, attempts],
+        [t.siteId, t.rolloutId, machineIds, commandIds, attempts, t.policy.waveTimeoutMs],
       );
       return { count: upd.rowCount ?? 0, last: machineIds[machineIds.length - 1] };
     });
@@ -379,64 +535,128 @@ export async function dispatchDue(pool: Pool, t: WaveTarget, wave: Wave, command
   }
 }
 
+/** One reconciliation pass over a wave with a fixed wave deadline (the workflow path of issue #2). */
+export async function reconcileWave(pool: Pool, t: WaveTarget, wave: Wave, deadline: Date): Promise<WaveCounts> {
+  const byWave = await reconcileWaves(pool, t, [wave], deadline);
+  return sumCounts(byWave.values());
+}
+
 /**
- * One reconciliation pass over a wave, in one transaction, from agent reports:
- * - a `dispatched` machine succeeded when its target state reports the rollout's version `committed`
- *   after the dispatch (or its command completed and the state shows the version committed);
+ * One reconciliation pass over the waves `names`, in one transaction, from agent reports. Each machine's
+ * version is its `target_version_id`, else the rollout's.
+ * - a `dispatched` machine succeeded when its target state reports its version `committed` after the
+ *   dispatch (or its command completed, not as `staged`, and the state shows the version committed);
+ * - a `dispatched` machine whose command completed with result `staged` is `staged` (staged activation);
  * - it failed when its target state reports the version `failed`/`cancelled` after the dispatch, or its
  *   command failed or was cancelled: back to `pending` for a retry while attempts ≤ retries, else `failed`;
- * - at or after `deadline` every unfinished machine fails with `last_error = 'timeout'` and its still
- *   pending command is cancelled.
- * Monotonic and idempotent. Returns the wave's counts after the pass.
+ * - an `activating` machine succeeded when its state reports the version committed after the activation,
+ *   failed (no retry) when its roost_activate command failed or was cancelled;
+ * - deadlines: with `deadline` (issue #2 path) every unfinished machine of the waves fails with
+ *   `last_error = 'timeout'` at or after it; without, each machine's own `deadline_at` applies. Still
+ *   pending commands of timed-out machines are cancelled.
+ * Monotonic and idempotent. Returns the counts per wave after the pass.
  */
-export async function reconcileWave(pool: Pool, t: WaveTarget, wave: Wave, deadline: Date): Promise<WaveCounts> {
+export async function reconcileWaves(pool: Pool, t: WaveTarget, names: readonly string[], deadline?: Date): Promise<Map<string, WaveCounts>> {
   return withTx(pool, async (tx) => {
-    const base = [t.siteId, t.rolloutId, wave, t.roostId, t.versionId];
+    const base = [t.siteId, t.rolloutId, names, t.roostId, t.versionId];
     await tx.query(
       `UPDATE rollout_machines AS rm
-          SET status = 'succeeded', finished_at = now(), updated_at = now(), bytes_fetched = ts.bytes_fetched, last_error = NULL
+          SET status = 'succeeded', finished_at = now(), updated_at = now(), bytes_fetched = GREATEST(rm.bytes_fetched, ts.bytes_fetched), last_error = NULL
          FROM roost_target_states AS ts
-        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = $3 AND rm.status = 'dispatched'
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('dispatched', 'activating')
           AND ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $4
-          AND ts.reported_version_id = $5 AND ts.status = 'committed'
+          AND ts.reported_version_id = COALESCE(rm.target_version_id, $5) AND ts.status = 'committed'
           AND (ts.updated_at >= rm.dispatched_at
                OR EXISTS (SELECT 1 FROM commands AS c
-                           WHERE c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'completed'))`,
+                           WHERE c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'completed'
+                             AND (c.result IS NULL OR c.result <> 'staged')))`,
       base,
+    );
+    await tx.query(
+      `UPDATE rollout_machines AS rm
+          SET status = 'staged', staged_at = now(), updated_at = now(), last_error = NULL,
+              bytes_fetched = COALESCE((SELECT ts.bytes_fetched FROM roost_target_states AS ts
+                                         WHERE ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $3), rm.bytes_fetched)
+         FROM commands AS c
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($4::text[]) AND rm.status = 'dispatched'
+          AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id
+          AND c.status = 'completed' AND c.result = 'staged'`,
+      [t.siteId, t.rolloutId, t.roostId, names],
     );
     await tx.query(
       `UPDATE rollout_machines AS rm
           SET status = CASE WHEN rm.attempts <= $6 THEN 'pending' ELSE 'failed' END,
               last_error = substr(COALESCE(f.error, 'sync failed'), 1, 500), finished_at = now(), updated_at = now()
          FROM (SELECT rm2.machine_id,
-                      COALESCE(CASE WHEN ts.reported_version_id = $5 AND ts.status IN ('failed', 'cancelled') THEN COALESCE(ts.error, 'sync ' || ts.status) END,
+                      COALESCE(CASE WHEN ts.reported_version_id = COALESCE(rm2.target_version_id, $5) AND ts.status IN ('failed', 'cancelled') THEN COALESCE(ts.error, 'sync ' || ts.status) END,
                                c.error, CASE WHEN c.status IS NOT NULL THEN 'command ' || c.status END) AS error
                  FROM rollout_machines AS rm2
                  LEFT JOIN roost_target_states AS ts ON ts.site_id = rm2.site_id AND ts.machine_id = rm2.machine_id AND ts.roost_id = $4
                  LEFT JOIN commands AS c ON c.site_id = rm2.site_id AND c.machine_id = rm2.machine_id AND c.command_id = rm2.command_id
-                WHERE rm2.site_id = $1 AND rm2.rollout_id = $2 AND rm2.wave = $3 AND rm2.status = 'dispatched'
-                  AND ((ts.reported_version_id = $5 AND ts.status IN ('failed', 'cancelled') AND ts.updated_at >= rm2.dispatched_at)
+                WHERE rm2.site_id = $1 AND rm2.rollout_id = $2 AND rm2.wave = ANY($3::text[]) AND rm2.status = 'dispatched'
+                  AND ((ts.reported_version_id = COALESCE(rm2.target_version_id, $5) AND ts.status IN ('failed', 'cancelled') AND ts.updated_at >= rm2.dispatched_at)
                        OR c.status IN ('failed', 'cancelled'))) AS f
         WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.machine_id = f.machine_id AND rm.status = 'dispatched'`,
       [...base, t.policy.retries],
     );
-    const due = await tx.query<{ due: boolean }>('SELECT now() >= $1::timestamptz AS due', [deadline]);
-    if (due.rows[0].due) {
-      await tx.query(
-        `UPDATE commands AS c SET status = 'cancelled', result = 'cancelled', completed_at = now(), updated_at = now()
-           FROM rollout_machines AS rm
-          WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = $3 AND rm.status = 'dispatched'
-            AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'pending'`,
-        [t.siteId, t.rolloutId, wave],
-      );
-      await tx.query(
-        `UPDATE rollout_machines SET status = 'failed', last_error = 'timeout', finished_at = now(), updated_at = now()
-          WHERE site_id = $1 AND rollout_id = $2 AND wave = $3 AND status IN ('pending', 'dispatched')`,
-        [t.siteId, t.rolloutId, wave],
-      );
-    }
-    return waveCounts(tx, t.siteId, t.rolloutId, wave);
+    await tx.query(
+      `UPDATE rollout_machines AS rm
+          SET status = 'failed', last_error = substr(COALESCE(c.error, 'activation ' || c.status), 1, 500), finished_at = now(), updated_at = now()
+         FROM commands AS c
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status = 'activating'
+          AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status IN ('failed', 'cancelled')`,
+      [t.siteId, t.rolloutId, names],
+    );
+    const due = deadline ? `now() >= $4::timestamptz` : `rm.deadline_at IS NOT NULL AND rm.deadline_at <= now()`;
+    const args = deadline ? [t.siteId, t.rolloutId, names, deadline] : [t.siteId, t.rolloutId, names];
+    await tx.query(
+      `UPDATE commands AS c SET status = 'cancelled', result = 'cancelled', completed_at = now(), updated_at = now()
+         FROM rollout_machines AS rm
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('dispatched', 'activating') AND ${due}
+          AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'pending'`,
+      args,
+    );
+    await tx.query(
+      `UPDATE rollout_machines AS rm SET status = 'failed', last_error = 'timeout', finished_at = now(), updated_at = now()
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('pending', 'dispatched', 'activating')
+          AND ${deadline ? due : `${due} AND (rm.status <> 'pending' OR rm.attempts > 0)`}`,
+      args,
+    );
+    return countsByWave(tx, t.siteId, t.rolloutId, names);
   });
+}
+
+/**
+ * Queues `roost_activate` (db/activation.ts) for the `staged` machines of waves `names` and moves them
+ * to `activating` (command id, dispatched_at and deadline = now + `ttlMs`), in batches. Idempotent.
+ * Returns how many machines were moved.
+ */
+export async function activateStaged(pool: Pool, t: WaveTarget, names: readonly string[], ttlMs = DEFAULT_ACTIVATION_TTL_MS): Promise<number> {
+  let total = 0;
+  for (;;) {
+    const n = await withTx(pool, async (tx) => {
+      const { rows } = await tx.query<{ machine_id: string }>(
+        `SELECT machine_id FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND wave = ANY($3::text[]) AND status = 'staged'
+          ORDER BY machine_id LIMIT $4`,
+        [t.siteId, t.rolloutId, names, DISPATCH_BATCH],
+      );
+      if (rows.length === 0) return 0;
+      const ids = rows.map((r) => r.machine_id);
+      await dispatchActivation(tx, { siteId: t.siteId, rolloutId: t.rolloutId, roostId: t.roostId, versionId: t.versionId, extractRoot: t.extractRoot, createdBy: t.createdBy }, ids, {
+        commandTtlMs: ttlMs,
+      });
+      const upd = await tx.query(
+        `UPDATE rollout_machines AS rm SET status = 'activating', command_id = u.command_id, dispatched_at = now(), updated_at = now(),
+                deadline_at = now() + $5::float8 * INTERVAL '1 millisecond'
+           FROM UNNEST($3::text[], $4::text[]) AS u (machine_id, command_id)
+          WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.machine_id = u.machine_id AND rm.status = 'staged'`,
+        [t.siteId, t.rolloutId, ids, ids.map((m) => activateCommandId(t.rolloutId, m, t.versionId)), ttlMs],
+      );
+      return upd.rowCount ?? 0;
+    });
+    if (n === 0) return total;
+    total += n;
+  }
 }
 
 /** The database clock plus `ms`, as a Date (wave deadlines are measured on the database clock). */
@@ -476,10 +696,11 @@ export async function setRolloutStage(pool: Pool, siteId: string, rolloutId: str
     await cancelOpenMachines(tx, siteId, rolloutId);
     const c = await waveCounts(tx, siteId, rolloutId, null);
     const reason = stage === 'failed' ? abortReason ?? 'failed' : null;
+    const state: RolloutState = stage === 'completed' ? 'completed' : reason === 'aborted' ? 'aborted' : 'failed';
     await tx.query(
-      `UPDATE rollouts SET stage = $3, active = false, abort_reason = $4, succeeded = $5, failed = $6, completed_at = now(), updated_at = now()
+      `UPDATE rollouts SET stage = $3, active = false, abort_reason = $4, succeeded = $5, failed = $6, completed_at = now(), updated_at = now(), state = $7
         WHERE site_id = $1 AND rollout_id = $2`,
-      [siteId, rolloutId, stage, reason, c.succeeded, c.failed],
+      [siteId, rolloutId, stage, reason, c.succeeded, c.failed, state],
     );
     const data: Record<string, unknown> = { rolloutId, roostId: r.roostId, siteId, stage };
     if (stage === 'failed') data.abortReason = reason;
@@ -487,6 +708,288 @@ export async function setRolloutStage(pool: Pool, siteId: string, rolloutId: str
     data.failed = c.failed;
     const type = stage === 'completed' ? 'deployment.completed' : 'deployment.failed';
     await recordEvent(tx, siteId, type, data, rolloutEventId(rolloutId, type));
+    if (stage === 'completed' && r.rollbackOf) {
+      // A completed rollback marks the rollout it undid as rolled back (its own history says so).
+      const entry = { action: 'rolled_back', state: 'rolled_back', at: new Date().toISOString(), detail: { rollbackRolloutId: rolloutId } };
+      await tx.query(
+        `UPDATE rollouts SET state = 'rolled_back', state_seq = state_seq + 1,
+                history = history || jsonb_build_array($3::jsonb || jsonb_build_object('seq', state_seq + 1)), updated_at = now()
+          WHERE site_id = $1 AND rollout_id = $2 AND NOT active`,
+        [siteId, r.rollbackOf, JSON.stringify(entry)],
+      );
+    }
     return { stage, changed: true, succeeded: c.succeeded, failed: c.failed, abortReason: reason };
   });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Issue #5: control state and history, listing, rollback rollouts, delta plans
+
+/**
+ * Writes the rollout's control `state` (when given and `seq` is newer than the stored state_seq) and
+ * appends `entry` to its history once (an entry with the same seq is never appended twice). A terminal
+ * rollout keeps its state; only `rolled_back` may be written on one. Returns false when the rollout is
+ * missing.
+ */
+export async function recordRolloutTransition(pool: Pool, siteId: string, rolloutId: string, entry: Omit<HistoryEntry, 'at'>): Promise<boolean> {
+  return withTx(pool, async (tx) => {
+    const { rows } = await tx.query<{ active: boolean; state_seq: number; dup: boolean }>(
+      `SELECT active, state_seq, history @> $3::jsonb AS dup FROM rollouts WHERE site_id = $1 AND rollout_id = $2`,
+      [siteId, rolloutId, JSON.stringify([{ seq: entry.seq, action: entry.action }])],
+    );
+    const r = rows[0];
+    if (!r) return false;
+    if (r.dup) return true;
+    const full: HistoryEntry = { ...entry, at: new Date().toISOString() };
+    const writeState = entry.state !== undefined && entry.seq > Number(r.state_seq) && (r.active || entry.state === 'rolled_back');
+    await tx.query(
+      `UPDATE rollouts SET history = history || $3::jsonb, updated_at = now(),
+              state = CASE WHEN $4::bool THEN $5 ELSE state END, state_seq = CASE WHEN $4::bool THEN $6 ELSE state_seq END
+        WHERE site_id = $1 AND rollout_id = $2`,
+      [siteId, rolloutId, JSON.stringify([full]), writeState, entry.state ?? null, entry.seq],
+    );
+    return true;
+  });
+}
+
+/** Stores the index of the wave being dispatched (`current_wave`). */
+export async function setCurrentWave(q: Queryable, siteId: string, rolloutId: string, wave: number): Promise<void> {
+  await q.query('UPDATE rollouts SET current_wave = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [siteId, rolloutId, wave]);
+}
+
+/** The control state of a rollout (null when missing). */
+export async function rolloutState(q: Queryable, siteId: string, rolloutId: string): Promise<RolloutState | null> {
+  const { rows } = await q.query<{ state: RolloutState | null; active: boolean; stage: RolloutStage }>(
+    'SELECT state, active, stage FROM rollouts WHERE site_id = $1 AND rollout_id = $2',
+    [siteId, rolloutId],
+  );
+  const r = rows[0];
+  if (!r) return null;
+  return r.state ?? (r.active ? 'running' : r.stage === 'completed' ? 'completed' : 'failed');
+}
+
+/** Position of the rollout list: newest first by (created_at, rollout_id). */
+export interface RolloutListPosition {
+  t: string;
+  id: string;
+}
+
+/** A page of a roost's rollouts, newest first, optionally of one stage. */
+export async function listRollouts(
+  q: Queryable,
+  siteId: string,
+  roostId: string,
+  opts: { limit: number; after?: RolloutListPosition; stage?: RolloutStage },
+): Promise<{ rows: Rollout[]; more: boolean }> {
+  const { rows } = await q.query<RolloutRow>(
+    `SELECT ${ROLLOUT_COLUMNS} FROM rollouts
+      WHERE site_id = $1 AND roost_id = $2 AND ($3::text IS NULL OR stage = $3)
+        AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz OR (created_at = $4::timestamptz AND rollout_id < $5))
+      ORDER BY created_at DESC, rollout_id DESC LIMIT $6`,
+    [siteId, roostId, opts.stage ?? null, opts.after?.t ?? null, opts.after?.id ?? '', opts.limit + 1],
+  );
+  return { rows: rows.slice(0, opts.limit).map(toRollout), more: rows.length > opts.limit };
+}
+
+/** One machine of a rollout as stored. */
+export interface RolloutMachineRow {
+  machine_id: string;
+  wave: string;
+  status: string;
+  attempts: number;
+  command_id: string | null;
+  last_error: string | null;
+  bytes_fetched: string | number;
+  previous_version_id: string | null;
+  target_version_id: string | null;
+  dispatched_at: Date | null;
+  finished_at: Date | null;
+  staged_at: Date | null;
+  deadline_at: Date | null;
+  updated_at: Date;
+}
+
+/** A page of a rollout's machines ordered by machine id, optionally filtered by status and wave name. */
+export async function listRolloutMachines(
+  q: Queryable,
+  siteId: string,
+  rolloutId: string,
+  opts: { limit: number; after?: string; status?: string; wave?: string },
+): Promise<{ rows: RolloutMachineRow[]; more: boolean }> {
+  const { rows } = await q.query<RolloutMachineRow>(
+    `SELECT machine_id, wave, status, attempts, command_id, last_error, bytes_fetched, previous_version_id, target_version_id,
+            dispatched_at, finished_at, staged_at, deadline_at, updated_at
+       FROM rollout_machines
+      WHERE site_id = $1 AND rollout_id = $2 AND machine_id > $3 AND ($4::text IS NULL OR status = $4) AND ($5::text IS NULL OR wave = $5)
+      ORDER BY machine_id LIMIT $6`,
+    [siteId, rolloutId, opts.after ?? '', opts.status ?? null, opts.wave ?? null, opts.limit + 1],
+  );
+  return { rows: rows.slice(0, opts.limit), more: rows.length > opts.limit };
+}
+
+/** Why a rollback rollout could not be created. */
+export type RollbackRefusal = 'not_found' | 'not_terminal' | 'completed' | 'already_rolled_back' | 'is_rollback' | 'nothing_to_roll_back' | 'version_busy';
+
+/** A rollback rollout that was created. */
+export interface RollbackCreated {
+  rollout: Rollout;
+  machines: number;
+}
+
+/** Workflow id of the rollback of `rolloutId`: `rollback:<siteId>:<rolloutId>`. */
+export function rollbackWorkflowId(siteId: string, rolloutId: string): string {
+  return `rollback:${siteId}:${rolloutId}`;
+}
+
+/** Deterministic id of the rollback rollout of `rolloutId` (so a retried activity creates it once). */
+export function rollbackRolloutId(rolloutId: string): string {
+  return `rol_${createHash('sha256').update(`rollback:${rolloutId}`).digest('hex').slice(0, 24)}`;
+}
+
+/**
+ * Creates the rollback rollout of a failed (or aborted) rollout, in one transaction: every machine of
+ * the rollout whose target state reports the rollout's version committed (it switched) and that had a
+ * committed version before (`previous_version_id`) is sent back to that version, in one wave named
+ * `rollback` (no canary; stage `started`; retries and timeout of the original; no thresholds, gates or
+ * windows). The new rollout's version is the most common previous version; `target_version_id` carries
+ * each machine's own. The original gets `rolled_back_by`. Idempotent: the rollback's id is derived from
+ * the original's, and an existing one is returned.
+ */
+export async function createRollbackRollout(pool: Pool, siteId: string, rolloutId: string, createdBy: string): Promise<RollbackCreated | RollbackRefusal> {
+  return withTx(pool, async (tx) => {
+    const r = await getRollout(tx, siteId, rolloutId);
+    if (!r) return 'not_found';
+    const id = rollbackRolloutId(rolloutId);
+    if (r.rolledBackBy) {
+      const existing = r.rolledBackBy === id ? await getRollout(tx, siteId, id) : null;
+      if (existing) {
+        const { rows } = await tx.query<{ n: number }>('SELECT CAST(count(*) AS INT) AS n FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2', [siteId, id]);
+        return { rollout: existing, machines: Number(rows[0].n) };
+      }
+      return 'already_rolled_back';
+    }
+    if (r.active) return 'not_terminal';
+    if (r.stage === 'completed') return 'completed';
+    if (r.rollbackOf) return 'is_rollback';
+    const { rows } = await tx.query<{ machine_id: string; previous_version_id: string }>(
+      `SELECT rm.machine_id, rm.previous_version_id FROM rollout_machines AS rm
+         JOIN roost_target_states AS ts ON ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $3
+         JOIN roost_versions AS rv ON rv.site_id = rm.site_id AND rv.roost_id = $3 AND rv.version_id = rm.previous_version_id
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.previous_version_id IS NOT NULL AND rm.previous_version_id <> $4
+          AND ts.reported_version_id = $4 AND ts.status = 'committed'
+        ORDER BY rm.machine_id`,
+      [siteId, rolloutId, r.roostId, r.versionId],
+    );
+    if (rows.length === 0) return 'nothing_to_roll_back';
+    const tally = new Map<string, number>();
+    for (const m of rows) tally.set(m.previous_version_id, (tally.get(m.previous_version_id) ?? 0) + 1);
+    const versionId = [...tally.entries()].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))[0][0];
+    if (await findActiveRollout(tx, siteId, r.roostId, versionId)) return 'version_busy';
+    const machines = rows.map((m) => m.machine_id);
+    const policy: RolloutPolicy = {
+      waveTimeoutMs: r.policy.waveTimeoutMs,
+      retries: r.policy.retries,
+      retryBackoffMs: r.policy.retryBackoffMs,
+      pollIntervalMs: r.policy.pollIntervalMs,
+      waves: [100],
+      failureThreshold: { count: 0 },
+      requirePromotion: 'none',
+      maintenanceWindow: null,
+      autoRollback: false,
+      activation: 'immediate',
+    };
+    const targetVersions = new Map(rows.filter((m) => m.previous_version_id !== versionId).map((m) => [m.machine_id, m.previous_version_id]));
+    await insertRollout(tx, {
+      siteId,
+      rolloutId: id,
+      roostId: r.roostId,
+      versionId,
+      canary: [],
+      fleet: machines,
+      extractRoot: r.extractRoot,
+      policy,
+      scheduleAt: null,
+      workflowId: rollbackWorkflowId(siteId, rolloutId),
+      createdBy,
+      waves: [machines],
+      waveNames: ['rollback'],
+      stage: 'started',
+      rollbackOf: rolloutId,
+      targetVersions,
+    });
+    await tx.query('UPDATE rollouts SET rolled_back_by = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [siteId, rolloutId, id]);
+    const created = await getRollout(tx, siteId, id);
+    return { rollout: created as Rollout, machines: machines.length };
+  });
+}
+
+/** Per-machine download estimate of a deploy (dry-run delta plan). */
+export interface MachineDelta {
+  machineId: string;
+  currentVersionId: string | null;
+  bytes: number;
+  chunks: number;
+}
+
+/** Delta plan totals and the per-current-version groups. */
+export interface DeltaPlan {
+  machines: MachineDelta[];
+  byCurrentVersion: { currentVersionId: string | null; machines: number; bytes: number; chunks: number }[];
+  totals: { machines: number; bytes: number; chunks: number };
+}
+
+/**
+ * What each machine would download to go to `versionId`: the distinct chunks of the target version
+ * (version_chunks) that are not chunks of the version it reports committed now (a machine with no
+ * committed version downloads every chunk). Computed once per distinct current version (a handful of
+ * set-based queries, whatever the number of machines). Writes nothing. `machines` keeps input order.
+ */
+export async function deltaPlan(q: Queryable, siteId: string, roostId: string, versionId: string, machineIds: readonly string[]): Promise<DeltaPlan> {
+  const { rows: current } = await q.query<{ machine_id: string; version_id: string | null }>(
+    `SELECT t.machine_id, ts.reported_version_id AS version_id FROM UNNEST($3::text[]) AS t (machine_id)
+       LEFT JOIN roost_target_states AS ts ON ts.site_id = $1 AND ts.roost_id = $2 AND ts.machine_id = t.machine_id AND ts.status = 'committed'`,
+    [siteId, roostId, machineIds],
+  );
+  const currentOf = new Map(current.map((r) => [r.machine_id, r.version_id]));
+  const versions = [...new Set(current.map((r) => r.version_id).filter((v): v is string => v !== null))];
+  const { rows: deltas } = await q.query<{ base: string | null; bytes: string; chunks: number }>(
+    `SELECT b.base, CAST(COALESCE(sum(vc.size), 0) AS BIGINT) AS bytes, CAST(count(vc.hash) AS INT) AS chunks
+       FROM (SELECT CAST(NULL AS TEXT) AS base UNION ALL SELECT u FROM UNNEST($4::text[]) AS u) AS b
+       LEFT JOIN version_chunks AS vc ON vc.site_id = $1 AND vc.roost_id = $2 AND vc.version_id = $3
+            AND NOT EXISTS (SELECT 1 FROM version_chunks AS p WHERE p.site_id = $1 AND p.roost_id = $2 AND p.version_id = b.base AND p.hash = vc.hash)
+      GROUP BY b.base`,
+    [siteId, roostId, versionId, versions],
+  );
+  const deltaOf = new Map(deltas.map((d) => [d.base, { bytes: Number(d.bytes), chunks: Number(d.chunks) }]));
+  const machines: MachineDelta[] = machineIds.map((m) => {
+    const cur = currentOf.get(m) ?? null;
+    const d = deltaOf.get(cur) ?? { bytes: 0, chunks: 0 };
+    return { machineId: m, currentVersionId: cur, bytes: d.bytes, chunks: d.chunks };
+  });
+  const groups = new Map<string | null, { currentVersionId: string | null; machines: number; bytes: number; chunks: number }>();
+  const totals = { machines: machines.length, bytes: 0, chunks: 0 };
+  for (const m of machines) {
+    let g = groups.get(m.currentVersionId);
+    if (!g) groups.set(m.currentVersionId, (g = { currentVersionId: m.currentVersionId, machines: 0, bytes: 0, chunks: 0 }));
+    g.machines++;
+    g.bytes += m.bytes;
+    g.chunks += m.chunks;
+    totals.bytes += m.bytes;
+    totals.chunks += m.chunks;
+  }
+  return { machines, byCurrentVersion: [...groups.values()], totals };
+}
+
+/** Machine counts by status for each of `rolloutIds` (one grouped query). */
+export async function countsByRollout(q: Queryable, siteId: string, rolloutIds: readonly string[]): Promise<Map<string, WaveCounts>> {
+  const out = new Map<string, WaveCounts>();
+  if (rolloutIds.length === 0) return out;
+  const { rows } = await q.query<{ rollout_id: string; status: string; n: number; timed_out: number }>(
+    `SELECT rollout_id, status, CAST(count(*) AS INT) AS n, CAST(sum(CASE WHEN last_error = 'timeout' THEN 1 ELSE 0 END) AS INT) AS timed_out
+       FROM rollout_machines WHERE site_id = $1 AND rollout_id = ANY($2::text[]) GROUP BY rollout_id, status`,
+    [siteId, rolloutIds],
+  );
+  for (const id of rolloutIds) out.set(id, emptyCounts());
+  for (const r of rows) addCount(out.get(r.rollout_id) as WaveCounts, r.status, Number(r.n), Number(r.timed_out));
+  return out;
 }

@@ -13,23 +13,38 @@
  *    `wave_timeout` when every failure was a timeout); else stage completed.
  * Stage changes and their events commit together (`changeRolloutStage`); RoostStage follows each change.
  *
- * The history has a fixed number of events whatever the number of machines (56 for a completed rollout,
- * 10,000 machines included: test/integration/rollout.test.ts).
+ * Issue #5 (`patched('rollout-control-v1')`, `controlledRollout`; docs/decisions/rollout-control.md):
+ * the policy's waves, bake timers, manual gates (`promote`), maintenance windows (the activity measures
+ * the delay), `pause` / `resume` / `abort` updates with validators, a `status` query, failure thresholds
+ * with an automatic rollback as a child workflow, and stage-then-activate. Histories recorded before the
+ * patch replay on the code above it.
+ *
+ * The history has a fixed number of events whatever the number of machines (58 for a completed two-wave
+ * rollout, 10,000 machines included; 12 more per further wave).
  * Changing this code changes replay: use `patched()` or a new workflow type (test/replay).
  */
 import {
   ActivityFailure,
   ApplicationFailure,
   CancellationScope,
+  ParentClosePolicy,
+  allHandlersFinished,
+  condition,
+  defineQuery,
+  defineUpdate,
+  executeChild,
   isCancellation,
+  patched,
   proxyActivities,
+  setHandler,
   sleep,
   upsertSearchAttributes,
+  workflowInfo,
 } from '@temporalio/workflow';
 import { SearchAttributeType, defineSearchAttributeKey } from '@temporalio/common';
 import type { Activities } from '../activities';
-import type { RolloutFailureType, RolloutRef } from '../activities/rollout';
-import type { RolloutStage, Wave, WaveCounts } from '../db/rollouts';
+import type { RolloutFailureType, RolloutPlan, RolloutRef, WatchPhase, WatchResult } from '../activities/rollout';
+import type { RolloutStage, RolloutState, Wave, WaveCounts } from '../db/rollouts';
 
 /** Search attributes of rollout workflows (registered on the dev server by stack/services.ts). */
 export const RoostSiteId = defineSearchAttributeKey('RoostSiteId', SearchAttributeType.KEYWORD);
@@ -44,7 +59,38 @@ export interface RolloutOutcome {
   succeeded: number;
   failed: number;
   abortReason: string | null;
+  /** Issue #5: the automatic rollback's rollout id and stage, when one ran. */
+  rollback?: { rolloutId: string; stage: RolloutStage; succeeded: number; failed: number } | null;
 }
+
+/** Who asks for a control action, and why (optional). */
+export interface ControlArgs {
+  by: string;
+  reason?: string;
+}
+
+/** What a control update answers: the rollout's control state after it. */
+export interface ControlResult {
+  rolloutId: string;
+  state: RolloutState;
+  stage: RolloutStage;
+  wave: number | null;
+}
+
+/** What the `status` query answers. */
+export interface RolloutRuntime extends ControlResult {
+  waiting: 'pause' | 'promotion' | 'window' | 'bake' | 'schedule' | null;
+}
+
+/** Control updates of the rollout workflow (issue #5; each validator rejects with type `conflict`). */
+export const pauseUpdate = defineUpdate<ControlResult, [ControlArgs]>('pause');
+export const resumeUpdate = defineUpdate<ControlResult, [ControlArgs]>('resume');
+export const promoteUpdate = defineUpdate<ControlResult, [ControlArgs]>('promote');
+export const abortUpdate = defineUpdate<ControlResult, [ControlArgs]>('abort');
+export const statusQuery = defineQuery<RolloutRuntime>('status');
+
+/** Patch id of the issue #5 path (rollouts started before it keep the issue #2 path on replay). */
+export const CONTROL_PATCH = 'rollout-control-v1';
 
 /** Business failure types that end the rollout as failed (they are also its abortReason). */
 const BUSINESS_FAILURES: readonly RolloutFailureType[] = ['rollout_not_found', 'roost_deleted', 'version_missing'];
@@ -87,6 +133,8 @@ export async function rolloutWorkflow(input: RolloutRef): Promise<RolloutOutcome
     heartbeatTimeout: '15 seconds',
     retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
   });
+  if (patched(CONTROL_PATCH)) return controlledRollout(input, plan, finish);
+
   const runWave = async (wave: Wave): Promise<WaveCounts> => {
     const { deadline } = await dispatchWave({ ...input, wave });
     return watchWave({ ...input, wave, deadline });
@@ -114,6 +162,260 @@ export async function rolloutWorkflow(input: RolloutRef): Promise<RolloutOutcome
     const type = businessFailureType(err);
     if (type === 'rollout_not_found') throw err; // nothing left to record the outcome on
     if (type) return finish('failed', type);
+    throw err;
+  }
+}
+
+function conflict(message: string): ApplicationFailure {
+  return ApplicationFailure.create({ type: 'conflict', message, nonRetryable: true });
+}
+
+/**
+ * The issue #5 path: waves from the policy, bake time, manual gates, maintenance windows, pause /
+ * resume / promote / abort updates, failure thresholds with optional automatic rollback, and staged
+ * activation. Every wait is a durable timer or `condition`; every clock reading is an activity's.
+ */
+async function controlledRollout(
+  input: RolloutRef,
+  plan: RolloutPlan,
+  finish: (stage: RolloutStage, abortReason?: string) => Promise<RolloutOutcome>,
+): Promise<RolloutOutcome> {
+  const { dispatchWave, recordTransition, windowDelay, activateWaves, createRollback, changeRolloutStage } = proxyActivities<Activities>({
+    startToCloseTimeout: '2 minutes',
+    retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '1 minute' },
+  });
+  const { watchWave } = proxyActivities<Activities>({
+    startToCloseTimeout: plan.policy.waveTimeoutMs + WAVE_TIMEOUT_MARGIN_MS,
+    heartbeatTimeout: '15 seconds',
+    retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
+  });
+  const policy = plan.policy;
+  const waves = plan.waves ?? [
+    { name: 'canary', size: plan.canaryCount },
+    { name: 'fleet', size: plan.fleetCount },
+  ];
+  const activation = policy.activation ?? 'immediate';
+  const gate = policy.requirePromotion ?? 'none';
+
+  let stage: RolloutStage = plan.stage;
+  let paused = false;
+  let aborted = false;
+  let awaitingPromotion = false;
+  let inWindowWait = false;
+  let ending = false;
+  let wave: number | null = null;
+  let waiting: RolloutRuntime['waiting'] = null;
+  let seq = 0;
+  /** Transition writes in flight: `status` reports no wait until they are stored (the database agrees). */
+  let writing = 0;
+
+  const state = (): RolloutState =>
+    aborted ? 'aborted' : paused ? 'paused' : awaitingPromotion ? 'awaiting_promotion' : inWindowWait ? 'waiting_window' : 'running';
+  const snapshot = (): ControlResult => ({ rolloutId: input.rolloutId, state: state(), stage, wave });
+  const saStage = () => (state() === 'running' ? stage : state());
+  const transition = async (action: string, extra: { by?: string; detail?: Record<string, unknown> } = {}) => {
+    const s = ++seq;
+    const st = state();
+    upsertSearchAttributes([{ key: RoostStage, value: saStage() }]);
+    writing++;
+    try {
+      await recordTransition({ ...input, seq: s, action, state: st, ...(wave !== null ? { wave } : {}), ...extra });
+    } finally {
+      writing--;
+    }
+  };
+  const detail = (a: ControlArgs) => (a.reason ? { detail: { reason: a.reason } } : {});
+
+  setHandler(statusQuery, () => ({ ...snapshot(), waiting: writing > 0 ? null : waiting }));
+  setHandler(
+    pauseUpdate,
+    async (a) => {
+      paused = true;
+      await transition('pause', { by: a.by, ...detail(a) });
+      return snapshot();
+    },
+    {
+      validator: (_a: ControlArgs) => {
+        if (ending || aborted) throw conflict('the rollout is ending');
+        if (paused) throw conflict('the rollout is already paused');
+      },
+    },
+  );
+  setHandler(
+    resumeUpdate,
+    async (a) => {
+      paused = false;
+      await transition('resume', { by: a.by, ...detail(a) });
+      return snapshot();
+    },
+    {
+      validator: (_a: ControlArgs) => {
+        if (ending || aborted) throw conflict('the rollout is ending');
+        if (!paused) throw conflict('the rollout is not paused');
+      },
+    },
+  );
+  setHandler(
+    promoteUpdate,
+    async (a) => {
+      awaitingPromotion = false;
+      await transition('promote', { by: a.by, ...detail(a) });
+      return snapshot();
+    },
+    {
+      validator: (_a: ControlArgs) => {
+        if (ending || aborted) throw conflict('the rollout is ending');
+        if (!awaitingPromotion) throw conflict('the rollout is not waiting for promotion');
+      },
+    },
+  );
+  setHandler(
+    abortUpdate,
+    async (a) => {
+      aborted = true;
+      await transition('abort', { by: a.by, ...detail(a) });
+      return snapshot();
+    },
+    {
+      validator: (_a: ControlArgs) => {
+        if (ending || aborted) throw conflict('the rollout is already ending');
+      },
+    },
+  );
+
+  const end = async (st: RolloutStage, reason?: string): Promise<RolloutOutcome> => {
+    ending = true;
+    await condition(allHandlersFinished);
+    return finish(st, reason);
+  };
+
+  /** Waits while paused (true when aborted meanwhile). */
+  const holdWhilePaused = async (): Promise<boolean> => {
+    if (paused) {
+      waiting = 'pause';
+      await condition(() => !paused || aborted);
+      waiting = null;
+    }
+    return aborted;
+  };
+
+  const runRollback = async (outcome: RolloutOutcome, by?: string): Promise<RolloutOutcome> => {
+    const rb = await createRollback({ ...input, ...(by ? { by } : {}) });
+    if ('refused' in rb) {
+      await recordTransition({ ...input, seq: ++seq, action: 'rollback_skipped', detail: { reason: rb.refused } });
+      return { ...outcome, rollback: null };
+    }
+    await recordTransition({ ...input, seq: ++seq, action: 'rollback_started', detail: { rollbackRolloutId: rb.rolloutId, machines: rb.machines } });
+    const child = await executeChild(rolloutWorkflow, {
+      workflowId: rb.workflowId,
+      args: [{ siteId: input.siteId, rolloutId: rb.rolloutId }],
+      taskQueue: workflowInfo().taskQueue,
+      parentClosePolicy: ParentClosePolicy.ABANDON,
+      memo: { rolloutId: rb.rolloutId },
+      typedSearchAttributes: [
+        { key: RoostSiteId, value: input.siteId },
+        { key: RoostRoostId, value: rb.roostId },
+        { key: RoostVersionId, value: rb.versionId },
+        { key: RoostStage, value: 'started' },
+      ],
+    });
+    // The rollback's completion marks this rollout rolled_back in the database (db/rollouts.ts setRolloutStage).
+    if (child.stage === 'completed') upsertSearchAttributes([{ key: RoostStage, value: 'rolled_back' }]);
+    return { ...outcome, rollback: { rolloutId: rb.rolloutId, stage: child.stage, succeeded: child.succeeded, failed: child.failed } };
+  };
+
+  const tripped = async (index: number, r: WatchResult): Promise<RolloutOutcome> => {
+    const reason = index === 0 && !plan.rollbackOf && waves.length > 1 ? 'canary_failed' : r.failed > 0 && r.failed === r.timedOut ? 'wave_timeout' : 'retry_budget_exhausted';
+    const out = await end('failed', reason);
+    return policy.autoRollback ? runRollback(out) : out;
+  };
+
+  const watch = (index: number, phase: WatchPhase, last: boolean) => watchWave({ ...input, wave: index, deadline: 0, phase, last });
+
+  try {
+    if (plan.delayMs > 0) {
+      waiting = 'schedule';
+      await sleep(plan.delayMs);
+      waiting = null;
+    }
+    if (!(await markRolloutStarted(input))) return end('failed', 'ended');
+    const lastIndex = waves.length - 1;
+    for (let i = 0; i <= lastIndex; i++) {
+      if (waves[i].size === 0) continue;
+      if (i > 0) {
+        if (stage === 'canary') {
+          stage = 'started';
+          await changeRolloutStage({ ...input, stage: 'started' });
+          upsertSearchAttributes([{ key: RoostStage, value: saStage() }]);
+        }
+        if ((policy.bakeMs ?? 0) > 0) {
+          waiting = 'bake';
+          await condition(() => aborted, policy.bakeMs ?? 0);
+          waiting = null;
+        }
+        if (!aborted && (gate === 'everyWave' || (gate === 'canary' && i === 1))) {
+          awaitingPromotion = true;
+          waiting = 'promotion';
+          await transition('awaiting_promotion', { detail: { nextWave: i } });
+          await condition(() => !awaitingPromotion || aborted);
+          waiting = null;
+        }
+      }
+      if (await holdWhilePaused()) break;
+      if (policy.maintenanceWindow) {
+        for (;;) {
+          const delay = await windowDelay(input);
+          if (delay <= 0 || aborted) break;
+          if (!inWindowWait) {
+            inWindowWait = true;
+            await transition('waiting_window', { detail: { nextWave: i, delayMs: delay } });
+          }
+          waiting = 'window';
+          await condition(() => aborted, delay);
+          waiting = null;
+        }
+        if (inWindowWait) {
+          inWindowWait = false;
+          await transition('window_open', { detail: { nextWave: i } });
+        }
+        if (await holdWhilePaused()) break;
+      }
+      if (aborted) break;
+      wave = i;
+      await dispatchWave({ ...input, wave: i });
+      const last = i === lastIndex;
+      if (activation === 'immediate') {
+        const r = await watch(i, 'sync', last);
+        if (r.outcome === 'aborted' || aborted) break;
+        if (r.outcome === 'tripped') return tripped(i, r);
+        continue;
+      }
+      const staged = await watch(i, 'stage', true);
+      if (staged.outcome === 'aborted' || aborted) break;
+      if (staged.outcome === 'tripped') return tripped(i, staged);
+      if (activation === 'wave' || last) {
+        const from = activation === 'wave' ? i : 0;
+        await activateWaves({ ...input, from, to: i });
+        await recordTransition({ ...input, seq: ++seq, action: 'activation_started', wave: i, detail: { from, to: i } });
+        const r = await watch(i, 'activate', true);
+        if (r.outcome === 'aborted' || aborted) break;
+        if (r.outcome === 'tripped') return tripped(i, r);
+      }
+    }
+    if (aborted) {
+      const out = await end('failed', 'aborted');
+      upsertSearchAttributes([{ key: RoostStage, value: 'aborted' }]);
+      return out;
+    }
+    return end('completed');
+  } catch (err) {
+    if (isCancellation(err)) {
+      await CancellationScope.nonCancellable(() => finish('failed', 'cancelled'));
+      throw err;
+    }
+    const type = businessFailureType(err);
+    if (type === 'rollout_not_found') throw err;
+    if (type) return end('failed', type);
     throw err;
   }
 }

@@ -11,7 +11,9 @@
  * - dryRun: the same planning fields with dryRun true; nothing written, no workflow.
  * - scheduleAt more than 60 s ahead: stored (`scheduleAt` in the record) and fired by the workflow's
  *   durable timer; past or near-future values deploy now.
- * Errors: 400 validation_failed (body, machine ids, unknown machines listed in `unknownMachines`),
+ * - policy (issue #5, domain/rollout-policy.ts): waves, thresholds, gates, windows, activation; the record
+ *   then carries `waves` and `policy`, and a dry run adds `delta` (what each machine would download).
+ * Errors: 400 validation_failed (body, policy keyed by dotted path, machine ids, unknown machines listed in `unknownMachines`),
  * 404 not_found (site hidden, roost missing), 404 version_not_found, 409 conflict (roost deleted, no
  * current version, version body missing, roost targets not enrolled), 503 service_unavailable (workflow
  * could not start; the rollout is marked failed and nothing is left running).
@@ -25,15 +27,16 @@ import { withTx } from '../../db/pool';
 import { getRoost, getVersion, resolveVersionIn, RoostRow, versionUrlOf, VersionRow } from '../../db/roosts';
 import { MACHINE_ID_PATTERN } from '../../db/machines';
 import {
-  DEFAULT_POLICY,
   MAX_ROLLOUT_MACHINES,
   Rollout,
+  deltaPlan,
   failUnstartedRollout,
   findActiveRollout,
   insertRollout,
-  splitWaves,
+  policyFromSpec,
   unknownMachines,
 } from '../../db/rollouts';
+import { planWaves, policyView, validatePolicy, waveNames, PolicySpec } from '../../domain/rollout-policy';
 import { rolloutWorkflowId, startRolloutWorkflow, workflowUiUrl } from '../temporal';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
@@ -58,11 +61,55 @@ const DeployBody = Type.Object(
       }),
     ),
     scheduleAt: Type.Optional(Type.String({ format: 'date-time', description: 'ISO 8601 with offset; more than 60 s ahead is scheduled' })),
-    dryRun: Type.Optional(Type.Boolean({ description: 'plan only: nothing is written, no workflow starts' })),
+    dryRun: Type.Optional(Type.Boolean({ description: 'plan only: nothing is written, no workflow starts; the answer carries the delta plan' })),
+    policy: Type.Optional(
+      Type.Object(
+        {},
+        {
+          additionalProperties: true,
+          description:
+            'rollout policy (all optional): canary {count}|{percent}, waves (cumulative %, last 100), bakeSeconds, successThreshold and failureThreshold ' +
+            "({count}|{fraction}), requirePromotion ('none'|'canary'|'everyWave'), retries, retryBackoffSeconds, waveTimeoutSeconds, maintenanceWindow " +
+            "{days, start, end} in the site's timezone, autoRollback, activation ('immediate'|'wave'|'fleet'). docs/decisions/rollout-control.md",
+        },
+      ),
+    ),
   },
   { additionalProperties: false },
 );
 type DeployBody = Static<typeof DeployBody>;
+
+/** Most machines listed one by one in a dry run's delta plan (totals and groups cover all). */
+export const DELTA_MACHINES_LISTED = 1000;
+
+/** A rollout's policy in its wire form (domain/rollout-policy.ts policyView). */
+const Threshold = Type.Union([Type.Object({ count: Type.Integer() }), Type.Object({ fraction: Type.Number() })]);
+export const PolicyRecord = Type.Object({
+  canary: Nullable(Type.Union([Type.Object({ count: Type.Integer() }), Type.Object({ percent: Type.Number() })])),
+  waves: Type.Array(Type.Number()),
+  bakeSeconds: Type.Number(),
+  successThreshold: Nullable(Threshold),
+  failureThreshold: Threshold,
+  requirePromotion: Type.String(),
+  retries: Type.Integer(),
+  retryBackoffSeconds: Type.Number(),
+  waveTimeoutSeconds: Type.Number(),
+  maintenanceWindow: Nullable(Type.Object({ days: Type.Array(Type.String()), start: Type.String(), end: Type.String() })),
+  autoRollback: Type.Boolean(),
+  activation: Type.String(),
+});
+
+/** Planned waves: stored name and machine count, in order. */
+export const WavesRecord = Type.Array(Type.Object({ index: Type.Integer(), name: Type.String(), size: Type.Integer() }));
+
+const DeltaRecord = Type.Object({
+  versionId: Type.String(),
+  machines: Type.Array(Type.Object({ machineId: Type.String(), currentVersionId: Nullable(Type.String()), bytes: Type.Number(), chunks: Type.Integer() })),
+  machinesListed: Type.Integer(),
+  truncated: Type.Boolean(),
+  byCurrentVersion: Type.Array(Type.Object({ currentVersionId: Nullable(Type.String()), machines: Type.Integer(), bytes: Type.Number(), chunks: Type.Integer() })),
+  totals: Type.Object({ machines: Type.Integer(), bytes: Type.Number(), chunks: Type.Integer() }),
+});
 
 /** The rollout record of SPEC.md "Rollout" plus `scheduleAt` (null when deploying now). */
 export const RolloutRecord = Type.Object({
@@ -78,10 +125,22 @@ export const RolloutRecord = Type.Object({
   alreadyRunning: Type.Boolean(),
   dryRun: Type.Boolean(),
   scheduleAt: Nullable(DateTime),
+  waves: Type.Optional(WavesRecord),
+  policy: Type.Optional(PolicyRecord),
+  delta: Type.Optional(DeltaRecord),
 });
 export type RolloutRecord = Static<typeof RolloutRecord>;
 
-function record(r: Pick<Rollout, 'rolloutId' | 'versionId' | 'siteId' | 'roostId' | 'stage' | 'canary' | 'fleet' | 'extractRoot' | 'scheduleAt'>, versionUrl: string, alreadyRunning: boolean, dryRun: boolean): RolloutRecord {
+type RecordSource = Pick<Rollout, 'rolloutId' | 'versionId' | 'siteId' | 'roostId' | 'stage' | 'canary' | 'fleet' | 'extractRoot' | 'scheduleAt'> & {
+  waves?: { name: string; size: number }[];
+  policy?: Partial<PolicySpec>;
+};
+
+/**
+ * The wire record. `waves` and `policy` are added when `withPlan` (a deploy that sent a policy, or a dry
+ * run planning a new rollout): a plain deploy answers exactly the spec's fields, as before issue #5.
+ */
+function record(r: RecordSource, versionUrl: string, alreadyRunning: boolean, dryRun: boolean, withPlan = false): RolloutRecord {
   return {
     rolloutId: r.rolloutId,
     versionId: r.versionId,
@@ -95,6 +154,8 @@ function record(r: Pick<Rollout, 'rolloutId' | 'versionId' | 'siteId' | 'roostId
     alreadyRunning,
     dryRun,
     scheduleAt: r.scheduleAt ? r.scheduleAt.toISOString() : null,
+    ...(withPlan && r.waves ? { waves: r.waves.map((w, index) => ({ index, name: w.name, size: w.size })) } : {}),
+    ...(withPlan && r.policy ? { policy: policyView(r.policy) } : {}),
   };
 }
 
@@ -177,6 +238,12 @@ export default async function deployRoutes(app: FastifyInstance): Promise<void> 
       const ref = b.versionId !== undefined ? parseConcreteVersionId(b.versionId) : undefined;
       const scheduleAt = parseScheduleAt(b.scheduleAt, Date.now());
       const dryRun = b.dryRun === true;
+      const checked = validatePolicy(b.policy);
+      if (checked.errors) {
+        const first = Object.entries(checked.errors)[0];
+        throw new ApiError('validation_failed', `${first[0]} ${first[1][0]}`, { extras: { param: 'policy', errors: checked.errors } });
+      }
+      const spec = checked.spec;
 
       const roost = await getRoost(db, siteId, roostId, { includeDeleted: true });
       if (!roost) throw new ApiError('not_found', 'roost not found', { extras: { param: 'roostId' } });
@@ -191,13 +258,39 @@ export default async function deployRoutes(app: FastifyInstance): Promise<void> 
       if (unknown.length > 0) throw unknownMachinesError(unknown, !b.machines);
 
       const rolloutId = newId('rol');
-      const waves = splitWaves(rolloutId, machines);
+      const waveMachines = planWaves(rolloutId, machines, spec);
+      const names = waveNames(waveMachines.length);
+      const waves = { canary: waveMachines[0] ?? [], fleet: waveMachines.slice(1).flat() };
       const workflowId = rolloutWorkflowId(siteId, roostId, version.version_id);
-      const planned = { rolloutId, versionId: version.version_id, siteId, roostId, stage: 'canary' as const, ...waves, extractRoot: roost.extract_path, scheduleAt };
+      const policy = policyFromSpec(spec, cfg.ROOST_ROLLOUT_POLL_MS);
+      const planned = {
+        rolloutId,
+        versionId: version.version_id,
+        siteId,
+        roostId,
+        stage: 'canary' as const,
+        ...waves,
+        extractRoot: roost.extract_path,
+        scheduleAt,
+        waves: waveMachines.map((w, i) => ({ name: names[i], size: w.length })),
+        policy,
+      };
 
       if (dryRun) {
         const existing = await findActiveRollout(db, siteId, roostId, version.version_id);
-        return reply.code(202).send(existing ? record(existing, versionUrl, true, true) : record(planned, versionUrl, false, true));
+        // An existing rollout is reported as it is (its record only); a new plan carries waves, policy and the delta plan.
+        if (existing) return reply.code(202).send(record(existing, versionUrl, true, true, b.policy !== undefined));
+        const rec = record(planned, versionUrl, false, true, true);
+        const delta = await deltaPlan(db, siteId, roostId, version.version_id, machines);
+        rec.delta = {
+          versionId: version.version_id,
+          machines: delta.machines.slice(0, DELTA_MACHINES_LISTED),
+          machinesListed: Math.min(DELTA_MACHINES_LISTED, delta.machines.length),
+          truncated: delta.machines.length > DELTA_MACHINES_LISTED,
+          byCurrentVersion: delta.byCurrentVersion,
+          totals: delta.totals,
+        };
+        return reply.code(202).send(rec);
       }
 
       let outcome: { rollout: Rollout | typeof planned; alreadyRunning: boolean } | undefined;
@@ -206,7 +299,7 @@ export default async function deployRoutes(app: FastifyInstance): Promise<void> 
           outcome = await withTx(db, async (tx) => {
             const existing = await findActiveRollout(tx, siteId, roostId, version.version_id);
             if (existing) return { rollout: existing, alreadyRunning: true };
-            await insertRollout(tx, { ...planned, policy: DEFAULT_POLICY, workflowId, createdBy: user.userId });
+            await insertRollout(tx, { ...planned, waves: waveMachines, waveNames: names, policy, workflowId, createdBy: user.userId });
             return { rollout: planned, alreadyRunning: false };
           });
         } catch (err) {
@@ -233,7 +326,7 @@ export default async function deployRoutes(app: FastifyInstance): Promise<void> 
           });
         }
       }
-      return reply.code(202).send(record(outcome.rollout, versionUrl, outcome.alreadyRunning, false));
+      return reply.code(202).send(record(outcome.rollout, versionUrl, outcome.alreadyRunning, false, b.policy !== undefined));
     },
   );
 }

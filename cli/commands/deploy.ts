@@ -7,7 +7,12 @@
  * GET /api/sites/{siteId}/machines/{machineId}/deployments until each reports the version committed,
  * failed or cancelled (or the machine is unknown: `not_found`), or `--timeout` passes
  * (docs/decisions/cli-deploy-watch.md). Exit code 1 when a watched machine failed or the watch timed out.
+ * `--policy <json|@file>` sends a rollout policy (docs/decisions/rollout-control.md).
+ *
+ * `roost rollout <list|show|pause|resume|promote|abort|rollback> <roostId> [rolloutId]`: the rollout routes
+ * (GET …/rollouts, GET …/rollouts/{id}, POST …/rollouts/{id}/{action} with an Idempotency-Key).
  */
+import fs from 'node:fs';
 import { Command } from 'commander';
 import pLimit from 'p-limit';
 import { ClientError, RoostClient, seg } from '../client';
@@ -99,6 +104,7 @@ async function resolveVersionId(ctx: CommandContext, siteId: string, roostId: st
 }
 
 export function registerDeploy(program: Command): void {
+  registerRolloutControl(program);
   withJson(
     program
       .command('deploy')
@@ -107,7 +113,8 @@ export function registerDeploy(program: Command): void {
       .argument('[versionRef]', 'version to deploy: id, number (3, #3, v3) or alias (default: current)')
       .option('--machines <ids>', 'comma-separated machine ids (default: the roost targets)', idList)
       .option('--schedule-at <iso>', 'start time (ISO 8601)')
-      .option('--dry-run', 'plan only; nothing is written')
+      .option('--dry-run', 'plan only; nothing is written (prints the delta plan)')
+      .option('--policy <json>', 'rollout policy as JSON, or @file with the JSON (waves, thresholds, gates, window, activation)')
       .option('--watch', 'poll the machines until every one reports the version committed or failed')
       .option('--interval <seconds>', 'with --watch: seconds between polls', positiveInt('--interval'), 3)
       .option('--timeout <seconds>', 'with --watch: give up after this many seconds', positiveInt('--timeout'), 1800),
@@ -115,7 +122,7 @@ export function registerDeploy(program: Command): void {
     async (
       roostId: string,
       versionRef: string | undefined,
-      opts: { machines?: string[]; scheduleAt?: string; dryRun?: boolean; watch?: boolean; interval: number; timeout: number },
+      opts: { machines?: string[]; scheduleAt?: string; dryRun?: boolean; policy?: string; watch?: boolean; interval: number; timeout: number },
       cmd: Command,
     ) => {
       const ctx = commandContext(cmd);
@@ -126,6 +133,7 @@ export function registerDeploy(program: Command): void {
       if (opts.machines !== undefined) body.machines = opts.machines;
       if (opts.scheduleAt !== undefined) body.scheduleAt = opts.scheduleAt;
       if (opts.dryRun) body.dryRun = true;
+      if (opts.policy !== undefined) body.policy = parsePolicyOption(opts.policy);
       const rollout = await client.post<Rollout>(`/api/roosts/${seg(roostId)}/deploy`, body, { idempotencyKey: true });
 
       let watched: WatchOutcome | undefined;
@@ -164,4 +172,58 @@ export function registerDeploy(program: Command): void {
       });
     },
   );
+}
+
+/** `--policy` value: JSON text, or `@path` of a file holding it. @throws Error on unreadable or invalid JSON. */
+export function parsePolicyOption(raw: string): unknown {
+  const text = raw.startsWith('@') ? fs.readFileSync(raw.slice(1), 'utf8') : raw;
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new Error('--policy must be JSON (or @file holding JSON)');
+  }
+}
+
+const ROLLOUT_ACTIONS = ['list', 'show', 'pause', 'resume', 'promote', 'abort', 'rollback'] as const;
+
+/** Registers `roost rollout <action> <roostId> [rolloutId]` (called by registerDeploy's caller through it). */
+export function registerRolloutControl(program: Command): void {
+  withJson(
+    program
+      .command('rollout')
+      .description(`inspect or control rollouts: ${ROLLOUT_ACTIONS.join(', ')}`)
+      .argument('<action>', ROLLOUT_ACTIONS.join(' | '))
+      .argument('<roostId>', 'roost id')
+      .argument('[rolloutId]', 'rollout id (all actions but list)')
+      .option('--reason <text>', 'kept in the rollout history (control actions)')
+      .option('--stage <stage>', 'list: only rollouts in this stage'),
+  ).action(async (action: string, roostId: string, rolloutId: string | undefined, opts: { reason?: string; stage?: string }, cmd: Command) => {
+    const ctx = commandContext(cmd);
+    const client = ctx.client();
+    const siteId = ctx.siteId();
+    if (!(ROLLOUT_ACTIONS as readonly string[]).includes(action)) throw new Error(`unknown action ${action}; use one of ${ROLLOUT_ACTIONS.join(', ')}`);
+    if (action === 'list') {
+      const res = await client.get<{ rollouts: Array<Record<string, unknown>> }>(`/api/roosts/${seg(roostId)}/rollouts`, { siteId, ...(opts.stage ? { stage: opts.stage } : {}) });
+      ctx.emit(res, () =>
+        process.stdout.write(
+          table(
+            ['ROLLOUT', 'VERSION', 'STAGE', 'STATE', 'OK', 'FAILED', 'CREATED'],
+            res.rollouts.map((r) => [String(r.rolloutId), String(r.versionId).slice(0, 12), String(r.stage), String(r.state), Number(r.succeeded), Number(r.failed), String(r.createdAt)]),
+          ) + '\n',
+        ),
+      );
+      return;
+    }
+    if (!rolloutId) throw new Error(`${action} needs a rollout id`);
+    const base = `/api/roosts/${seg(roostId)}/rollouts/${seg(rolloutId)}`;
+    const r =
+      action === 'show'
+        ? await client.get<Record<string, unknown>>(base, { siteId })
+        : await client.post<Record<string, unknown>>(`${base}/${action}`, { siteId, ...(opts.reason ? { reason: opts.reason } : {}) }, { idempotencyKey: true });
+    ctx.emit(r, () =>
+      process.stdout.write(
+        [`rollout ${String(r.rolloutId)} (${String(r.versionId).slice(0, 12)})`, `  stage ${String(r.stage)}, state ${String(r.state)}`, `  workflow ${String(r.workflowUrl)}`].join('\n') + '\n',
+      ),
+    );
+  });
 }

@@ -8,6 +8,7 @@
 import { randomBytes } from 'node:crypto';
 import { DefaultLogger, Runtime, Worker } from '@temporalio/worker';
 import type { Harness } from '../support/harness';
+import { insertKey } from '../support/identity';
 import { newId, sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
@@ -17,15 +18,9 @@ import { DEFAULT_POLICY, RolloutPolicy, insertRollout, splitWaves } from '../../
 import { rolloutWorkflowId, startRolloutWorkflow } from '../../api/temporal';
 import { createWorker } from '../../worker/worker';
 
-/** A live key of the harness user carrying only `scopes`. */
+/** A live key of the harness user carrying only `scopes` (test/support/identity.ts insertKey). */
 export async function scopedKey(h: Harness, scopes: Scope[]): Promise<string> {
-  const raw = `svk_live_${randomBytes(32).toString('base64url')}`;
-  await h.deps.db.query(
-    `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id)
-     VALUES ($1, $2, 'scoped test key', $3, $4, $5, 'live', $6)`,
-    [newId('key'), h.userId, raw.slice(0, 12), sha256Hex(raw), JSON.stringify(scopes), h.siteId],
-  );
-  return raw;
+  return (await insertKey(h.deps.db, { uid: h.userId, scopes, primarySiteId: h.siteId, name: 'scoped test key' })).raw;
 }
 
 /** Inserts enrolled machine rows (no agent token) for `ids` in the harness site. */

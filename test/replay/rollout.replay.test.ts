@@ -13,7 +13,21 @@ import { historyFromJson } from '../../scripts/record-history';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories');
-const files = fs.readdirSync(HISTORIES).filter((f) => f.endsWith('.json')).sort();
+/** Rollout histories only (other workflows keep theirs in the same folder, with their own replay tests). */
+const files = fs.readdirSync(HISTORIES).filter((f) => f.startsWith('rollout-') && f.endsWith('.json')).sort();
+/** Histories recorded before the issue #5 control path existed (they must replay on the issue #2 path). */
+const PRE_CONTROL = ['rollout-completed.json', 'rollout-canary-failed.json', 'rollout-scheduled.json'];
+/** Histories of the issue #5 paths (test/integration/rollout-control.test.ts with ROOST_RECORD_HISTORIES=1). */
+const CONTROL = [
+  'rollout-policy-waves.json',
+  'rollout-pause-resume.json',
+  'rollout-manual-gate.json',
+  'rollout-abort.json',
+  'rollout-auto-rollback.json',
+  'rollout-rollback.json',
+  'rollout-maintenance-window.json',
+  'rollout-staged.json',
+];
 
 function load(file: string) {
   return historyFromJson(JSON.parse(fs.readFileSync(path.join(HISTORIES, file), 'utf8')));
@@ -27,12 +41,21 @@ beforeAll(() => {
   }
 });
 
-it('has recorded histories of a completed, a failed and a scheduled rollout', () => {
-  expect(files).toEqual(expect.arrayContaining(['rollout-completed.json', 'rollout-canary-failed.json', 'rollout-scheduled.json']));
+it('has recorded histories of a completed, a failed and a scheduled rollout, and of every control path', () => {
+  expect(files).toEqual(expect.arrayContaining([...PRE_CONTROL, ...CONTROL]));
   for (const f of files) {
     const first = load(f).events![0];
     expect(first.workflowExecutionStartedEventAttributes?.workflowType?.name).toBe('rolloutWorkflow');
   }
+});
+
+it('recorded the pre-control histories without the control patch marker, and the control ones with it', () => {
+  const hasMarker = (f: string) =>
+    (load(f).events ?? []).some((e) =>
+      (e.markerRecordedEventAttributes?.details?.['patch-data']?.payloads ?? []).some((p) => Buffer.from(p.data ?? []).toString('utf8').includes('"rollout-control-v1"')),
+    );
+  for (const f of PRE_CONTROL) expect(hasMarker(f)).toBe(false);
+  for (const f of CONTROL.filter((x) => files.includes(x))) expect(hasMarker(f)).toBe(true);
 });
 
 it.each(files)('replays %s against the current workflow code', async (file) => {

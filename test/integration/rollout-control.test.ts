@@ -1,0 +1,551 @@
+/**
+ * Rollout control (issue #5) over the real services: policies with several waves, bake time, manual
+ * gates, maintenance windows, pause / resume / promote / abort updates, the failure threshold with
+ * automatic rollback, manual rollback, the rollout routes (list, detail, paging, filters) and their bad
+ * inputs, and the dry-run delta plan against what real agents then fetched.
+ *
+ * Agents: `heldFleet` answers sync_pull commands through the tables the agent routes write and can hold
+ * chosen machines (their commands stay undelivered until released), so a test can act in the middle of
+ * a wave without timing assumptions; the delta-plan test runs real reference agents (agent/fleet.ts).
+ * Set ROOST_RECORD_HISTORIES=1 to (re)record the control histories under test/replay/histories/.
+ */
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { AddressInfo } from 'node:net';
+import { createHarness, Harness, idemKey } from '../support/harness';
+import { closeWorkerConnections } from '../../worker/worker';
+import { recordHistory } from '../../scripts/record-history';
+import { rolloutWorkflowId } from '../../api/temporal';
+import { rollbackWorkflowId } from '../../db/rollouts';
+import { startFleet } from '../../agent/fleet';
+import { resolveExtractDir } from '../../agent/agent';
+import { TestWorker, dbFleet, enrolMachineRows, machineIds, machineStatuses, publishFiles, rolloutEvents, scopedKey, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';
+
+process.env.ROOST_ROLLOUT_POLL_MS = '100';
+const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
+const HISTORIES = path.join(__dirname, '..', 'replay', 'histories');
+
+let h: Harness;
+let w: TestWorker;
+let tmpRoot: string;
+const workflows: string[] = [];
+
+beforeAll(async () => {
+  h = await createHarness();
+  w = await startTestWorker(h);
+  tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-control-test-'));
+});
+afterAll(async () => {
+  await terminateAll(h, workflows);
+  await w?.stop();
+  await closeWorkerConnections();
+  h?.app.server.closeAllConnections();
+  await h?.close();
+  await fs.rm(tmpRoot, { recursive: true, force: true });
+});
+
+type Decision = 'commit' | 'fail' | 'hold';
+
+/**
+ * A stand-in fleet: every `intervalMs` it takes the site's undelivered sync_pull commands and answers
+ * them as `decide` says (per machine, attempt and version). `hold` leaves the command undelivered, to be
+ * decided again on the next pass.
+ */
+function heldFleet(decide: (machineId: string, attempt: number, versionId: string) => Decision = () => 'commit', intervalMs = 50): { stop(): Promise<void> } {
+  let stopped = false;
+  const loop = (async () => {
+    while (!stopped) {
+      const { rows } = await h.deps.db.query<{ machine_id: string; command_id: string; params: { roostId: string; versionId: string; attempt: number } }>(
+        `SELECT machine_id, command_id, params FROM commands WHERE site_id = $1 AND type = 'sync_pull' AND status = 'pending' AND delivered_at IS NULL`,
+        [h.siteId],
+      );
+      for (const r of rows) {
+        const d = decide(r.machine_id, Number(r.params.attempt), r.params.versionId);
+        if (d === 'hold') continue;
+        const ok = d === 'commit';
+        await h.deps.db.query(
+          `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, error, bytes_fetched, updated_at)
+           VALUES ($1, $2, $3, $4, $5, $6, 0, now())
+           ON CONFLICT (site_id, machine_id, roost_id) DO UPDATE SET reported_version_id = excluded.reported_version_id,
+             status = excluded.status, error = excluded.error, updated_at = now()`,
+          [h.siteId, r.machine_id, r.params.roostId, r.params.versionId, ok ? 'committed' : 'failed', ok ? null : 'simulated failure'],
+        );
+        await h.deps.db.query(
+          `UPDATE commands SET delivered_at = now(), status = $4, result = $5, error = $6, completed_at = now(), updated_at = now()
+            WHERE site_id = $1 AND machine_id = $2 AND command_id = $3 AND completed_at IS NULL`,
+          [h.siteId, r.machine_id, r.command_id, ok ? 'completed' : 'failed', ok ? 'success' : null, ok ? null : 'simulated failure'],
+        );
+      }
+      await new Promise((res) => setTimeout(res, intervalMs));
+    }
+  })();
+  return {
+    async stop() {
+      stopped = true;
+      await loop;
+    },
+  };
+}
+
+/** Polls `check` every 50 ms until it holds (the test's own timeout bounds the wait). */
+async function waitFor(check: () => Promise<boolean>): Promise<void> {
+  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
+}
+
+async function deploy(roostId: string, body: Record<string, unknown>) {
+  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/deploy`, body: { siteId: h.siteId, ...body }, idempotencyKey: true });
+  if (res.statusCode !== 202) throw new Error(`deploy failed: ${res.statusCode} ${res.body}`);
+  const r = res.json();
+  if (!r.dryRun) workflows.push(rolloutWorkflowId(h.siteId, roostId, r.versionId));
+  return { ...r, workflowId: rolloutWorkflowId(h.siteId, roostId, r.versionId) };
+}
+
+function control(roostId: string, rolloutId: string, action: string, opts: { key?: string; idem?: boolean; body?: unknown; query?: string } = {}) {
+  return h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/rollouts/${rolloutId}/${action}${opts.query ?? ''}`,
+    body: opts.body ?? { siteId: h.siteId },
+    key: opts.key,
+    ...(opts.idem === false ? {} : { idempotencyKey: true }),
+  });
+}
+
+async function detail(roostId: string, rolloutId: string, query = '') {
+  const res = await h.request({ method: 'GET', url: `/api/roosts/${roostId}/rollouts/${rolloutId}?siteId=${h.siteId}${query}` });
+  expect(res.statusCode).toBe(200);
+  return res.json();
+}
+
+/** The workflow's `status` query (null fields until the workflow registered its handler). */
+async function status(workflowId: string): Promise<{ state: string | null; waiting: string | null; wave: number | null }> {
+  try {
+    return await h.deps.temporal.workflow.getHandle(workflowId).query<{ state: string; waiting: string | null; wave: number | null }>('status');
+  } catch (err) {
+    if ((err as Error).name === 'QueryNotRegisteredError') return { state: null, waiting: null, wave: null };
+    throw err;
+  }
+}
+
+function result(workflowId: string) {
+  return h.deps.temporal.workflow.getHandle(workflowId).result();
+}
+
+async function maybeRecord(workflowId: string, name: string) {
+  if (RECORD) await recordHistory(h.deps.temporal, workflowId, path.join(HISTORIES, `${name}.json`));
+}
+
+/** Machines of a rollout's wave (by stored wave name). */
+async function waveMachines(rolloutId: string, wave: string): Promise<string[]> {
+  const { rows } = await h.deps.db.query('SELECT machine_id FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND wave = $3 ORDER BY machine_id', [h.siteId, rolloutId, wave]);
+  return rows.map((r) => r.machine_id);
+}
+
+/** Marks `ids` as reporting `versionId` committed for the roost (what a previous rollout would leave). */
+async function commitVersion(ids: string[], roostId: string, versionId: string) {
+  await h.deps.db.query(
+    `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, updated_at)
+     SELECT $1, m, $2, $3, 'committed', now() FROM UNNEST($4::text[]) AS t (m)
+     ON CONFLICT (site_id, machine_id, roost_id) DO UPDATE SET reported_version_id = excluded.reported_version_id, status = 'committed', updated_at = now()`,
+    [h.siteId, roostId, versionId, ids],
+  );
+}
+
+async function reported(roostId: string): Promise<Record<string, string>> {
+  const { rows } = await h.deps.db.query(`SELECT machine_id, reported_version_id, status FROM roost_target_states WHERE site_id = $1 AND roost_id = $2`, [h.siteId, roostId]);
+  return Object.fromEntries(rows.map((r) => [r.machine_id, `${r.reported_version_id}:${r.status}`]));
+}
+
+describe('policies', () => {
+  it('runs the waves of a policy with bake time, and the routes show waves, counts and history', async () => {
+    const ids = machineIds(10);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      const r = await deploy(roost.roostId, { policy: { canary: { count: 1 }, waves: [40, 100], bakeSeconds: 0.2, retryBackoffSeconds: 0.1 } });
+      expect(r.waves).toEqual([
+        { index: 0, name: 'canary', size: 1 },
+        { index: 1, name: 'wave-1', size: 3 },
+        { index: 2, name: 'wave-2', size: 6 },
+      ]);
+      expect(r.policy).toMatchObject({ canary: { count: 1 }, waves: [40, 100], bakeSeconds: 0.2, failureThreshold: { count: 0 }, activation: 'immediate' });
+      const out = await result(r.workflowId);
+      expect(out).toEqual({ rolloutId: r.rolloutId, stage: 'completed', succeeded: 10, failed: 0, abortReason: null });
+      const d = await detail(roost.roostId, r.rolloutId);
+      expect(d).toMatchObject({ stage: 'completed', state: 'completed', active: false, currentWave: 2, waveCount: 3, succeeded: 10 });
+      expect(d.waves.map((x: { counts: { succeeded: number } }) => x.counts.succeeded)).toEqual([1, 3, 6]);
+      expect(d.counts).toMatchObject({ total: 10, succeeded: 10, failed: 0 });
+      expect(d.workflowUrl).toContain(encodeURIComponent(r.workflowId));
+      expect(d.machines).toHaveLength(10);
+      expect(d.machines[0]).toMatchObject({ status: 'succeeded', attempts: 1, lastError: null, versionId: roost.versionId });
+      expect(typeof d.machines[0].dispatchedAt).toBe('string');
+      const events = await rolloutEvents(h, r.rolloutId);
+      expect(events.map((e) => e.type)).toEqual(['deployment.started', 'deployment.completed']);
+      const desc = await h.deps.temporal.workflow.getHandle(r.workflowId).describe();
+      expect(desc.searchAttributes).toMatchObject({ RoostStage: ['completed'] });
+      await maybeRecord(r.workflowId, 'rollout-policy-waves');
+    } finally {
+      await fleet.stop();
+    }
+  });
+
+  it('refuses a bad policy with errors keyed by dotted path, writing nothing', async () => {
+    const ids = machineIds(2);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const res = await h.request({
+      method: 'POST',
+      url: `/api/roosts/${roost.roostId}/deploy`,
+      body: { siteId: h.siteId, policy: { waves: [50, 20], failureThreshold: { fraction: 3 }, activation: 'later' } },
+      idempotencyKey: true,
+    });
+    expect(res.statusCode).toBe(400);
+    expect(res.json()).toMatchObject({ code: 'validation_failed', param: 'policy' });
+    expect(Object.keys(res.json().errors).sort()).toEqual(['policy.activation', 'policy.failureThreshold.fraction', 'policy.waves.1']);
+    const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM rollouts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roost.roostId]);
+    expect(rows[0].n).toBe(0);
+  });
+});
+
+describe('control while running', () => {
+  it('pauses in the middle of a wave (dispatched machines finish, the next wave waits) and resumes', async () => {
+    const ids = machineIds(10);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    let hold = new Set<string>();
+    const fleet = heldFleet((m) => (hold.has(m) ? 'hold' : 'commit'));
+    try {
+      const planned = await deploy(roost.roostId, { dryRun: true, policy: { canary: { count: 2 }, waves: [50, 100] } });
+      expect(planned.waves.map((x: { size: number }) => x.size)).toEqual([2, 3, 5]);
+      hold = new Set(ids); // hold everything until we know the waves
+      const r = await deploy(roost.roostId, { policy: { canary: { count: 2 }, waves: [50, 100], retryBackoffSeconds: 0.1 } });
+      const wave1 = await waveMachines(r.rolloutId, 'wave-1');
+      const wave2 = await waveMachines(r.rolloutId, 'wave-2');
+      hold = new Set([...wave1, ...wave2]);
+      await waitFor(async () => (await machineStatuses(h, r.rolloutId)).dispatched === 3);
+
+      const paused = await control(roost.roostId, r.rolloutId, 'pause', { body: { siteId: h.siteId, reason: 'checking dashboards' } });
+      expect(paused.statusCode).toBe(200);
+      expect(paused.json()).toMatchObject({ rolloutId: r.rolloutId, state: 'paused', stage: 'started', currentWave: 1 });
+      expect((await control(roost.roostId, r.rolloutId, 'pause')).json()).toMatchObject({ code: 'conflict', state: 'paused' });
+
+      hold = new Set(wave2); // the dispatched wave finishes while paused
+      await waitFor(async () => (await status(r.workflowId)).waiting === 'pause');
+      const d = await detail(roost.roostId, r.rolloutId);
+      expect(d.state).toBe('paused');
+      expect(d.waves[1].counts).toMatchObject({ succeeded: 3 });
+      expect(d.waves[2].counts).toMatchObject({ pending: 5, dispatched: 0 });
+      const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = ANY($3::text[])', [h.siteId, r.rolloutId, wave2]);
+      expect(rows[0].n).toBe(0);
+      expect((await h.deps.temporal.workflow.getHandle(r.workflowId).describe()).searchAttributes).toMatchObject({ RoostStage: ['paused'] });
+
+      hold = new Set();
+      const resumed = await control(roost.roostId, r.rolloutId, 'resume', { query: `?siteId=${h.siteId}`, body: {} });
+      expect(resumed.statusCode).toBe(200);
+      expect(resumed.json().state).toBe('running');
+      expect((await control(roost.roostId, r.rolloutId, 'resume')).statusCode).toBe(409);
+      expect(await result(r.workflowId)).toMatchObject({ stage: 'completed', succeeded: 10, failed: 0 });
+      const end = await detail(roost.roostId, r.rolloutId);
+      const actions = end.history.map((e: { action: string }) => e.action);
+      expect(actions).toEqual(expect.arrayContaining(['pause', 'resume']));
+      expect(end.history.find((e: { action: string }) => e.action === 'pause')).toMatchObject({ by: h.userId, state: 'paused', detail: { reason: 'checking dashboards' } });
+      await maybeRecord(r.workflowId, 'rollout-pause-resume');
+    } finally {
+      await fleet.stop();
+    }
+  });
+
+  it('waits at a manual gate after the canary until promote', async () => {
+    const ids = machineIds(5);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      const r = await deploy(roost.roostId, { policy: { requirePromotion: 'canary', retryBackoffSeconds: 0.1 } });
+      await waitFor(async () => (await status(r.workflowId)).waiting === 'promotion');
+      const d = await detail(roost.roostId, r.rolloutId);
+      expect(d).toMatchObject({ state: 'awaiting_promotion', stage: 'started' });
+      expect(d.waves[1].counts).toMatchObject({ pending: 4 });
+      const promoted = await control(roost.roostId, r.rolloutId, 'promote');
+      expect(promoted.statusCode).toBe(200);
+      const again = await control(roost.roostId, r.rolloutId, 'promote');
+      expect(again.statusCode).toBe(409);
+      expect(again.json().code).toBe('conflict');
+      expect(await result(r.workflowId)).toMatchObject({ stage: 'completed', succeeded: 5 });
+      await maybeRecord(r.workflowId, 'rollout-manual-gate');
+    } finally {
+      await fleet.stop();
+    }
+  });
+
+  it('defers a wave until the maintenance window opens, in the site timezone', async () => {
+    const ids = machineIds(3);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    await h.deps.db.query(`UPDATE sites SET timezone = 'Asia/Kolkata' WHERE site_id = $1`, [h.siteId]);
+    const fleet = heldFleet();
+    try {
+      const opensAt = Date.now() + 4000;
+      const local = (ms: number) => new Intl.DateTimeFormat('en-GB', { timeZone: 'Asia/Kolkata', hourCycle: 'h23', hour: '2-digit', minute: '2-digit', second: '2-digit' }).format(new Date(ms));
+      const start = local(opensAt);
+      const r = await deploy(roost.roostId, { policy: { maintenanceWindow: { start, end: local(opensAt + 3600_000) }, retryBackoffSeconds: 0.1 } });
+      await waitFor(async () => (await status(r.workflowId)).waiting === 'window');
+      expect((await detail(roost.roostId, r.rolloutId)).state).toBe('waiting_window');
+      expect(await result(r.workflowId)).toMatchObject({ stage: 'completed', succeeded: 3 });
+      const { rows } = await h.deps.db.query('SELECT min(created_at) AS first FROM commands WHERE site_id = $1 AND rollout_id = $2', [h.siteId, r.rolloutId]);
+      expect(rows[0].first.getTime()).toBeGreaterThanOrEqual(Math.floor(opensAt / 1000) * 1000 - 50);
+      const actions = (await detail(roost.roostId, r.rolloutId)).history.map((e: { action: string }) => e.action);
+      expect(actions).toEqual(expect.arrayContaining(['waiting_window', 'window_open']));
+      await maybeRecord(r.workflowId, 'rollout-maintenance-window');
+    } finally {
+      await fleet.stop();
+      await h.deps.db.query(`UPDATE sites SET timezone = 'UTC' WHERE site_id = $1`, [h.siteId]);
+    }
+  });
+
+  it('aborts (pending machines and commands cancelled), refuses control afterwards, and rolls back switched machines', async () => {
+    const ids = machineIds(6);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const v1 = roost.versionId;
+    await commitVersion(ids, roost.roostId, v1);
+    const v2 = await publishFiles(h, roost.roostId, { 'app.txt': 'version two\n' });
+    let hold = new Set<string>(ids);
+    const fleet = heldFleet((m) => (hold.has(m) ? 'hold' : 'commit'));
+    try {
+      const r = await deploy(roost.roostId, { versionId: v2.versionId, policy: { canary: { count: 2 }, retryBackoffSeconds: 0.1 } });
+      const canary = await waveMachines(r.rolloutId, 'canary');
+      const rest = ids.filter((m) => !canary.includes(m));
+      hold = new Set(rest);
+      await waitFor(async () => (await machineStatuses(h, r.rolloutId)).dispatched === 4);
+      const aborted = await control(roost.roostId, r.rolloutId, 'abort', { body: { siteId: h.siteId, reason: 'bad build' } });
+      expect(aborted.statusCode).toBe(200);
+      expect(['aborted', 'failed']).toContain(aborted.json().state);
+      expect(await result(r.workflowId)).toEqual({ rolloutId: r.rolloutId, stage: 'failed', succeeded: 2, failed: 0, abortReason: 'aborted' });
+      expect(await machineStatuses(h, r.rolloutId)).toEqual({ succeeded: 2, cancelled: 4 });
+      const { rows: cmds } = await h.deps.db.query('SELECT DISTINCT status FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = ANY($3::text[])', [h.siteId, r.rolloutId, rest]);
+      expect(cmds).toEqual([{ status: 'cancelled' }]);
+      expect((await rolloutEvents(h, r.rolloutId)).map((e) => e.type)).toEqual(['deployment.started', 'deployment.failed']);
+      expect((await detail(roost.roostId, r.rolloutId)).state).toBe('aborted');
+      for (const a of ['pause', 'resume', 'promote', 'abort']) {
+        const res = await control(roost.roostId, r.rolloutId, a);
+        expect(res.statusCode).toBe(409);
+        expect(res.json()).toMatchObject({ code: 'conflict', state: 'aborted' });
+      }
+      await maybeRecord(r.workflowId, 'rollout-abort');
+
+      hold = new Set();
+      const rb = await control(roost.roostId, r.rolloutId, 'rollback');
+      expect(rb.statusCode).toBe(202);
+      const rbBody = rb.json();
+      expect(rbBody).toMatchObject({ rollbackOf: r.rolloutId, versionId: v1, stage: 'started', waveCount: 1, counts: { total: 2 } });
+      workflows.push(rbBody.workflowId);
+      expect(rbBody.workflowId).toBe(rollbackWorkflowId(h.siteId, r.rolloutId));
+      expect(await result(rbBody.workflowId)).toMatchObject({ stage: 'completed', succeeded: 2, failed: 0 });
+      const now = await reported(roost.roostId);
+      for (const m of ids) expect(now[m]).toBe(`${v1}:committed`);
+      const original = await detail(roost.roostId, r.rolloutId);
+      expect(original).toMatchObject({ state: 'rolled_back', rolledBackBy: rbBody.rolloutId, stage: 'failed' });
+      expect((await control(roost.roostId, r.rolloutId, 'rollback')).json()).toMatchObject({ code: 'conflict', rollbackRolloutId: rbBody.rolloutId });
+      expect((await control(roost.roostId, rbBody.rolloutId, 'rollback')).statusCode).toBe(409);
+      await maybeRecord(rbBody.workflowId, 'rollout-rollback');
+    } finally {
+      await fleet.stop();
+    }
+  });
+
+  it('rolls back automatically when the canary trips the failure threshold: every machine ends on its previous version', async () => {
+    const ids = machineIds(10);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const v1 = roost.versionId;
+    await commitVersion(ids, roost.roostId, v1);
+    const v2 = await publishFiles(h, roost.roostId, { 'app.txt': 'broken build\n' });
+    let bad = '';
+    const fleet = heldFleet((m, _a, v) => (m === bad && v === v2.versionId ? 'fail' : bad === '' ? 'hold' : 'commit'));
+    try {
+      const r = await deploy(roost.roostId, { versionId: v2.versionId, policy: { canary: { count: 3 }, autoRollback: true, retries: 1, retryBackoffSeconds: 0.1 } });
+      bad = (await waveMachines(r.rolloutId, 'canary'))[0];
+      const out = await result(r.workflowId);
+      expect(out).toMatchObject({ rolloutId: r.rolloutId, stage: 'failed', abortReason: 'canary_failed', succeeded: 2, failed: 1 });
+      expect(out.rollback).toMatchObject({ stage: 'completed', succeeded: 2, failed: 0 });
+      workflows.push(rollbackWorkflowId(h.siteId, r.rolloutId));
+      const now = await reported(roost.roostId);
+      for (const m of ids) {
+        if (m === bad) expect(now[m]).toBe(`${v2.versionId}:failed`); // never switched: left alone (its files are v1)
+        else expect(now[m]).toBe(`${v1}:committed`);
+      }
+      const d = await detail(roost.roostId, r.rolloutId);
+      expect(d).toMatchObject({ state: 'rolled_back', rolledBackBy: out.rollback.rolloutId });
+      expect(d.history.map((e: { action: string }) => e.action)).toEqual(expect.arrayContaining(['rollback_started', 'rolled_back']));
+      const rbEvents = await rolloutEvents(h, out.rollback.rolloutId);
+      expect(rbEvents.map((e) => e.type)).toEqual(['deployment.started', 'deployment.completed']);
+      expect((await h.deps.temporal.workflow.getHandle(r.workflowId).describe()).searchAttributes).toMatchObject({ RoostStage: ['rolled_back'] });
+      await maybeRecord(r.workflowId, 'rollout-auto-rollback');
+    } finally {
+      await fleet.stop();
+    }
+  });
+});
+
+describe('rollout routes', () => {
+  it('lists rollouts newest first with paging and a stage filter, and answers bad inputs', async () => {
+    const ids = machineIds(2);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const v2 = await publishFiles(h, roost.roostId, { 'app.txt': 'two\n' });
+    let hold = true;
+    const fleet = heldFleet(() => (hold ? 'hold' : 'commit'));
+    try {
+      hold = false;
+      const first = await deploy(roost.roostId, { versionId: roost.versionId, policy: { retryBackoffSeconds: 0.1 } });
+      await result(first.workflowId);
+      hold = true;
+      const second = await deploy(roost.roostId, { versionId: v2.versionId, policy: { retryBackoffSeconds: 0.1 } });
+      await waitFor(async () => (await machineStatuses(h, second.rolloutId)).dispatched === 1);
+
+      const list = (q: string) => h.request({ method: 'GET', url: `/api/roosts/${roost.roostId}/rollouts?siteId=${h.siteId}${q}` });
+      const all = (await list('')).json();
+      expect(all.rollouts.map((x: { rolloutId: string }) => x.rolloutId)).toEqual([second.rolloutId, first.rolloutId]);
+      expect(all.next_page_token).toBe('');
+      const p1 = (await list('&page_size=1')).json();
+      expect(p1.rollouts).toHaveLength(1);
+      expect(p1.nextPageToken).toBe(p1.next_page_token);
+      const p2 = (await list(`&limit=1&cursor=${p1.next_page_token}`)).json();
+      expect(p2.rollouts.map((x: { rolloutId: string }) => x.rolloutId)).toEqual([first.rolloutId]);
+      expect(p2.next_page_token).toBe('');
+      expect((await list('&stage=completed')).json().rollouts.map((x: { rolloutId: string }) => x.rolloutId)).toEqual([first.rolloutId]);
+      expect((await list('&stage=canary')).json().rollouts.map((x: { rolloutId: string }) => x.rolloutId)).toEqual([second.rolloutId]);
+      expect((await list('&stage=paused')).statusCode).toBe(400);
+      expect((await list('&page_size=0')).json().code).toBe('validation_failed');
+      expect((await list('&page_token=garbage')).statusCode).toBe(400);
+      expect((await h.request({ method: 'GET', url: `/api/roosts/${roost.roostId}/rollouts` })).statusCode).toBe(400);
+
+      // Detail: machine paging and filters.
+      const d1 = await detail(roost.roostId, first.rolloutId, '&page_size=1');
+      expect(d1.machines).toHaveLength(1);
+      const d2 = await detail(roost.roostId, first.rolloutId, `&page_size=1&page_token=${d1.next_page_token}`);
+      expect(d2.machines).toHaveLength(1);
+      expect(d2.machines[0].machineId > d1.machines[0].machineId).toBe(true);
+      expect(d2.next_page_token).toBe('');
+      expect((await detail(roost.roostId, second.rolloutId, '&status=dispatched')).machines).toHaveLength(1);
+      expect((await detail(roost.roostId, second.rolloutId, '&wave=fleet')).machines).toHaveLength(1);
+
+      // Bad inputs.
+      const get = (url: string, key?: string) => h.request({ method: 'GET', url, key });
+      expect((await get(`/api/roosts/${roost.roostId}/rollouts/rol_unknown?siteId=${h.siteId}`)).json()).toMatchObject({ code: 'not_found' });
+      const otherRoost = await seedRoost(h, { targets: ids });
+      expect((await get(`/api/roosts/${otherRoost.roostId}/rollouts/${first.rolloutId}?siteId=${h.siteId}`)).statusCode).toBe(404);
+      expect((await get(`/api/roosts/${roost.roostId}/rollouts/bad%20id?siteId=${h.siteId}`)).statusCode).toBe(400);
+      const other = await h.other();
+      expect((await get(`/api/roosts/${roost.roostId}/rollouts/${first.rolloutId}?siteId=${h.siteId}`, other.apiKey)).statusCode).toBe(404);
+      expect((await get(`/api/roosts/${roost.roostId}/rollouts?siteId=${h.siteId}`, other.apiKey)).statusCode).toBe(404);
+      expect((await control(roost.roostId, second.rolloutId, 'pause', { key: other.apiKey })).statusCode).toBe(404);
+      expect((await control(roost.roostId, 'rol_unknown', 'pause')).json()).toMatchObject({ code: 'not_found' });
+
+      const readOnly = await scopedKey(h, [{ resource: 'roost', id: roost.roostId, permissions: ['read'] }]);
+      const listed = await get(`/api/roosts/${roost.roostId}/rollouts?siteId=${h.siteId}`, readOnly);
+      expect(listed.body).toContain('"rollouts"');
+      expect(listed.statusCode).toBe(200);
+      const denied = await control(roost.roostId, second.rolloutId, 'pause', { key: readOnly });
+      expect(denied.statusCode).toBe(403);
+      expect(denied.json()).toMatchObject({ code: 'scope_insufficient' });
+      expect(denied.json().required).toBeDefined();
+      const deployOnly = await scopedKey(h, [{ resource: 'roost', id: roost.roostId, permissions: ['deploy'] }]);
+      expect((await get(`/api/roosts/${roost.roostId}/rollouts?siteId=${h.siteId}`, deployOnly)).json()).toMatchObject({ code: 'scope_insufficient' });
+
+      const noKey = await control(roost.roostId, second.rolloutId, 'pause', { idem: false });
+      expect(noKey.json()).toMatchObject({ code: 'idempotency_key_required' });
+      expect((await control(roost.roostId, second.rolloutId, 'pause', { body: {} })).json()).toMatchObject({ code: 'validation_failed', param: 'siteId' });
+      expect((await control(roost.roostId, second.rolloutId, 'pause', { body: { siteId: h.siteId, extra: 1 } })).statusCode).toBe(400);
+      expect((await control(roost.roostId, second.rolloutId, 'promote')).json()).toMatchObject({ code: 'conflict' }); // no gate
+      expect((await control(roost.roostId, second.rolloutId, 'resume')).json()).toMatchObject({ code: 'conflict' }); // not paused
+      expect((await control(roost.roostId, second.rolloutId, 'rollback')).json()).toMatchObject({ code: 'conflict', reason: 'not_terminal' });
+      expect((await control(roost.roostId, first.rolloutId, 'rollback')).json()).toMatchObject({ code: 'conflict', reason: 'completed' });
+
+      // Idempotent replay of a control call.
+      const key = idemKey();
+      const a = await h.request({ method: 'POST', url: `/api/roosts/${roost.roostId}/rollouts/${second.rolloutId}/pause`, body: { siteId: h.siteId }, idempotencyKey: key });
+      const b = await h.request({ method: 'POST', url: `/api/roosts/${roost.roostId}/rollouts/${second.rolloutId}/pause`, body: { siteId: h.siteId }, idempotencyKey: key });
+      expect(a.statusCode).toBe(200);
+      expect(b.statusCode).toBe(200);
+      expect(b.headers['idempotent-replayed']).toBe('true');
+      await control(roost.roostId, second.rolloutId, 'abort');
+      await result(second.workflowId);
+    } finally {
+      await fleet.stop();
+    }
+  });
+});
+
+describe('history size with waves', () => {
+  it('does not depend on the number of machines: 3 waves for 11 and for 3,000 machines', async () => {
+    const lengths: number[] = [];
+    for (const n of [11, 3000]) {
+      const ids = machineIds(n);
+      await enrolMachineRows(h, ids);
+      const roost = await seedRoost(h, { targets: ids });
+      const fleet = dbFleet(h, () => 'commit', 100);
+      try {
+        const r = await deploy(roost.roostId, { policy: { canary: { count: 1 }, waves: [50, 100], retryBackoffSeconds: 0.1 } });
+        expect(await result(r.workflowId)).toMatchObject({ stage: 'completed', succeeded: n });
+        lengths.push((await h.deps.temporal.workflow.getHandle(r.workflowId).fetchHistory()).events!.length);
+      } finally {
+        await fleet.stop();
+      }
+    }
+    // Bound (docs/decisions/rollout-control.md): 58 events for 2 waves + 12 per further wave, whatever the machines.
+    expect(lengths[1]).toBe(lengths[0]);
+    expect(lengths[0]).toBeLessThanOrEqual(58 + 12);
+  });
+});
+
+describe('dry-run delta plan', () => {
+  it('lists per machine the bytes and chunks it would fetch, writes nothing, and matches what real agents fetched', async () => {
+    await h.app.listen({ port: 0, host: '127.0.0.1' });
+    const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
+    const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+    const fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 3, rootDir: path.join(tmpRoot, 'delta'), pollWaitSeconds: 5, heartbeatMs: 0 });
+    try {
+      const [m0, m1, m2] = fleet.machineIds;
+      const big = 'x'.repeat(5000);
+      const roost = await seedRoost(h, { targets: fleet.machineIds, files: { 'a.txt': `alpha ${big}`, 'b.txt': `beta ${big}`, 'c.txt': 'gamma' } });
+      const first = await deploy(roost.roostId, { machines: [m0, m1], policy: { retryBackoffSeconds: 0.1 } });
+      expect((await result(first.workflowId)).stage).toBe('completed');
+      const v2 = await publishFiles(h, roost.roostId, { 'a.txt': `alpha ${big}`, 'b.txt': `beta two ${big}`, 'd.txt': 'delta' });
+
+      const tables = ['rollouts', 'rollout_machines', 'commands', 'events', 'roost_target_states'];
+      const countRows = async () => Promise.all(tables.map(async (t) => (await h.deps.db.query(`SELECT count(*)::int AS n FROM ${t} WHERE site_id = $1`, [h.siteId])).rows[0].n));
+      const before = await countRows();
+      const plan = await deploy(roost.roostId, { versionId: v2.versionId, dryRun: true });
+      expect(await countRows()).toEqual(before);
+      const bChunk = Buffer.byteLength(`beta two ${big}`);
+      const dChunk = Buffer.byteLength('delta');
+      const aChunk = Buffer.byteLength(`alpha ${big}`);
+      const byMachine = Object.fromEntries(plan.delta.machines.map((x: { machineId: string }) => [x.machineId, x]));
+      expect(byMachine[m0]).toEqual({ machineId: m0, currentVersionId: roost.versionId, bytes: bChunk + dChunk, chunks: 2 });
+      expect(byMachine[m1]).toEqual({ machineId: m1, currentVersionId: roost.versionId, bytes: bChunk + dChunk, chunks: 2 });
+      expect(byMachine[m2]).toEqual({ machineId: m2, currentVersionId: null, bytes: aChunk + bChunk + dChunk, chunks: 3 });
+      expect(plan.delta.totals).toEqual({ machines: 3, bytes: 2 * (bChunk + dChunk) + aChunk + bChunk + dChunk, chunks: 7 });
+      expect(plan.delta).toMatchObject({ versionId: v2.versionId, machinesListed: 3, truncated: false });
+      expect(plan.delta.byCurrentVersion).toEqual(
+        expect.arrayContaining([
+          { currentVersionId: roost.versionId, machines: 2, bytes: 2 * (bChunk + dChunk), chunks: 4 },
+          { currentVersionId: null, machines: 1, bytes: aChunk + bChunk + dChunk, chunks: 3 },
+        ]),
+      );
+
+      const real = await deploy(roost.roostId, { versionId: v2.versionId, policy: { retryBackoffSeconds: 0.1 } });
+      expect((await result(real.workflowId)).stage).toBe('completed');
+      const { rows } = await h.deps.db.query('SELECT machine_id, bytes_fetched FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2', [h.siteId, real.rolloutId]);
+      expect(Object.fromEntries(rows.map((r) => [r.machine_id, Number(r.bytes_fetched)]))).toEqual({ [m0]: bChunk + dChunk, [m1]: bChunk + dChunk, [m2]: aChunk + bChunk + dChunk });
+      for (const m of fleet.machineIds) {
+        const dir = resolveExtractDir(path.join(tmpRoot, 'delta', m), 'apps/test');
+        expect(await fs.readFile(path.join(dir, 'd.txt'), 'utf8')).toBe('delta');
+      }
+    } finally {
+      await fleet.stop();
+    }
+  });
+});
