@@ -9,6 +9,9 @@ import type { Pool } from 'pg';
 import type { Config } from '../config/env';
 import type { BlobStore } from '../storage/blob';
 import { createRolloutActivities } from './rollout';
+import { createSweepActivities } from './sweeps';
+import { createEventActivities } from './events';
+import { createWebhookActivities } from './webhooks';
 
 /** What activities may touch: the database pool, blob storage and configuration. */
 export interface ActivityDeps {
@@ -21,6 +24,9 @@ export interface ActivityDeps {
 export function createActivities(deps: ActivityDeps) {
   return {
     ...createRolloutActivities(deps),
+    ...createSweepActivities(deps),
+    ...createEventActivities(deps),
+    ...createWebhookActivities(deps),
   };
 }
 

@@ -41,6 +41,8 @@ export const ERROR_STATUS = {
   duplicate_process_name: 409,
   process_not_found: 404,
   unsupported_command_type: 400,
+  /** Webhooks: a delivery URL pointing at a loopback, private or link-local address (docs/decisions/webhook-urls.md). */
+  url_not_allowed: 400,
 } as const;
 
 export type ErrorCode = keyof typeof ERROR_STATUS;

@@ -3,3 +3,6 @@
  * file). Find a workflow by its name here in one step.
  */
 export { rolloutWorkflow } from './rollout';
+export { heartbeatStalenessSweepWorkflow, chunkGcSweepWorkflow, chunkVerifySweepWorkflow, keyExpirySweepWorkflow } from './sweeps';
+export { eventRelayWorkflow } from './events';
+export { webhookDeliveryWorkflow } from './webhooks';

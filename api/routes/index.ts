@@ -9,7 +9,12 @@ import chunks from './chunks';
 import roosts from './roosts';
 import versions from './versions';
 import deploy from './deploy';
+import rollouts from './rollouts';
 import quota from './quota';
+import events from './events';
+import signingKeys from './signing-keys';
+import audit from './audit';
+import webhooks from './webhooks';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -21,5 +26,10 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(roosts);
   await app.register(versions);
   await app.register(deploy);
+  await app.register(rollouts);
   await app.register(quota);
+  await app.register(events);
+  await app.register(signingKeys);
+  await app.register(audit);
+  await app.register(webhooks);
 }

@@ -28,6 +28,8 @@ const VERSION_ID = 'b'.repeat(64);
 const ROOST = 'rst_matrix';
 const MACHINE = 'mach-matrix';
 const COMMAND = 'cmd_matrix';
+const WEBHOOK = `wh_${'c'.repeat(24)}`;
+const DELIVERY = `dlv_${'d'.repeat(24)}`;
 
 /** What a route is, for the matrix. */
 type Kind =
@@ -111,6 +113,11 @@ const MATRIX: Row[] = [
   },
   { route: 'POST /api/roosts/:roostId/rollback', what: { kind: 'site', needs: roost('rollback') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollback`, body: { siteId: s } }) },
   { route: 'POST /api/roosts/:roostId/deploy', what: { kind: 'site', needs: roost('deploy') }, req: (s) => ({ url: `/api/roosts/${ROOST}/deploy`, body: { siteId: s } }) },
+  { route: 'GET /api/roosts/:roostId/rollouts', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts?siteId=${s}` }) },
+  { route: 'GET /api/roosts/:roostId/rollouts/:rolloutId', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts/rol_matrix?siteId=${s}` }) },
+  ...(['pause', 'resume', 'promote', 'abort', 'rollback'] as const).map(
+    (a): Row => ({ route: `POST /api/roosts/:roostId/rollouts/:rolloutId/${a}`, what: { kind: 'site', needs: roost('deploy') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts/rol_matrix/${a}`, body: { siteId: s } }) }),
+  ),
   // ---- chunks
   { route: 'POST /api/chunks/check', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: '/api/chunks/check', body: { siteId: s, hashes: [HASH] } }) },
   { route: 'POST /api/chunks/upload-urls', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: '/api/chunks/upload-urls', body: { siteId: s, hashes: [HASH] } }) },
@@ -122,9 +129,39 @@ const MATRIX: Row[] = [
   { route: 'GET /api/chunks/download-urls', what: { kind: 'site', needs: site('read'), agentAllowed: true }, req: (s) => ({ url: `/api/chunks/download-urls?siteId=${s}&hash=${HASH}` }) },
   { route: 'POST /api/chunks/:digest/mount', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: `/api/chunks/${HASH}/mount`, body: { siteId: s, from: ROOST, to: 'rst_other' } }) },
   { route: 'GET /api/chunks/:digest/referrers', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/chunks/${HASH}/referrers?siteId=${s}` }) },
+  // ---- webhooks (api/routes/webhooks.ts: reads site read, mutations and the probe site admin)
+  {
+    route: 'POST /api/sites/:siteId/webhooks',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks`, body: { url: 'https://example.com/hook', name: 'm', events: ['version.published'] } }),
+  },
+  { route: 'GET /api/sites/:siteId/webhooks', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/webhooks` }) },
+  { route: 'GET /api/sites/:siteId/webhooks/:webhookId', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}` }) },
+  { route: 'PATCH /api/sites/:siteId/webhooks/:webhookId', what: { kind: 'site', needs: site('admin') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}`, body: { name: 'x' } }) },
+  { route: 'DELETE /api/sites/:siteId/webhooks/:webhookId', what: { kind: 'site', needs: site('admin') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}` }) },
+  {
+    route: 'POST /api/sites/:siteId/webhooks/:webhookId/rotate-secret',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}/rotate-secret`, body: {} }),
+  },
+  { route: 'GET /api/sites/:siteId/webhooks/:webhookId/deliveries', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}/deliveries` }) },
+  {
+    route: 'POST /api/sites/:siteId/webhooks/:webhookId/deliveries/:deliveryId/retry',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}/deliveries/${DELIVERY}/retry` }),
+  },
+  {
+    route: 'POST /api/webhooks/probe',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/webhooks/probe?siteId=${s}`, body: { url: 'https://example.com/hook', event: 'version.published', payload: {} } }),
+  },
   // ---- sites, machines, quota
   { route: 'POST /api/sites/:siteId/enrolment-secret', what: { kind: 'site', needs: site('admin') }, req: (s) => ({ url: `/api/sites/${s}/enrolment-secret` }) },
   { route: 'GET /api/sites/:siteId/quota', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/quota` }) },
+  { route: 'GET /api/sites/:siteId/signing-keys', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/signing-keys` }) },
+  { route: 'GET /api/sites/:siteId/audit-log', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/audit-log` }) },
+  { route: 'GET /api/sites/:siteId/audit-log/:recordHash', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/audit-log/${HASH}` }) },
+  { route: 'GET /api/events/stream', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/events/stream?siteId=${s}` }) },
   { route: 'GET /api/sites/:siteId/machines', what: { kind: 'site', needs: siteOrAny('machine', 'read') }, req: (s) => ({ url: `/api/sites/${s}/machines` }) },
   { route: 'GET /api/sites/:siteId/machines/:machineId', what: { kind: 'site', needs: machine('read') }, req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}` }) },
   { route: 'GET /api/sites/:siteId/machines/:machineId/deployments', what: { kind: 'site', needs: machine('read') }, req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/deployments` }) },
@@ -141,6 +178,7 @@ const MATRIX: Row[] = [
   // ---- agent protocol
   { route: 'POST /api/agent/heartbeat', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/heartbeat', body: {} }) },
   { route: 'GET /api/agent/commands', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/commands' }) },
+  { route: 'GET /api/agent/signing-keys', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/signing-keys' }) },
   { route: 'POST /api/agent/commands/:commandId', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/commands/${COMMAND}`, body: { status: 'completed' } }) },
   { route: 'PUT /api/agent/commands/:commandId/screenshot', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/commands/${COMMAND}/screenshot` }) },
   { route: 'GET /api/agent/roosts/:roostId/versions/:versionId', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/roosts/${ROOST}/versions/${VERSION_ID}` }) },
