@@ -65,6 +65,8 @@ export function benchConfig(database: string): Config {
     ROOST_PG_DATABASE: database,
     ROOST_API_PORT: '0',
     ROOST_TASK_QUEUE: `roost-bench-${randomBytes(4).toString('hex')}`,
+    // A throwaway task queue: no relay or sweep schedules to leave behind on the dev server.
+    ROOST_BACKGROUND_WORKFLOWS: 'false',
     ROOST_LOG_LEVEL: process.env.ROOST_LOG_LEVEL ?? 'error',
   });
 }

@@ -10,6 +10,7 @@ import { migrate } from '../db/migrate';
 import { startApi, RunningApi } from '../api/server';
 import { ensureServices, ServiceHandle, stopServices } from './services';
 import { closeWorkerConnections, createWorker } from '../worker/worker';
+import { ensureBackgroundWorkflows } from '../worker/background';
 
 export interface RunningStack {
   cfg: Config;
@@ -51,6 +52,7 @@ export async function startStack(cfg: Config, opts: { worker?: boolean; log?: (l
   const startWorker = async () => {
     worker = await createWorker(cfg, { cfg, db: api.deps.db, blob: api.deps.blob });
     workerRun = worker.run();
+    if (cfg.ROOST_BACKGROUND_WORKFLOWS) await ensureBackgroundWorkflows(api.deps.temporal, cfg);
   };
   const stopWorker = async () => {
     if (worker && worker.getState() === 'RUNNING') worker.shutdown();

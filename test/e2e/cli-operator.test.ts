@@ -1,12 +1,15 @@
 /**
  * The operator commands as a person runs them: `roost admin bootstrap` twice (no duplicates, same key)
- * and `roost stack` (prints `ready` with the URLs, serves the API, stops cleanly on SIGTERM).
+ * and `roost stack` (prints `ready` with the URLs, serves the API, has started the event relay and the sweep
+ * schedules of its task queue, stops cleanly on SIGTERM).
  */
 import path from 'node:path';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { testConfig } from '../support/env';
 import { createPool } from '../../db/pool';
+import { Client, Connection } from '@temporalio/client';
+import { eventRelayWorkflowId, sweepScheduleId, sweepSchedules } from '../../worker/background';
 
 const ROOT = path.resolve(__dirname, '..', '..');
 const BIN = path.join(ROOT, 'bin', 'roost.js');
@@ -48,9 +51,10 @@ describe('roost admin bootstrap', () => {
 });
 
 describe('roost stack', () => {
-  it('prints a ready line with the URLs, serves the API and stops cleanly on SIGTERM', async () => {
+  it('prints a ready line with the URLs, serves the API, runs the background workflows and stops cleanly on SIGTERM', async () => {
+    const taskQueue = `roost-stack-${randomBytes(3).toString('hex')}`;
     const child = spawn(process.execPath, [BIN, 'stack', '--json'], {
-      env: env({ ROOST_API_PORT: '0', ROOST_TASK_QUEUE: `roost-stack-${randomBytes(3).toString('hex')}` }),
+      env: env({ ROOST_API_PORT: '0', ROOST_TASK_QUEUE: taskQueue }),
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';
@@ -72,8 +76,25 @@ describe('roost stack', () => {
     expect(version.status).toBe(200);
     const docs = await fetch(ready.reference + '/');
     expect(docs.status).toBe(200);
-    const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-    child.kill('SIGTERM');
-    expect(await exited).toBe(0);
+    // The worker start-up ensured the event relay and one schedule per sweep on this task queue.
+    const cfg = testConfig();
+    const connection = await Connection.connect({ address: cfg.temporalAddress });
+    const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
+    const relay = temporal.workflow.getHandle(eventRelayWorkflowId(taskQueue));
+    try {
+      expect((await relay.describe()).status.name).toBe('RUNNING');
+      for (const spec of sweepSchedules(cfg)) {
+        const d = await temporal.schedule.getHandle(sweepScheduleId(spec.name, taskQueue)).describe();
+        expect(d.action).toMatchObject({ workflowType: spec.workflowType, taskQueue });
+      }
+      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+    } finally {
+      // This task queue is the test's own: leave nothing behind on the shared dev server.
+      await relay.terminate('test over').catch(() => undefined);
+      for (const spec of sweepSchedules(cfg)) await temporal.schedule.getHandle(sweepScheduleId(spec.name, taskQueue)).delete().catch(() => undefined);
+      await connection.close();
+    }
   });
 });

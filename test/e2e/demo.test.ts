@@ -39,6 +39,8 @@ describe('the demo walk-through', () => {
       ROOST_TASK_QUEUE: `roost-e2e-${randomBytes(4).toString('hex')}`,
       ROOST_API_PORT: '0',
       ROOST_LOG_LEVEL: 'silent',
+      // A task queue of its own: no relay or sweep schedules to leave behind (test/e2e/cli-operator covers them).
+      ROOST_BACKGROUND_WORKFLOWS: 'false',
     };
     const cli = path.join(__dirname, '..', '..', 'bin', 'roost.js');
     const child = spawn(process.execPath, [cli, 'demo', '--dir', dir, '--machines', '4', '--timeout', '3600', '--json'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
