@@ -10,17 +10,28 @@
  * Set ROOST_RECORD_HISTORIES=1 to (re)record the control histories under test/replay/histories/.
  */
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
-import { createHarness, Harness, idemKey } from '../support/harness';
-import { closeWorkerConnections } from '../../worker/worker';
+import { Harness, idemKey } from '../support/harness';
 import { recordHistory } from '../../scripts/record-history';
 import { rolloutWorkflowId } from '../../api/temporal';
 import { rollbackWorkflowId } from '../../db/rollouts';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
-import { TestWorker, dbFleet, enrolMachineRows, machineIds, machineStatuses, publishFiles, rolloutEvents, scopedKey, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';
+import {
+  TestWorker,
+  dbFleet,
+  enrolMachineRows,
+  machineIds,
+  machineStatuses,
+  publishFiles,
+  rolloutEvents,
+  scopedKey,
+  seedRoost,
+  terminateAll,
+  openRolloutSuite,
+  closeRolloutSuite,
+} from './rollout-fixtures';
 
 process.env.ROOST_ROLLOUT_POLL_MS = '100';
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
@@ -32,18 +43,9 @@ let tmpRoot: string;
 const workflows: string[] = [];
 
 beforeAll(async () => {
-  h = await createHarness();
-  w = await startTestWorker(h);
-  tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-control-test-'));
+  ({ h, w, tmpRoot } = await openRolloutSuite('control'));
 });
-afterAll(async () => {
-  await terminateAll(h, workflows);
-  await w?.stop();
-  await closeWorkerConnections();
-  h?.app.server.closeAllConnections();
-  await h?.close();
-  await fs.rm(tmpRoot, { recursive: true, force: true });
-});
+afterAll(() => closeRolloutSuite({ h, w, tmpRoot }, workflows));
 
 type Decision = 'commit' | 'fail' | 'hold';
 

@@ -6,8 +6,11 @@
  * (roost_target_states, commands), in bulk, so a rollout to thousands of machines stays fast.
  */
 import { randomBytes } from 'node:crypto';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 import { DefaultLogger, Runtime, Worker } from '@temporalio/worker';
-import type { Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
 import { newId, sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
@@ -16,7 +19,7 @@ import { chunkBlobName } from '../../storage/blob';
 import { withTx } from '../../db/pool';
 import { DEFAULT_POLICY, RolloutPolicy, insertRollout, splitWaves } from '../../db/rollouts';
 import { rolloutWorkflowId, startRolloutWorkflow } from '../../api/temporal';
-import { createWorker } from '../../worker/worker';
+import { closeWorkerConnections, createWorker } from '../../worker/worker';
 
 /** A live key of the harness user carrying only `scopes` (test/support/identity.ts insertKey). */
 export async function scopedKey(h: Harness, scopes: Scope[]): Promise<string> {
@@ -219,4 +222,33 @@ export async function terminateAll(h: Harness, workflowIds: Iterable<string>): P
         .catch(() => undefined),
     ),
   );
+}
+
+/** What the rollout test files share: a harness, a worker on its task queue and a temporary folder. */
+export interface RolloutSuite {
+  h: Harness;
+  w: TestWorker;
+  tmpRoot: string;
+}
+
+/** Opens a rollout test file's suite (call in beforeAll); `name` labels the temporary folder. */
+export async function openRolloutSuite(name: string): Promise<RolloutSuite> {
+  const h = await createHarness();
+  const w = await startTestWorker(h);
+  const tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), `roost-${name}-test-`));
+  return { h, w, tmpRoot };
+}
+
+/**
+ * Closes what `openRolloutSuite` opened (call in afterAll): terminates `workflowIds`, stops the worker,
+ * closes the worker connections and the harness (dropping the agents' keep-alive sockets, which would
+ * hold close() for a minute) and removes the temporary folder. Tolerates a suite that failed to open.
+ */
+export async function closeRolloutSuite(s: Partial<RolloutSuite>, workflowIds: Iterable<string> = []): Promise<void> {
+  if (s.h) await terminateAll(s.h, workflowIds);
+  await s.w?.stop();
+  await closeWorkerConnections();
+  s.h?.app.server.closeAllConnections();
+  await s.h?.close();
+  if (s.tmpRoot) await fs.rm(s.tmpRoot, { recursive: true, force: true });
 }

@@ -8,12 +8,10 @@
  * Set ROOST_RECORD_HISTORIES=1 to refresh test/replay/histories/ from these runs.
  */
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { WorkflowFailedError } from '@temporalio/client';
-import { createHarness, Harness } from '../support/harness';
-import { closeWorkerConnections } from '../../worker/worker';
+import type { Harness } from '../support/harness';
 import { startRolloutWorkflow, WorkflowIdBusyError } from '../../api/temporal';
 import { withTx } from '../../db/pool';
 import { insertRollout, splitWaves, DEFAULT_POLICY, syncPullCommandId } from '../../db/rollouts';
@@ -31,8 +29,9 @@ import {
   machineStatuses,
   rolloutEvents,
   seedRoost,
-  startTestWorker,
   terminateAll,
+  openRolloutSuite,
+  closeRolloutSuite,
 } from './rollout-fixtures';
 
 const FAST = { pollIntervalMs: 100, retryBackoffMs: 100 };
@@ -45,18 +44,9 @@ let tmpRoot: string;
 const workflows: string[] = [];
 
 beforeAll(async () => {
-  h = await createHarness();
-  w = await startTestWorker(h);
-  tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-rollout-test-'));
+  ({ h, w, tmpRoot } = await openRolloutSuite('rollout'));
 });
-afterAll(async () => {
-  await terminateAll(h, workflows);
-  await w?.stop();
-  await closeWorkerConnections();
-  h?.app.server.closeAllConnections(); // the agents' keep-alive sockets would hold close() for a minute
-  await h?.close();
-  await fs.rm(tmpRoot, { recursive: true, force: true });
-});
+afterAll(() => closeRolloutSuite({ h, w, tmpRoot }, workflows));
 
 async function result(workflowId: string) {
   return h.deps.temporal.workflow.getHandle(workflowId).result();
