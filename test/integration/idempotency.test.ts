@@ -5,22 +5,43 @@
  * body, errors not cached, and concurrent requests running the mutation once (rows counted). Then the
  * routes that ignore the header, the scope of a key, expiry after 24 h, abandoned reservations, and
  * the purge of expired rows.
+ *
+ * The rollout control and webhook fixtures run for real: an in-process worker on the harness's task
+ * queue, `dbFleet` answering sync_pull commands (a manual promotion gate keeps a rollout waiting), and a
+ * local HTTP receiver for probes and delivery runs (ROOST_WEBHOOK_ALLOW_PRIVATE).
  */
 import { fullAccessScopes } from '../../db/bootstrap';
 import { sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { rolloutWorkflowId } from '../../api/temporal';
+import { rollbackWorkflowId } from '../../db/rollouts';
+import { deliveryWorkflowId } from '../../activities/webhooks';
+import { webhookAad } from '../../db/webhooks';
+import { openSealed } from '../../domain/seal';
+import { newId } from '../../domain/hex';
+import { secretKey } from '../../stack/secrets';
+import { closeWorkerConnections } from '../../worker/worker';
 import { idempotencyScopeHash, purgeExpiredIdempotencyKeys } from '../../api/plugins/idempotency';
 import type { RouteEntry } from '../../api/openapi';
 import { createHarness, Harness, idemKey } from '../support/harness';
 import { insertKey } from '../support/identity';
-import { terminateAll } from './rollout-fixtures';
+import { TestWorker, dbFleet, deployRoute, enrolMachineRows, startTestWorker, terminateAll } from './rollout-fixtures';
 
 let h: Harness;
 /** The API key every keyed request of this file uses (its scopes are switched off to provoke errors). */
 let actor: { raw: string; keyId: string };
 let machineId: string;
 const workflows = new Set<string>();
+let worker: TestWorker;
+let fleet: { stop(): Promise<void> };
+/** Machines of the rollout control fixtures (dbFleet commits everything sent to them). */
+const controlMachines = ['idem-c1', 'idem-c2'];
+/** Local webhook receiver: answers 200 to everything and counts requests per path. */
+let receiver: http.Server;
+let receiverBase: string;
+const received = new Map<string, number>();
 
 interface Req {
   method: string;
@@ -87,6 +108,76 @@ interface KeyedFixture {
   verify?: (executed: any) => Promise<void>;
 }
 
+/** Polls `check` every 50 ms until it holds (the test timeout bounds the wait). */
+async function until(check: () => Promise<boolean>): Promise<void> {
+  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
+}
+
+const rolloutRow = async (rolloutId: string) =>
+  (await h.deps.db.query<{ state: string; active: boolean }>('SELECT state, active FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, rolloutId])).rows[0];
+
+const controlUrl = (roostId: string, rolloutId: string, action: string) => `/api/roosts/${roostId}/rollouts/${rolloutId}/${action}`;
+
+/** Runs a control action through the API (its own key); throws unless 200. */
+async function control(roostId: string, rolloutId: string, action: string): Promise<void> {
+  const res = await h.request({ method: 'POST', url: controlUrl(roostId, rolloutId, action), body: { siteId: h.siteId }, idempotencyKey: true });
+  if (res.statusCode !== 200) throw new Error(`${action} failed: ${res.statusCode} ${res.body}`);
+}
+
+/**
+ * A rollout of a fresh roost to the control machines, waiting at its manual promotion gate after the
+ * canary (dbFleet committed it): active until promoted or aborted. `previous`: the machines report an
+ * earlier version committed first, so an aborted rollout has switched machines to roll back.
+ */
+async function gatedRollout(seed: string, opts: { previous?: boolean } = {}): Promise<{ roostId: string; rolloutId: string }> {
+  const roostId = await newRoost({ targets: controlMachines });
+  if (opts.previous) {
+    const v1 = await publish(roostId, `${seed}-v1`);
+    await h.deps.db.query(
+      `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, updated_at)
+       SELECT $1, m, $2, $3, 'committed', now() FROM UNNEST($4::text[]) AS t (m)`,
+      [h.siteId, roostId, v1, controlMachines],
+    );
+  }
+  await publish(roostId, seed);
+  const r = await deployRoute(h, roostId, { policy: { canary: { count: 1 }, requirePromotion: 'canary', retryBackoffSeconds: 0.1 } });
+  workflows.add(r.workflowId);
+  await until(async () => (await rolloutRow(r.rolloutId)).state === 'awaiting_promotion');
+  return { roostId, rolloutId: r.rolloutId };
+}
+
+/** History entries with `action` over the site's rollouts (each control action executed appends one). */
+const historyCount = (action: string) => () =>
+  count(
+    `SELECT count(*) AS n FROM rollouts AS r CROSS JOIN LATERAL jsonb_array_elements(r.history) AS e (entry)
+      WHERE r.site_id = $1 AND e.entry->>'action' = $2`,
+    [h.siteId, action],
+  );
+
+const controlBody = () => ({ siteId: h.siteId });
+const otherReason = (req: Req): Req => ({ ...req, body: { siteId: h.siteId, reason: 'a different body' } });
+
+const hooks = () => `/api/sites/${h.siteId}/webhooks`;
+
+/** A subscription (through the API) delivering to the local receiver at `path`. */
+async function newHook(seed: string, path = '/hooks'): Promise<string> {
+  const res = await h.request({ method: 'POST', url: hooks(), body: { url: `${receiverBase}${path}`, name: `idem ${seed}`, events: ['machine.offline'] }, idempotencyKey: true });
+  expect(res.statusCode).toBe(201);
+  return res.json().webhookId;
+}
+
+const webhookRow = async (webhookId: string) =>
+  (await h.deps.db.query<{ name: string; updated_at: Date; secret_sealed: string }>('SELECT name, updated_at, secret_sealed FROM webhooks WHERE site_id = $1 AND webhook_id = $2', [h.siteId, webhookId])).rows[0];
+
+/**
+ * Attempts of the site's webhook deliveries once no delivery is pending: a retry reopens a delivery
+ * (pending) and its run makes one attempt, which the receiver answers 200.
+ */
+async function settledAttempts(): Promise<number> {
+  await until(async () => (await count(`SELECT count(*) AS n FROM webhook_deliveries WHERE site_id = $1 AND status = 'pending'`, [h.siteId])) === 0);
+  return count('SELECT count(*) AS n FROM webhook_attempts WHERE site_id = $1', [h.siteId]);
+}
+
 const siteCount = (table: string) => () => count(`SELECT count(*) AS n FROM ${table} WHERE site_id = $1`, [h.siteId]);
 
 const KEYED: KeyedFixture[] = [
@@ -127,7 +218,8 @@ const KEYED: KeyedFixture[] = [
       body: { type: 'capture_screenshot', auditCorrelationId: seed },
     }),
     variant: (req) => ({ ...req, body: { type: 'reboot_machine', auditCorrelationId: 'other' } }),
-    count: siteCount('commands'),
+    // Not sync_pull: the worker's rollouts dispatch those in the background.
+    count: () => count(`SELECT count(*) AS n FROM commands WHERE site_id = $1 AND type <> 'sync_pull'`, [h.siteId]),
   },
   {
     route: 'POST /api/sites/:siteId/enrolment-secret',
@@ -172,10 +264,127 @@ const KEYED: KeyedFixture[] = [
     },
     count: () => count('SELECT count(*) AS n FROM chunk_referrers WHERE site_id = $1', [h.siteId]),
   },
+  ...(['pause', 'resume', 'promote', 'abort'] as const).map(
+    (action): KeyedFixture => ({
+      route: `POST /api/roosts/:roostId/rollouts/:rolloutId/${action}`,
+      prepare: async (seed) => {
+        const r = await gatedRollout(seed);
+        if (action === 'resume') await control(r.roostId, r.rolloutId, 'pause');
+        return { method: 'POST', url: controlUrl(r.roostId, r.rolloutId, action), body: controlBody() };
+      },
+      variant: otherReason,
+      count: historyCount(action),
+      // The answer shows the state the action led to (promote and abort may already have moved on).
+      verify: async (executed) => {
+        const states = { pause: ['paused'], resume: ['awaiting_promotion'], promote: ['running', 'completed'], abort: ['aborted', 'failed'] }[action];
+        expect(states).toContain(executed.state);
+      },
+    }),
+  ),
+  {
+    route: 'POST /api/roosts/:roostId/rollouts/:rolloutId/rollback',
+    prepare: async (seed) => {
+      const r = await gatedRollout(seed, { previous: true });
+      await control(r.roostId, r.rolloutId, 'abort');
+      await until(async () => !(await rolloutRow(r.rolloutId)).active);
+      workflows.add(rollbackWorkflowId(h.siteId, r.rolloutId));
+      return { method: 'POST', url: controlUrl(r.roostId, r.rolloutId, 'rollback'), body: controlBody() };
+    },
+    variant: otherReason,
+    count: siteCount('rollouts'),
+    verify: async (executed) => {
+      const original = executed.rollbackOf as string;
+      const { rows } = await h.deps.db.query('SELECT rolled_back_by FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, original]);
+      expect(rows[0].rolled_back_by).toBe(executed.rolloutId);
+    },
+  },
+  {
+    route: 'POST /api/sites/:siteId/webhooks',
+    prepare: async (seed) => ({ method: 'POST', url: hooks(), body: { url: `${receiverBase}/created`, name: `created ${seed}`, events: ['machine.offline'] } }),
+    variant: (req) => ({ ...req, body: { ...(req.body as object), name: 'another name' } }),
+    count: siteCount('webhooks'),
+  },
+  {
+    route: 'PATCH /api/sites/:siteId/webhooks/:webhookId',
+    prepare: async (seed) => ({ method: 'PATCH', url: `${hooks()}/${await newHook(seed)}`, body: { name: `renamed ${seed}` } }),
+    variant: (req) => ({ ...req, body: { name: 'another name' } }),
+    // A second execution would write a later updated_at.
+    verify: async (executed) => {
+      const row = await webhookRow(executed.webhookId);
+      expect([row.name, row.updated_at.toISOString()]).toEqual([executed.name, executed.updatedAt]);
+    },
+  },
+  {
+    route: 'DELETE /api/sites/:siteId/webhooks/:webhookId',
+    prepare: async (seed) => ({ method: 'DELETE', url: `${hooks()}/${await newHook(seed)}` }),
+    variant: (req) => ({ ...req, url: `${req.url}?variant=1` }),
+    // A second execution would answer 404 (the subscription is gone).
+    verify: async (executed) => {
+      expect(executed.deleted).toBe(true);
+      expect(await webhookRow(executed.webhookId)).toBeUndefined();
+    },
+  },
+  {
+    route: 'POST /api/sites/:siteId/webhooks/:webhookId/rotate-secret',
+    prepare: async (seed) => ({ method: 'POST', url: `${hooks()}/${await newHook(seed)}/rotate-secret`, body: { graceHours: 1 } }),
+    variant: (req) => ({ ...req, body: { graceHours: 2 } }),
+    // Each execution makes a new secret: the stored one is the one of the executed response.
+    verify: async (executed) => {
+      const row = await webhookRow(executed.webhookId);
+      const stored = openSealed(secretKey(h.deps.cfg), row.secret_sealed, webhookAad(h.siteId, executed.webhookId)).toString('utf8');
+      expect(stored).toBe(executed.signingSecret);
+    },
+  },
+  {
+    route: 'POST /api/sites/:siteId/webhooks/:webhookId/deliveries/:deliveryId/retry',
+    prepare: async (seed) => {
+      const webhookId = await newHook(seed, '/retried');
+      const deliveryId = newId('dlv');
+      const envelope = { event: 'machine.offline', siteId: h.siteId, occurredAt: new Date().toISOString(), data: { machineId: seed } };
+      // A delivery that failed once (one attempt, 500): the retry runs it again and the receiver answers 200.
+      await h.deps.db.query(
+        `INSERT INTO webhook_deliveries (site_id, delivery_id, webhook_id, event_id, event_type, payload, status, attempts, last_error, dispatched_at, completed_at)
+         VALUES ($1, $2, $3, $4, 'machine.offline', $5, 'failed', 1, 'HTTP 500', now(), now())`,
+        [h.siteId, deliveryId, webhookId, newId('evt'), JSON.stringify(envelope)],
+      );
+      await h.deps.db.query(`INSERT INTO webhook_attempts (site_id, delivery_id, attempt_no, started_at, latency_ms, response_code) VALUES ($1, $2, 1, now(), 5, 500)`, [
+        h.siteId,
+        deliveryId,
+      ]);
+      workflows.add(deliveryWorkflowId(deliveryId));
+      return { method: 'POST', url: `${hooks()}/${webhookId}/deliveries/${deliveryId}/retry` };
+    },
+    variant: (req) => ({ ...req, url: `${req.url}?variant=1` }),
+    count: settledAttempts,
+  },
+  {
+    route: 'POST /api/webhooks/probe',
+    prepare: async (seed) => ({
+      method: 'POST',
+      url: `/api/webhooks/probe?siteId=${h.siteId}`,
+      body: { url: `${receiverBase}/probe`, event: 'version.published', payload: { seed } },
+    }),
+    variant: (req) => ({ ...req, body: { ...(req.body as object), payload: { other: true } } }),
+    // One execution is one request to the receiver (the probe is synchronous).
+    count: async () => received.get('/probe') ?? 0,
+  },
 ];
 
 beforeAll(async () => {
-  h = await createHarness();
+  h = await createHarness({ ROOST_WEBHOOK_ALLOW_PRIVATE: 'true', ROOST_ROLLOUT_POLL_MS: '100' });
+  receiver = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const path = req.url ?? '/';
+      received.set(path, (received.get(path) ?? 0) + 1);
+      res.writeHead(200, { 'content-type': 'text/plain' }).end('ok');
+    });
+  });
+  await new Promise<void>((r) => receiver.listen(0, '127.0.0.1', r));
+  receiverBase = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}`;
+  worker = await startTestWorker(h);
+  fleet = dbFleet(h, () => 'commit', 50);
+  await enrolMachineRows(h, controlMachines);
   actor = await insertKey(h.deps.db, { uid: h.userId, scopes: fullAccessScopes(), primarySiteId: h.siteId, name: 'idempotency actor' });
   const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
   machineId = 'idem-m1';
@@ -188,7 +397,11 @@ beforeAll(async () => {
   expect(enrol.statusCode).toBe(201);
 });
 afterAll(async () => {
+  await fleet?.stop();
   await terminateAll(h, workflows);
+  await worker?.stop();
+  await closeWorkerConnections();
+  await new Promise((r) => receiver?.close(r));
   await h.close();
 });
 

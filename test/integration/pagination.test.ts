@@ -10,6 +10,12 @@ import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { decodePageToken, encodePageToken } from '../../api/pagination';
 import { createHarness, Harness, idemKey } from '../support/harness';
 import { idTokenFor, insertKey, makeUser } from '../support/identity';
+import { withTx } from '../../db/pool';
+import { DEFAULT_POLICY, insertRollout, splitWaves } from '../../db/rollouts';
+import { insertWebhook, webhookAad } from '../../db/webhooks';
+import { rolloutWorkflowId } from '../../api/temporal';
+import { seal } from '../../domain/seal';
+import { secretKey } from '../../stack/secrets';
 
 let h: Harness;
 beforeAll(async () => {
@@ -48,6 +54,45 @@ async function publish(siteId: string, key: string, roostId: string, files: Retu
   const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, key, idempotencyKey: true, body: { siteId, version: versionBody(files) } });
   expect(res.statusCode).toBe(201);
   return res.json().versionId;
+}
+
+/** Inserts a rollout row of `versionId` to `machines` (no workflow: listing needs rows only); ends it unless `active`. */
+async function insertRolloutRow(roostId: string, versionId: string, machines: string[], active = false): Promise<string> {
+  const rolloutId = newId('rol');
+  await withTx(h.deps.db, async (tx) => {
+    await insertRollout(tx, {
+      siteId: h.siteId,
+      rolloutId,
+      roostId,
+      versionId,
+      ...splitWaves(rolloutId, machines),
+      extractRoot: 'apps/pagination',
+      policy: DEFAULT_POLICY,
+      scheduleAt: null,
+      workflowId: rolloutWorkflowId(h.siteId, roostId, versionId),
+      createdBy: h.userId,
+    });
+    if (!active) {
+      await tx.query(`UPDATE rollouts SET active = false, stage = 'completed', state = 'completed', completed_at = now() WHERE site_id = $1 AND rollout_id = $2`, [h.siteId, rolloutId]);
+    }
+  });
+  return rolloutId;
+}
+
+/** A subscription of `siteId`, inserted directly (its url is never called: no delivery runs here). */
+async function insertHook(siteId: string, name: string): Promise<string> {
+  const webhookId = newId('wh');
+  await insertWebhook(h.deps.db, {
+    siteId,
+    webhookId,
+    url: `https://hooks.example.com/${name}`,
+    name,
+    events: ['version.published'],
+    enabled: true,
+    secretSealed: seal(secretKey(h.deps.cfg), `whsec_${newId('s')}`, webhookAad(siteId, webhookId)),
+    createdBy: h.userId,
+  });
+  return webhookId;
 }
 
 const FIXTURES: ListFixture[] = [
@@ -150,6 +195,82 @@ const FIXTURES: ListFixture[] = [
       const expected: string[] = [];
       for (let i = 0; i < 53; i++) expected.push((await insertKey(h.deps.db, { uid: owner.uid, scopes: [] })).keyId);
       return { url: `/api/account/api-keys?userId=${owner.uid}`, key: await idTokenFor(h, admin), expected };
+    },
+  },
+  {
+    route: 'GET /api/roosts/:roostId/rollouts',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'rollouts',
+    id: (r) => r.rolloutId,
+    seed: async () => {
+      const roostId = await createRoost(h.siteId, h.apiKey, 'rollouts list');
+      const versionId = await publish(h.siteId, h.apiKey, roostId, emptyFiles(1, 'rollouts'));
+      const expected: string[] = [];
+      for (let i = 0; i < 23; i++) expected.push(await insertRolloutRow(roostId, versionId, [`rl-${i}`]));
+      return { url: `/api/roosts/${roostId}/rollouts?siteId=${h.siteId}`, key: h.apiKey, expected };
+    },
+  },
+  {
+    // The detail route pages the rollout's machines (ordered by machine id).
+    route: 'GET /api/roosts/:roostId/rollouts/:rolloutId',
+    defaultSize: 100,
+    maxSize: 1000,
+    items: 'machines',
+    id: (m) => m.machineId,
+    seed: async () => {
+      const roostId = await createRoost(h.siteId, h.apiKey, 'rollout machines');
+      const versionId = await publish(h.siteId, h.apiKey, roostId, emptyFiles(1, 'rollout-machines'));
+      const expected = Array.from({ length: 103 }, (_, i) => `rm-${String(i).padStart(4, '0')}`);
+      const rolloutId = await insertRolloutRow(roostId, versionId, expected);
+      return { url: `/api/roosts/${roostId}/rollouts/${rolloutId}?siteId=${h.siteId}`, key: h.apiKey, expected };
+    },
+  },
+  {
+    route: 'GET /api/sites/:siteId/audit-log',
+    defaultSize: 50,
+    maxSize: 200,
+    items: 'records',
+    id: (r) => r.hash,
+    seed: async () => {
+      // Its own site: 53 roost_created records plus the key's sampled api_key_used (reads by the same
+      // key and address within the sample window add none, so the log holds still while it is paged).
+      const site = await h.other();
+      for (let i = 0; i < 53; i++) await createRoost(site.siteId, site.apiKey, `audited ${i}`);
+      const { rows } = await h.deps.db.query<{ hash: string }>('SELECT hash FROM audit_records WHERE site_id = $1', [site.siteId]);
+      return { url: `/api/sites/${site.siteId}/audit-log`, key: site.apiKey, expected: rows.map((r) => r.hash) };
+    },
+  },
+  {
+    route: 'GET /api/sites/:siteId/webhooks',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'webhooks',
+    id: (w) => w.webhookId,
+    seed: async () => {
+      const site = await h.other();
+      const expected: string[] = [];
+      for (let i = 0; i < 23; i++) expected.push(await insertHook(site.siteId, `list-${i}`));
+      return { url: `/api/sites/${site.siteId}/webhooks`, key: site.apiKey, expected };
+    },
+  },
+  {
+    route: 'GET /api/sites/:siteId/webhooks/:webhookId/deliveries',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'deliveries',
+    id: (d) => d.deliveryId,
+    seed: async () => {
+      const webhookId = await insertHook(h.siteId, 'deliveries');
+      const expected = Array.from({ length: 23 }, () => newId('dlv'));
+      // Finished deliveries, a second apart, plus two sharing a created_at (ties go by delivery id).
+      await h.deps.db.query(
+        `INSERT INTO webhook_deliveries (site_id, delivery_id, webhook_id, event_id, event_type, payload, status, attempts, created_at, completed_at)
+         SELECT $1, t.d, $2, 'evt_' || t.d, 'version.published', $4, 'succeeded', 1, now() - LEAST(t.i, 21) * INTERVAL '1 second', now()
+           FROM UNNEST($3::text[]) WITH ORDINALITY AS t (d, i)`,
+        [h.siteId, webhookId, expected, JSON.stringify({ event: 'version.published', siteId: h.siteId, occurredAt: new Date().toISOString(), data: {} })],
+      );
+      return { url: `/api/sites/${h.siteId}/webhooks/${webhookId}/deliveries`, key: h.apiKey, expected };
     },
   },
 ];
