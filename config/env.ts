@@ -76,6 +76,11 @@ export const EnvSchema = Type.Object({
   ROOST_BACKGROUND_WORKFLOWS: Type.Boolean({ default: true }),
   /** How often a rollout's wave watcher polls the database for agent reports (ms; stored with each new rollout). */
   ROOST_ROLLOUT_POLL_MS: Type.Integer({ minimum: 50, maximum: 60_000, default: 2000 }),
+  /**
+   * Prefix of every blob container name (lowercase letters, digits, hyphens). Unset in production; each
+   * test run sets its own and deletes its containers at the end, so runs leave no blobs behind.
+   */
+  ROOST_BLOB_CONTAINER_PREFIX: Type.Optional(Type.String({ pattern: '^[a-z0-9][a-z0-9-]{0,30}$' })),
   /** Log level for the API (pino levels). */
   ROOST_LOG_LEVEL: Type.String({ default: 'warn' }),
   /**

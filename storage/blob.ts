@@ -45,27 +45,39 @@ export class BlobStore {
     readonly service: BlobServiceClient,
     private readonly sharedKey: StorageSharedKeyCredential | undefined,
     private readonly https: boolean,
+    /** ROOST_BLOB_CONTAINER_PREFIX: prepended to every container name (a test run's containers are its own). */
+    private readonly prefix = '',
   ) {}
 
   /** Builds the store from configuration; does no I/O (call `ensureContainers` once at start-up). */
   static fromConfig(cfg: Config): BlobStore {
     if (cfg.AZURE_STORAGE_ACCOUNT_URL && !cfg.AZURE_STORAGE_CONNECTION_STRING) {
       const service = new BlobServiceClient(cfg.AZURE_STORAGE_ACCOUNT_URL, new DefaultAzureCredential());
-      return new BlobStore(service, undefined, true);
+      return new BlobStore(service, undefined, true, cfg.ROOST_BLOB_CONTAINER_PREFIX ?? '');
     }
     const conn = cfg.AZURE_STORAGE_CONNECTION_STRING ?? azuriteConnectionString(cfg.ROOST_AZURITE_PORT);
     const service = BlobServiceClient.fromConnectionString(conn);
     const cred = service.credential instanceof StorageSharedKeyCredential ? service.credential : undefined;
-    return new BlobStore(service, cred, service.url.startsWith('https:'));
+    return new BlobStore(service, cred, service.url.startsWith('https:'), cfg.ROOST_BLOB_CONTAINER_PREFIX ?? '');
+  }
+
+  /** The storage name of a container: ROOST_BLOB_CONTAINER_PREFIX + its name in CONTAINERS. */
+  containerName(name: keyof typeof CONTAINERS): string {
+    return this.prefix + CONTAINERS[name];
   }
 
   container(name: keyof typeof CONTAINERS): ContainerClient {
-    return this.service.getContainerClient(CONTAINERS[name]);
+    return this.service.getContainerClient(this.containerName(name));
   }
 
   /** Creates the containers if missing (private access). */
   async ensureContainers(): Promise<void> {
-    await Promise.all(Object.values(CONTAINERS).map((c) => this.service.getContainerClient(c).createIfNotExists()));
+    await Promise.all((Object.keys(CONTAINERS) as (keyof typeof CONTAINERS)[]).map((c) => this.container(c).createIfNotExists()));
+  }
+
+  /** Deletes every container of this store with all its blobs (test runs remove their own; never in production code). */
+  async deleteContainers(): Promise<void> {
+    await Promise.all((Object.keys(CONTAINERS) as (keyof typeof CONTAINERS)[]).map((c) => this.container(c).deleteIfExists()));
   }
 
   private async sign(container: string, blobName: string, permissions: string, ttlMs: number): Promise<SignedUrl> {
@@ -102,22 +114,22 @@ export class BlobStore {
 
   /** Signed PUT URL for one chunk: create+write only, 60 minutes. */
   chunkUploadUrl(siteId: string, hash: string): Promise<SignedUrl> {
-    return this.sign(CONTAINERS.chunks, chunkBlobName(siteId, hash), 'cw', UPLOAD_URL_TTL_MS);
+    return this.sign(this.containerName('chunks'), chunkBlobName(siteId, hash), 'cw', UPLOAD_URL_TTL_MS);
   }
 
   /** Signed GET URL for one chunk: read only, 15 minutes. */
   chunkDownloadUrl(siteId: string, hash: string): Promise<SignedUrl> {
-    return this.sign(CONTAINERS.chunks, chunkBlobName(siteId, hash), 'r', DOWNLOAD_URL_TTL_MS);
+    return this.sign(this.containerName('chunks'), chunkBlobName(siteId, hash), 'r', DOWNLOAD_URL_TTL_MS);
   }
 
   /** Signed GET URL for any blob of a container: read only, `ttlMs` (default 15 minutes). */
   readUrl(container: keyof typeof CONTAINERS, blobName: string, ttlMs = DOWNLOAD_URL_TTL_MS): Promise<SignedUrl> {
-    return this.sign(CONTAINERS[container], blobName, 'r', ttlMs);
+    return this.sign(this.containerName(container), blobName, 'r', ttlMs);
   }
 
   /** Plain (unsigned) URL of a blob: the stable location reported as `versionUrl`. */
   blobUrl(container: keyof typeof CONTAINERS, blobName: string): string {
-    return this.service.getContainerClient(CONTAINERS[container]).getBlobClient(blobName).url;
+    return this.container(container).getBlobClient(blobName).url;
   }
 
   /** Stored size in bytes of a site's chunk, or null when no blob exists. */

@@ -174,7 +174,7 @@ describe('signed upload and download URLs', () => {
     expect(ttl).toBeGreaterThan(59 * 60 * 1000);
     expect(ttl).toBeLessThanOrEqual(61 * 60 * 1000);
     for (const p of parts) {
-      expect(urls[p.hash]).toContain(`/chunks/sites/${h.siteId}/chunks/${p.hash}?`);
+      expect(urls[p.hash]).toContain(`/${h.deps.blob.containerName('chunks')}/sites/${h.siteId}/chunks/${p.hash}?`);
       const put = await putBlob(urls[p.hash], p.bytes);
       expect(put.status).toBe(201);
       await hold(h.siteId, p.hash, p.bytes.length);

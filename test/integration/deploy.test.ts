@@ -86,7 +86,7 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
       scheduleAt: null,
     });
     expect(r.rolloutId).toMatch(/^rol_[0-9a-f]{24}$/);
-    expect(r.versionUrl).toMatch(new RegExp(`/versions/sites/${h.siteId}/roosts/${roost.roostId}/versions/${roost.versionId}\\.json$`));
+    expect(r.versionUrl).toMatch(new RegExp(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roost.roostId}/versions/${roost.versionId}\\.json$`));
     // ceil(10 %) of 20 targets, chosen by hash of rolloutId + machineId; the fleet keeps target order.
     expect(r.canary).toHaveLength(2);
     expect({ canary: r.canary, fleet: r.fleet }).toEqual(splitWaves(r.rolloutId, ids));

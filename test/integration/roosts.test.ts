@@ -228,7 +228,7 @@ describe('GET /api/roosts/{roostId}', () => {
       totalFiles: 1,
       totalSize: 7,
     });
-    expect(r.versionUrl).toContain(`/versions/sites/${h.siteId}/roosts/${roostId}/versions/${v2.versionId}.json`);
+    expect(r.versionUrl).toContain(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roostId}/versions/${v2.versionId}.json`);
     expect(r.current).toMatchObject({ versionId: v2.versionId, versionNumber: 2, description: null, totalFiles: 1, totalSize: 7, createdBy: h.userId });
     expect(r.previous).toMatchObject({ versionId: v1.versionId, versionNumber: 1, description: 'first cut', totalFiles: 1, totalSize: 3, createdBy: h.userId });
     expect(Date.parse(r.previous.createdAt)).not.toBeNaN();

@@ -465,7 +465,7 @@ describe('version refs and reads', () => {
     const metadata = { versionUrl: r.versionUrl, createdAt: r.createdAt, createdBy: h.userId, totalSize: 20, totalFiles: 4, parentVersionId: null, signature: r.signature, signingKeyId: r.signingKeyId };
     expect(r.metadata).toEqual(metadata);
     expect(r).toMatchObject(metadata);
-    expect(r.versionUrl).toMatch(new RegExp(`/versions/sites/${h.siteId}/roosts/${roostId}/versions/${v[0].versionId}\\.json$`));
+    expect(r.versionUrl).toMatch(new RegExp(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roostId}/versions/${v[0].versionId}\\.json$`));
     expect((await get(vurl('2'))).json().parentVersionId).toBe(v[0].versionId);
   });
 

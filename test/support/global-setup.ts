@@ -8,9 +8,13 @@ import { createDatabase, ensureServices } from '../../stack/services';
 import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
 import { testConfig } from './env';
+import { BlobStore } from '../../storage/blob';
 
 export default async function globalSetup(): Promise<void> {
   if (!process.env.ROOST_TEST_DATABASE) process.env.ROOST_TEST_DATABASE = `roost_test_${randomBytes(4).toString('hex')}`;
+  // Blob containers of this run's own (t<hex>-chunks, …), deleted by global-teardown: test runs leave no
+  // blobs in the shared Azurite (each GET there costs more the more blobs it holds).
+  if (!process.env.ROOST_BLOB_CONTAINER_PREFIX) process.env.ROOST_BLOB_CONTAINER_PREFIX = `t${process.env.ROOST_TEST_DATABASE.replace(/^roost_test_/, '').replace(/[^a-z0-9]/g, '')}-`;
   // The suite sends hundreds of requests per key within minutes: every rate limit is multiplied (the
   // rate-limit tests set their own numbers; docs/decisions/rate-limit-buckets.md).
   if (!process.env.ROOST_RATE_LIMIT_SCALE) process.env.ROOST_RATE_LIMIT_SCALE = '1000';
@@ -18,6 +22,7 @@ export default async function globalSetup(): Promise<void> {
   const handles = await ensureServices(cfg);
   (globalThis as Record<string, unknown>).__ROOST_SERVICES__ = handles;
   if (cfg.embedded.postgres) createDatabase(cfg, process.env.ROOST_TEST_DATABASE, true);
+  await BlobStore.fromConfig(cfg).ensureContainers();
   const pool = createPool(cfg.databaseUrl, 2);
   try {
     await migrate(pool);
