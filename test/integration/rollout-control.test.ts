@@ -10,6 +10,7 @@
  * Set ROOST_RECORD_HISTORIES=1 to (re)record the control histories under test/replay/histories/.
  */
 import fs from 'node:fs/promises';
+import { execFile } from 'node:child_process';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { Harness, idemKey } from '../support/harness';
@@ -546,6 +547,56 @@ describe('dry-run delta plan', () => {
         const dir = resolveExtractDir(path.join(tmpRoot, 'delta', m), 'apps/test');
         expect(await fs.readFile(path.join(dir, 'd.txt'), 'utf8')).toBe('delta');
       }
+    } finally {
+      await fleet.stop();
+    }
+  });
+});
+
+describe('the roost CLI', () => {
+  /** Runs the real `roost` binary against this harness on a real port. */
+  async function roost(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+    if (!h.app.server.listening) await h.app.listen({ port: 0, host: '127.0.0.1' });
+    const base = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
+    return new Promise((resolve) => {
+      execFile(
+        process.execPath,
+        [path.join(__dirname, '..', '..', 'bin', 'roost.js'), ...args],
+        { env: { ...process.env, ROOST_API_URL: base, ROOST_API_KEY: h.apiKey, ROOST_SITE_ID: h.siteId } },
+        (err, stdout, stderr) => resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+      );
+    });
+  }
+
+  it('deploys with --policy, then lists, shows and promotes the rollout with `roost rollout`; a second promote is refused', async () => {
+    const ids = machineIds(3);
+    await enrolMachineRows(h, ids);
+    const roost0 = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      const dep = await roost(['deploy', roost0.roostId, '--policy', JSON.stringify({ requirePromotion: 'canary', canary: { count: 1 } }), '--json']);
+      expect([dep.code, dep.stderr]).toEqual([0, '']);
+      const { rolloutId, versionId } = JSON.parse(dep.stdout);
+      const workflowId = rolloutWorkflowId(h.siteId, roost0.roostId, versionId);
+      workflows.push(workflowId);
+      await waitFor(async () => (await status(workflowId)).waiting === 'promotion');
+
+      const list = await roost(['rollout', 'list', roost0.roostId, '--json']);
+      expect(list.code).toBe(0);
+      expect(JSON.parse(list.stdout).rollouts.map((r: { rolloutId: string }) => r.rolloutId)).toEqual([rolloutId]);
+      const show = await roost(['rollout', 'show', roost0.roostId, rolloutId, '--json']);
+      expect(JSON.parse(show.stdout)).toMatchObject({ rolloutId, state: 'awaiting_promotion', stage: 'started' });
+
+      const promote = await roost(['rollout', 'promote', roost0.roostId, rolloutId, '--reason', 'canary looks good', '--json']);
+      expect(promote.code).toBe(0);
+      expect(JSON.parse(promote.stdout)).toMatchObject({ rolloutId, state: 'running' });
+      expect(await result(workflowId)).toMatchObject({ stage: 'completed', succeeded: 3 });
+      const history = (await detail(roost0.roostId, rolloutId)).history as Array<{ action: string; detail?: { reason?: string } }>;
+      expect(history.find((e) => e.action === 'promote')?.detail).toEqual({ reason: 'canary looks good' });
+
+      const again = await roost(['rollout', 'promote', roost0.roostId, rolloutId]);
+      expect(again.code).toBe(1);
+      expect(again.stderr).toMatch(/conflict/);
     } finally {
       await fleet.stop();
     }
