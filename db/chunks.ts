@@ -10,11 +10,17 @@ import { sha256Hex } from '../domain/hex';
 import { withTx, Queryable } from './pool';
 
 /**
- * The subset of `hashes` the site holds (one indexed query on the `chunks` primary key).
+ * The subset of `hashes` the site holds with sound bytes (one indexed query on the `chunks` primary key).
+ * A chunk whose stored bytes the verification sweep found wrong (`verify_failed_digest`) is not held:
+ * `chunks/check` then asks the client to upload it again and download-urls does not hand it to agents,
+ * until a publish re-hashes the re-uploaded bytes (db/roosts.ts findMissingChunks) or the sweep clears it.
  * `hashes` should already be distinct; order is irrelevant.
  */
 export async function heldHashes(db: Queryable, siteId: string, hashes: string[]): Promise<Set<string>> {
-  const { rows } = await db.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2)', [siteId, hashes]);
+  const { rows } = await db.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2) AND verify_failed_digest IS NULL', [
+    siteId,
+    hashes,
+  ]);
   return new Set(rows.map((r) => r.hash));
 }
 

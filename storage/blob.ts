@@ -144,6 +144,24 @@ export class BlobStore {
   }
 
   /**
+   * Stored sizes of the site's chunk blobs among `wanted` (hash → bytes), by listing the site's chunk
+   * prefix (5,000 blobs a page) instead of one HEAD per chunk: for a large set of new chunks a few list
+   * pages cost far less than thousands of property reads. Hashes absent from the map have no blob.
+   */
+  async chunkSizesByListing(siteId: string, wanted: ReadonlySet<string>): Promise<Map<string, number>> {
+    const prefix = chunkBlobName(siteId, '');
+    const sizes = new Map<string, number>();
+    for await (const page of this.container('chunks').listBlobsFlat({ prefix }).byPage({ maxPageSize: 5000 })) {
+      for (const b of page.segment.blobItems) {
+        const hash = b.name.slice(prefix.length);
+        if (wanted.has(hash)) sizes.set(hash, b.properties.contentLength ?? 0);
+      }
+      if (sizes.size === wanted.size) break;
+    }
+    return sizes;
+  }
+
+  /**
    * SHA-256 hex and byte count of a site's stored chunk, streamed (never buffered whole), or null when no
    * blob exists. Used by the chunk verification sweep (activities/sweeps.ts).
    */
