@@ -40,6 +40,7 @@
  * `failStageMachines` make staged syncs fail mid-staging, and `syncDelayMs` delays each sync.
  */
 import { EventEmitter, setMaxListeners } from 'node:events';
+import type { SyncCounters } from '../domain/target-state';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import os from 'node:os';
@@ -134,16 +135,8 @@ export interface AgentCommand {
   expiresAt: string | null;
 }
 
-/** Counters of one sync, as reported in target state. */
-export interface SyncCounters {
-  chunks_fetched: number;
-  chunks_total: number;
-  chunks_dedup: number;
-  files_total: number;
-  files_assembled: number;
-  files_skipped: number;
-  bytes_fetched: number;
-}
+/** Counters of one sync, as reported in target state (domain/target-state.ts). */
+export type { SyncCounters };
 
 /** Outcome of one handled command (emitted as `command`). */
 export interface CommandOutcome {

@@ -13,6 +13,7 @@
 import type { Pool } from 'pg';
 import { withTx, Queryable } from './pool';
 import { recordEvent } from './events';
+import type { SyncCounters } from '../domain/target-state';
 
 /** `machineId`: 1..64 chars of [A-Za-z0-9._-] (docs/agent-protocol.md "Enrolment"). */
 export const MACHINE_ID_RE = /^[A-Za-z0-9._-]{1,64}$/;
@@ -406,33 +407,20 @@ export async function roostAndVersionExist(db: Queryable, siteId: string, roostI
   return { roost: rows.length > 0, version: rows[0]?.version ?? false };
 }
 
-export interface TargetStateInput {
+export interface TargetStateInput extends Omit<SyncCounters, 'bytes_fetched'> {
   reportedVersionId: string;
   status: TargetStatus;
   error?: string | null;
-  chunks_fetched: number;
-  chunks_total: number;
-  chunks_dedup: number;
-  files_total: number;
-  files_assembled: number;
-  files_skipped: number;
   bytes_fetched?: number;
 }
 
-export interface TargetStateRow {
+export interface TargetStateRow extends SyncCounters {
   site_id: string;
   machine_id: string;
   roost_id: string;
   reported_version_id: string | null;
   status: TargetStatus;
   error: string | null;
-  chunks_fetched: number;
-  chunks_total: number;
-  chunks_dedup: number;
-  files_total: number;
-  files_assembled: number;
-  files_skipped: number;
-  bytes_fetched: number;
   updated_at: Date;
 }
 
