@@ -7,7 +7,6 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { createHarness, Harness, idemKey } from '../support/harness';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, computeVersionId, summarize, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
@@ -24,8 +23,7 @@ let tmpRoot: string;
 
 beforeAll(async () => {
   h = await createHarness();
-  await h.app.listen({ port: 0, host: '127.0.0.1' });
-  baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
+  baseUrl = await h.listen();
   const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true });
   secret = res.json().enrolmentSecret;
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-agent-test-'));

@@ -219,7 +219,7 @@ describe('events recorded by the routes', () => {
   });
 
   it('machine.online on enrolment, in the transaction that sets the heartbeat', async () => {
-    const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+    const secret = await h.enrolmentSecret();
     const machineId = `cat-${randomBytes(3).toString('hex')}`;
     const res = await h.request({
       method: 'POST',

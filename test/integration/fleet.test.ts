@@ -6,7 +6,6 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { createHarness, Harness } from '../support/harness';
 import { newId, sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, computeVersionId, summarize, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
@@ -22,9 +21,8 @@ const SLOW = 300_000;
 
 beforeAll(async () => {
   h = await createHarness();
-  await h.app.listen({ port: 0, host: '127.0.0.1' });
-  baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-  secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  baseUrl = await h.listen();
+  secret = await h.enrolmentSecret();
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-fleet-test-'));
 });
 afterAll(async () => {

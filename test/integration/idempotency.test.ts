@@ -386,7 +386,7 @@ beforeAll(async () => {
   fleet = dbFleet(h, () => 'commit', 50);
   await enrolMachineRows(h, controlMachines);
   actor = await insertKey(h.deps.db, { uid: h.userId, scopes: fullAccessScopes(), primarySiteId: h.siteId, name: 'idempotency actor' });
-  const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  const secret = await h.enrolmentSecret();
   machineId = 'idem-m1';
   const enrol = await h.request({
     method: 'POST',

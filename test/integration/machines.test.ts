@@ -8,7 +8,7 @@ let secret: string;
 
 beforeAll(async () => {
   h = await createHarness();
-  secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  secret = await h.enrolmentSecret();
 });
 afterAll(async () => h.close());
 

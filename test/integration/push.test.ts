@@ -5,7 +5,6 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { ClientError, RoostClient } from '../../cli/client';
@@ -29,8 +28,7 @@ let tmp: string;
 
 beforeAll(async () => {
   h = await createHarness();
-  await h.app.listen({ port: 0, host: '127.0.0.1' });
-  base = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
+  base = await h.listen();
   client = new RoostClient({ baseUrl: base, apiKey: h.apiKey });
   tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'roost-push-'));
 });

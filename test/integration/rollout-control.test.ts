@@ -12,7 +12,6 @@
 import fs from 'node:fs/promises';
 import { execFile } from 'node:child_process';
 import path from 'node:path';
-import type { AddressInfo } from 'node:net';
 import { Harness, idemKey } from '../support/harness';
 import { recordHistory } from '../../scripts/record-history';
 import { rolloutWorkflowId } from '../../api/temporal';
@@ -506,9 +505,8 @@ describe('history size with waves', () => {
 
 describe('dry-run delta plan', () => {
   it('lists per machine the bytes and chunks it would fetch, writes nothing, and matches what real agents fetched', async () => {
-    await h.app.listen({ port: 0, host: '127.0.0.1' });
-    const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-    const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+    const baseUrl = await h.listen();
+    const secret = await h.enrolmentSecret();
     const fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 3, rootDir: path.join(tmpRoot, 'delta'), pollWaitSeconds: 5, heartbeatMs: 0 });
     try {
       const [m0, m1, m2] = fleet.machineIds;
@@ -556,8 +554,7 @@ describe('dry-run delta plan', () => {
 describe('the roost CLI', () => {
   /** Runs the real `roost` binary against this harness on a real port. */
   async function roost(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-    if (!h.app.server.listening) await h.app.listen({ port: 0, host: '127.0.0.1' });
-    const base = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
+    const base = await h.listen();
     return new Promise((resolve) => {
       execFile(
         process.execPath,

@@ -9,7 +9,6 @@
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import type { AddressInfo } from 'node:net';
 import { createHarness, Harness } from '../support/harness';
 import { closeWorkerConnections } from '../../worker/worker';
 import { recordHistory } from '../../scripts/record-history';
@@ -35,9 +34,8 @@ beforeAll(async () => {
   h = await createHarness();
   w = await startTestWorker(h);
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-staged-test-'));
-  await h.app.listen({ port: 0, host: '127.0.0.1' });
-  const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-  const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  const baseUrl = await h.listen();
+  const secret = await h.enrolmentSecret();
   fleet = await startFleet({
     baseUrl,
     siteId: h.siteId,

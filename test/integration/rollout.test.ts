@@ -9,7 +9,6 @@
  */
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import type { AddressInfo } from 'node:net';
 import { WorkflowFailedError } from '@temporalio/client';
 import type { Harness } from '../support/harness';
 import { startRolloutWorkflow, WorkflowIdBusyError } from '../../api/temporal';
@@ -68,9 +67,8 @@ async function maybeRecord(workflowId: string, name: string) {
 
 describe('rolloutWorkflow with reference agents', () => {
   it('deploys through the API to a fleet of agents: every machine commits the version on disk', async () => {
-    await h.app.listen({ port: 0, host: '127.0.0.1' });
-    const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-    const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+    const baseUrl = await h.listen();
+    const secret = await h.enrolmentSecret();
     const fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 6, rootDir: path.join(tmpRoot, 'fleet'), pollWaitSeconds: 5, heartbeatMs: 0 });
     try {
       const roost = await seedRoost(h, { targets: fleet.machineIds, extractPath: 'D:\\Apps\\kiosk' });

@@ -8,7 +8,6 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { createPublicKey, randomBytes, verify } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { createHarness, Harness } from '../support/harness';
 import { scopedKey } from './rollout-fixtures';
 import { insertKey } from '../support/identity';
@@ -28,9 +27,8 @@ let tmpRoot: string;
 
 beforeAll(async () => {
   h = await createHarness();
-  await h.app.listen({ port: 0, host: '127.0.0.1' });
-  baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-  secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  baseUrl = await h.listen();
+  secret = await h.enrolmentSecret();
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-signing-test-'));
 });
 afterAll(async () => {

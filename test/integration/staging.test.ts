@@ -9,7 +9,6 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { createHarness, Harness } from '../support/harness';
 import { newId, sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
@@ -33,9 +32,8 @@ const v2Files = { 'kiosk.exe': randomBytes(CHUNK_SIZE + 7000), 'keep.dat': v1Fil
 
 beforeAll(async () => {
   h = await createHarness();
-  await h.app.listen({ port: 0, host: '127.0.0.1' });
-  baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-  const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  baseUrl = await h.listen();
+  const secret = await h.enrolmentSecret();
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-staging-test-'));
   await writeTree(src('v1'), v1Files);
   await writeTree(src('v2'), v2Files);

@@ -47,7 +47,7 @@ async function waitFor(check: () => Promise<boolean>): Promise<void> {
 
 it('completes a rollout after its worker is shut down mid-fleet-wave and a new worker starts', async () => {
   const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
-  const secret = (await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true })).json().enrolmentSecret;
+  const secret = await h.enrolmentSecret();
   fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 8, rootDir: tmpRoot, syncDelayMs: 3000, pollWaitSeconds: 5, heartbeatMs: 0 });
   const first = await startTestWorker(h, 'worker-before-restart');
   workers.push(first);

@@ -4,6 +4,7 @@
  */
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { randomBytes } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
 import { buildApp } from '../../api/app';
 import { closeDeps, createDeps } from '../../api/deps';
 import type { AppDeps } from '../../api/context';
@@ -18,6 +19,10 @@ export interface Harness {
   apiKey: string;
   /** A second, unrelated site with its own full-access key (for cross-site checks). */
   other: () => Promise<{ siteId: string; userId: string; apiKey: string }>;
+  /** Listens on 127.0.0.1 (a free port) once, for real HTTP clients (agents, the CLI); returns the base URL. */
+  listen: () => Promise<string>;
+  /** Creates (rotates) the site's enrolment secret through the API and returns it, for enrolling agents. */
+  enrolmentSecret: () => Promise<string>;
   /** app.inject with the site's key unless `key` is given (null sends no credential). */
   request: (opts: {
     method: string;
@@ -51,9 +56,20 @@ export async function createHarness(overrides: Record<string, string> = {}): Pro
     if (opts.idempotencyKey) headers['idempotency-key'] = opts.idempotencyKey === true ? idemKey() : opts.idempotencyKey;
     return app.inject({ method: opts.method as any, url: opts.url, headers, payload: opts.body as any });
   };
+  const listen = async (): Promise<string> => {
+    if (!app.server.listening) await app.listen({ port: 0, host: '127.0.0.1' });
+    return `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
+  };
+  const enrolmentSecret = async (): Promise<string> => {
+    const res = await request({ method: 'POST', url: `/api/sites/${main.siteId}/enrolment-secret`, idempotencyKey: true });
+    if (res.statusCode !== 201) throw new Error(`enrolment secret: ${res.statusCode} ${res.body}`);
+    return res.json().enrolmentSecret;
+  };
   return {
     app,
     deps,
+    listen,
+    enrolmentSecret,
     siteId: main.siteId,
     userId: main.userId,
     apiKey: main.apiKey,
