@@ -241,6 +241,27 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
   };
   const me = (request: FastifyRequest): UserPrincipal => requireInteractive(request);
   const ownerOf = (u: UserPrincipal): KeyOwner => ({ uid: u.userId, email: u.email, role: u.role, deleted: false });
+
+  /**
+   * Validates the requested scopes for `owner` (resolveNewKey; 400 validation_failed), stores a new key
+   * with its digest and returns the row and the raw key, which the caller shows once.
+   */
+  const issueKey = async (owner: KeyOwner, fields: CreateBody, who: 'you' | 'the key owner', createdBy: string): Promise<{ row: KeyRow; raw: string }> => {
+    const { scopes, primarySiteId } = await resolveNewKey(app, owner, fields, who);
+    const environment = fields.environment ?? 'live';
+    const raw = generateApiKey(environment);
+    const row = await createKey(db, {
+      raw,
+      uid: owner.uid,
+      name: fields.name,
+      scopes,
+      environment,
+      primarySiteId,
+      lifetimeDays: fields.lifetimeDays ?? DEFAULT_LIFETIME_DAYS,
+      createdBy,
+    });
+    return { row, raw };
+  };
   const pageAfter = (q: Record<string, unknown>) => {
     const paging = parsePaging<unknown>(q, KEY_PAGE);
     if (paging.after !== undefined && !isKeyPosition(paging.after)) {
@@ -269,20 +290,7 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
     },
     async (request, reply) => {
       const user = me(request);
-      const body = request.body;
-      const { scopes, primarySiteId } = await resolveNewKey(app, ownerOf(user), body, 'you');
-      const environment = body.environment ?? 'live';
-      const raw = generateApiKey(environment);
-      const row = await createKey(db, {
-        raw,
-        uid: user.userId,
-        name: body.name,
-        scopes,
-        environment,
-        primarySiteId,
-        lifetimeDays: body.lifetimeDays ?? DEFAULT_LIFETIME_DAYS,
-        createdBy: user.userId,
-      });
+      const { row, raw } = await issueKey(ownerOf(user), request.body, 'you', user.userId);
       reply.code(201).header('Cache-Control', 'no-store');
       return { ...keyView(row), key: raw };
     },
@@ -403,19 +411,7 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
       }
       const owner = await findUser(db, { uid: userId, email });
       if (!owner || owner.deleted) throw new ApiError('not_found', 'user not found', { extras: { param: userId !== undefined ? 'userId' : 'email' } });
-      const { scopes, primarySiteId } = await resolveNewKey(app, owner, fields, 'the key owner');
-      const environment = fields.environment ?? 'live';
-      const raw = generateApiKey(environment);
-      const row = await createKey(db, {
-        raw,
-        uid: owner.uid,
-        name: fields.name,
-        scopes,
-        environment,
-        primarySiteId,
-        lifetimeDays: fields.lifetimeDays ?? DEFAULT_LIFETIME_DAYS,
-        createdBy: admin.userId,
-      });
+      const { row, raw } = await issueKey(owner, fields, 'the key owner', admin.userId);
       reply.code(201).header('Cache-Control', 'no-store');
       return { ...accountKeyView(row), key: raw };
     },
