@@ -41,7 +41,7 @@ import {
   siteEnrolmentSecretHash,
   upsertTargetState,
 } from '../../db/machines';
-import { CommandState, Problem, commandView } from './machines';
+import { CommandState, Problem, SyncCountersProps, commandView } from './machines';
 import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from '../../db/signing-keys';
 import { SigningKeyJwk } from './signing-keys';
 
@@ -235,13 +235,7 @@ const TargetStateView = Type.Object({
   reportedVersionId: Type.Union([Type.String(), Type.Null()]),
   status: Type.String(),
   error: Type.Union([Type.String(), Type.Null()]),
-  chunks_fetched: Type.Integer(),
-  chunks_total: Type.Integer(),
-  chunks_dedup: Type.Integer(),
-  files_total: Type.Integer(),
-  files_assembled: Type.Integer(),
-  files_skipped: Type.Integer(),
-  bytes_fetched: Type.Integer(),
+  ...SyncCountersProps,
   updatedAt: Timestamp,
 });
 

@@ -182,6 +182,17 @@ const SiteParams = Type.Object({ siteId: SiteId });
 const MachineParams = Type.Object({ siteId: SiteId, machineId: MachineId });
 const CommandParams = Type.Object({ siteId: SiteId, machineId: MachineId, commandId: CommandId });
 
+/** The progress counters of a roost target state (SPEC.md "Roost target state"; domain/target-state.ts), as TypeBox properties. */
+export const SyncCountersProps = {
+  chunks_fetched: Type.Integer(),
+  chunks_total: Type.Integer(),
+  chunks_dedup: Type.Integer(),
+  files_total: Type.Integer(),
+  files_assembled: Type.Integer(),
+  files_skipped: Type.Integer(),
+  bytes_fetched: Type.Integer({ description: 'bytes' }),
+};
+
 const Deployment = Type.Object({
   roostId: Type.String(),
   name: Type.String(),
@@ -193,13 +204,7 @@ const Deployment = Type.Object({
   status: Type.Union([Type.String(), Type.Null()], { description: 'pending, downloading, assembling, committed, failed, cancelled; null before any report' }),
   inSync: Type.Boolean({ description: 'reported version is the current one and committed' }),
   error: Type.Union([Type.String(), Type.Null()]),
-  chunks_fetched: Type.Integer(),
-  chunks_total: Type.Integer(),
-  chunks_dedup: Type.Integer(),
-  files_total: Type.Integer(),
-  files_assembled: Type.Integer(),
-  files_skipped: Type.Integer(),
-  bytes_fetched: Type.Integer(),
+  ...SyncCountersProps,
   updatedAt: NullableTimestamp,
 });
 
