@@ -22,6 +22,7 @@ import { Requirement, Scope, scopesAllow } from '../../domain/scopes';
 import type { Config } from '../../config/env';
 import { localJwks, oidcSettings } from '../../stack/oidc';
 import type { AgentPrincipal, Principal, UserPrincipal } from '../context';
+import type { KeyRow } from '../../db/keys';
 
 export { API_KEY_RE };
 
@@ -61,24 +62,11 @@ function credentialOf(request: FastifyRequest): { raw: string; via: Via } | unde
   return undefined;
 }
 
-interface KeyRow {
-  key_id: string;
-  key_hash: string;
-  name: string;
-  key_prefix: string;
-  scopes: Scope[];
-  environment: 'live' | 'test';
-  is_legacy: boolean;
-  primary_site_id: string | null;
-  status: string;
-  expires_at: number | null;
-  grace_until: number | null;
-  last_used_at: number | null;
-  uid: string;
-  email: string;
-  role: 'member' | 'admin' | 'superadmin';
-  deleted: boolean;
-}
+/** The key row authentication reads: the repository's KeyRow columns it needs, plus the digest and the owner's role. */
+type AuthKeyRow = Pick<
+  KeyRow,
+  'key_id' | 'name' | 'key_prefix' | 'scopes' | 'environment' | 'is_legacy' | 'primary_site_id' | 'status' | 'expires_at' | 'grace_until' | 'last_used_at' | 'uid' | 'email'
+> & { key_hash: string; role: 'member' | 'admin' | 'superadmin'; deleted: boolean };
 
 /** BIGINT epoch-ms columns (db/pool.ts parses int8 as number; tolerate text too). */
 function ms(v: string | number | null): number | null {
@@ -87,7 +75,7 @@ function ms(v: string | number | null): number | null {
 
 async function resolveApiKey(app: FastifyInstance, raw: string): Promise<UserPrincipal> {
   const digest = sha256Hex(raw);
-  const { rows } = await app.deps.db.query<KeyRow>(
+  const { rows } = await app.deps.db.query<AuthKeyRow>(
     `SELECT k.key_id, k.key_hash, k.name, k.key_prefix, k.scopes, k.environment, k.is_legacy, k.primary_site_id, k.status,
             k.expires_at, k.grace_until, k.last_used_at, u.uid, u.email, u.role, u.deleted
        FROM api_keys k JOIN users u ON u.uid = k.uid WHERE k.key_hash = $1`,
