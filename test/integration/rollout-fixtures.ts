@@ -9,7 +9,8 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { DefaultLogger, Runtime, Worker } from '@temporalio/worker';
+import type { Worker } from '@temporalio/worker';
+import { quietRuntime } from '../replay/histories';
 import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
 import { newId, sha256Hex } from '../../domain/hex';
@@ -81,14 +82,7 @@ export async function seedRoost(
   return { roostId, ...v, files };
 }
 
-/** Installs the Temporal Runtime with an ERROR-level logger (once per process; later calls are no-ops). */
-export function quietRuntime(): void {
-  try {
-    Runtime.install({ logger: new DefaultLogger('ERROR'), telemetryOptions: { logging: { filter: { core: 'ERROR', other: 'ERROR' } } } });
-  } catch {
-    /* already installed in this process */
-  }
-}
+export { quietRuntime };
 
 /** A worker on the harness's task queue, running until `stop()`. */
 export interface TestWorker {

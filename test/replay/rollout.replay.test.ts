@@ -7,9 +7,9 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { DefaultLogger, Runtime, Worker, bundleWorkflowCode } from '@temporalio/worker';
+import { DefaultLogger, Worker, bundleWorkflowCode } from '@temporalio/worker';
 import { DeterminismViolationError } from '@temporalio/workflow';
-import { historyFromJson } from '../../scripts/record-history';
+import { loadHistory, quietRuntime } from './histories';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories');
@@ -29,17 +29,9 @@ const CONTROL = [
   'rollout-staged.json',
 ];
 
-function load(file: string) {
-  return historyFromJson(JSON.parse(fs.readFileSync(path.join(HISTORIES, file), 'utf8')));
-}
+const load = (file: string) => loadHistory(HISTORIES, file);
 
-beforeAll(() => {
-  try {
-    Runtime.install({ logger: new DefaultLogger('ERROR'), telemetryOptions: { logging: { filter: { core: 'ERROR', other: 'ERROR' } } } });
-  } catch {
-    /* already installed */
-  }
-});
+beforeAll(quietRuntime);
 
 it('has recorded histories of a completed, a failed and a scheduled rollout, and of every control path', () => {
   expect(files).toEqual(expect.arrayContaining([...PRE_CONTROL, ...CONTROL]));

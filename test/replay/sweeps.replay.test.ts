@@ -5,10 +5,9 @@
  * workflows/index.ts bundle: a sweep changed without `patched()` (or a new workflow type) fails here.
  * Each recorded run made more than one activity call, so a changed batching loop is caught too.
  */
-import fs from 'node:fs';
 import path from 'node:path';
-import { DefaultLogger, Runtime, Worker } from '@temporalio/worker';
-import { historyFromJson } from '../../scripts/record-history';
+import { Worker } from '@temporalio/worker';
+import { loadHistory, quietRuntime } from './histories';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories', 'sweeps');
@@ -22,17 +21,9 @@ const EXPECTED: Record<string, string> = {
 };
 const files = Object.keys(EXPECTED);
 
-function load(file: string) {
-  return historyFromJson(JSON.parse(fs.readFileSync(path.join(HISTORIES, file), 'utf8')));
-}
+const load = (file: string) => loadHistory(HISTORIES, file);
 
-beforeAll(() => {
-  try {
-    Runtime.install({ logger: new DefaultLogger('ERROR'), telemetryOptions: { logging: { filter: { core: 'ERROR', other: 'ERROR' } } } });
-  } catch {
-    /* already installed */
-  }
-});
+beforeAll(quietRuntime);
 
 it('has a recorded history of every sweep workflow, each with several activity calls', () => {
   for (const f of files) {

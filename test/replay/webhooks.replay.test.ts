@@ -8,27 +8,19 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { DefaultLogger, Runtime, Worker, bundleWorkflowCode } from '@temporalio/worker';
+import { DefaultLogger, Worker, bundleWorkflowCode } from '@temporalio/worker';
 import { DeterminismViolationError } from '@temporalio/workflow';
-import { historyFromJson } from '../../scripts/record-history';
+import { loadHistory, quietRuntime } from './histories';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories', 'webhooks');
 const files = fs.readdirSync(HISTORIES).filter((f) => f.endsWith('.json')).sort();
 
-function load(file: string) {
-  return historyFromJson(JSON.parse(fs.readFileSync(path.join(HISTORIES, file), 'utf8')));
-}
+const load = (file: string) => loadHistory(HISTORIES, file);
 
 const typeOf = (file: string) => load(file).events![0].workflowExecutionStartedEventAttributes?.workflowType?.name;
 
-beforeAll(() => {
-  try {
-    Runtime.install({ logger: new DefaultLogger('ERROR'), telemetryOptions: { logging: { filter: { core: 'ERROR', other: 'ERROR' } } } });
-  } catch {
-    /* already installed */
-  }
-});
+beforeAll(quietRuntime);
 
 it('has recorded histories of a succeeded and a retried delivery and of a relay run', () => {
   expect(files).toEqual(expect.arrayContaining(['delivery-succeeded.json', 'delivery-retried.json', 'relay.json']));
