@@ -8,7 +8,6 @@
  */
 import { randomBytes } from 'node:crypto';
 import fsp from 'node:fs/promises';
-import net from 'node:net';
 import path from 'node:path';
 import { Pool } from 'pg';
 import { Config, loadConfig } from '../config/env';
@@ -16,7 +15,7 @@ import { bootstrap } from '../db/bootstrap';
 import { createPool } from '../db/pool';
 import { RoostClient } from '../cli/client';
 import { startStack, RunningStack } from '../stack/run';
-import { createDatabase, dropDatabase, ensureAzurite, ensurePostgres, ensureTemporal, ServiceHandle, stopServices } from '../stack/services';
+import { createDatabase, dropDatabase, ensureAzurite, ensurePostgres, ensureTemporal, freePort, ServiceHandle, stopServices } from '../stack/services';
 import { log } from './util';
 
 export interface BenchStack {
@@ -68,18 +67,6 @@ export function benchConfig(database: string): Config {
     // A throwaway task queue: no relay or sweep schedules to leave behind on the dev server.
     ROOST_BACKGROUND_WORKFLOWS: 'false',
     ROOST_LOG_LEVEL: process.env.ROOST_LOG_LEVEL ?? 'error',
-  });
-}
-
-/** A TCP port nothing listens on right now. */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no free port'))));
-    });
   });
 }
 

@@ -31,6 +31,18 @@ export async function waitForPort(port: number, host = '127.0.0.1', timeoutMs = 
   throw new Error(`nothing listening on ${host}:${port} after ${timeoutMs} ms`);
 }
 
+/** A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no free port'))));
+    });
+  });
+}
+
 /** One TCP connect attempt. */
 export function isListening(port: number, host = '127.0.0.1'): Promise<boolean> {
   return new Promise((resolve) => {

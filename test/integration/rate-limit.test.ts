@@ -6,7 +6,6 @@
  * fallback of 15 requests per minute per identifier.
  */
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -15,21 +14,10 @@ import { buildApp } from '../../api/app';
 import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
-import { ServiceHandle, startRedisServer } from '../../stack/services';
+import { freePort, ServiceHandle, startRedisServer } from '../../stack/services';
 import { testConfig } from '../support/env';
 import { createHarness, Harness } from '../support/harness';
 import { scopedKey } from '../support/identity';
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no free port'))));
-    });
-  });
-}
 
 /** A key of the harness user with `scopes` (inserted the way db/bootstrap.ts does). */
 
