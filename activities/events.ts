@@ -17,7 +17,7 @@ import type { Client } from '@temporalio/client';
 import type { Pool } from 'pg';
 import type { Config } from '../config/env';
 import { sequenceEvents } from '../db/events';
-import { FANOUT_BATCH, fanOutSite, laggingSites, markDispatched, NewDelivery, undispatchedDeliveries } from '../db/webhooks';
+import { FANOUT_BATCH, fanOutSite, laggingSites, markDispatched, type NewDelivery, undispatchedDeliveries } from '../db/webhooks';
 import { startDeliveryWorkflow } from './webhooks';
 
 /** Seconds after which an undispatched pending delivery is started again by any relay. */
@@ -35,7 +35,11 @@ export interface RelayPass {
  * delivery workflow; `beat` is called after each fan-out batch (the activity heartbeats there).
  * Exported for tests and tools; the activity calls it in a loop.
  */
-export async function relayPass(db: Pool, start: (d: NewDelivery) => Promise<unknown>, beat: () => void = () => undefined): Promise<RelayPass> {
+export async function relayPass(
+  db: Pool,
+  start: (d: NewDelivery) => Promise<unknown>,
+  beat: () => void = () => undefined,
+): Promise<RelayPass> {
   const sequenced = await sequenceEvents(db, null);
   let events = 0;
   let deliveries = 0;

@@ -10,15 +10,15 @@ import { Context, log } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { ActivityDeps } from './index';
 import {
-  HistoryEntry,
-  RolloutPolicy,
-  RolloutStage,
-  RolloutState,
-  StageChange,
+  type HistoryEntry,
+  type RolloutPolicy,
+  type RolloutStage,
+  type RolloutState,
+  type StageChange,
   TERMINAL_STAGES,
-  Wave,
-  WaveCounts,
-  WavePlan,
+  type Wave,
+  type WaveCounts,
+  type WavePlan,
   activateStaged,
   createRollbackRollout,
   dbNowPlus,
@@ -86,7 +86,8 @@ export interface TransitionInput extends RolloutRef {
 }
 
 /** A rollback rollout created by the workflow (ids only), or why none was. */
-export type RollbackStart = { rolloutId: string; workflowId: string; roostId: string; versionId: string; machines: number } | { refused: string };
+export type RollbackStart =
+  { rolloutId: string; workflowId: string; roostId: string; versionId: string; machines: number } | { refused: string };
 
 /** Result of dispatching a wave. */
 export interface DispatchResult {
@@ -123,7 +124,13 @@ export function createRolloutActivities({ db }: ActivityDeps) {
    * nothing is in flight), every machine finished its phase, or (sync phase, not the last wave) the
    * wave reached its success threshold.
    */
-  async function watchWaves(ctx: Context, t: NonNullable<Awaited<ReturnType<typeof getWaveTarget>>>, index: number, phase: WatchPhase, last: boolean): Promise<WatchResult> {
+  async function watchWaves(
+    ctx: Context,
+    t: NonNullable<Awaited<ReturnType<typeof getWaveTarget>>>,
+    index: number,
+    phase: WatchPhase,
+    last: boolean,
+  ): Promise<WatchResult> {
     const names = t.rollout.waves.slice(0, index + 1).map((w) => w.name);
     const current = t.rollout.waves[index];
     const population = t.rollout.waves.slice(0, index + 1).reduce((a, w) => a + w.size, 0);
@@ -136,13 +143,15 @@ export function createRolloutActivities({ db }: ActivityDeps) {
       const byWave = await reconcileWaves(db, t, names);
       const all = sumCounts(byWave.values());
       ctx.heartbeat(all);
-      if (state === null || state === 'aborted' || !['running', 'paused', 'awaiting_promotion', 'waiting_window'].includes(state)) return { ...all, outcome: 'aborted' };
+      if (state === null || state === 'aborted' || !['running', 'paused', 'awaiting_promotion', 'waiting_window'].includes(state))
+        return { ...all, outcome: 'aborted' };
       const inFlight = all.dispatched + (all.activating ?? 0);
       if (all.failed > maxFailed && inFlight === 0) return { ...all, outcome: 'tripped' };
       if (all.pending + inFlight === 0) return { ...all, outcome: all.failed > maxFailed ? 'tripped' : 'done' };
       const w = byWave.get(current.name);
       if (phase === 'sync' && !last && w && w.succeeded >= target) return { ...all, outcome: 'advance' };
-      if (all.pending > 0 && state !== 'paused') await dispatchDueIn(db, t, names, t.policy.waveTimeoutMs, { staged: staged && phase === 'stage' }, () => ctx.heartbeat(all));
+      if (all.pending > 0 && state !== 'paused')
+        await dispatchDueIn(db, t, names, t.policy.waveTimeoutMs, { staged: staged && phase === 'stage' }, () => ctx.heartbeat(all));
       await ctx.sleep(pollMs);
     }
   }
@@ -269,7 +278,13 @@ export function createRolloutActivities({ db }: ActivityDeps) {
       if (!r) throw businessFailure('rollout_not_found', `rollout ${input.rolloutId} not found in site ${input.siteId}`);
       const out = await createRollbackRollout(db, input.siteId, input.rolloutId, input.by ?? r.createdBy);
       if (typeof out === 'string') return { refused: out };
-      return { rolloutId: out.rollout.rolloutId, workflowId: out.rollout.workflowId, roostId: out.rollout.roostId, versionId: out.rollout.versionId, machines: out.machines };
+      return {
+        rolloutId: out.rollout.rolloutId,
+        workflowId: out.rollout.workflowId,
+        roostId: out.rollout.roostId,
+        versionId: out.rollout.versionId,
+        machines: out.machines,
+      };
     },
 
     async changeRolloutStage(input: RolloutRef & { stage: RolloutStage; abortReason?: string }): Promise<StageChange> {

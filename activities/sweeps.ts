@@ -9,7 +9,7 @@ import { Context } from '@temporalio/activity';
 import type { ActivityDeps } from './index';
 import { chunkBlobName } from '../storage/blob';
 import {
-  ChunkCursor,
+  type ChunkCursor,
   announceKeyExpiry,
   chunksToVerify,
   condemnChunk,

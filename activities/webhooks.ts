@@ -16,7 +16,7 @@ import dns from 'node:dns';
 import type { LookupAddress } from 'node:dns';
 import { performance } from 'node:perf_hooks';
 import { ApplicationFailure, Context } from '@temporalio/activity';
-import { Client, WorkflowExecutionAlreadyStartedError } from '@temporalio/client';
+import { type Client, WorkflowExecutionAlreadyStartedError } from '@temporalio/client';
 import type { Pool } from 'pg';
 import type { Config } from '../config/env';
 import { checkWebhookUrl, isNonPublicAddress, signPayload } from '../domain/webhook-signature';
@@ -44,7 +44,12 @@ export interface DeliveryRetry {
 
 /** Business failure types of `attemptWebhookDelivery` (non-retryable). */
 export type DeliveryFailureType = 'webhook_gone' | 'webhook_disabled' | 'webhook_paused' | 'url_refused';
-export const NON_RETRYABLE_DELIVERY_FAILURES: readonly DeliveryFailureType[] = ['webhook_gone', 'webhook_disabled', 'webhook_paused', 'url_refused'];
+export const NON_RETRYABLE_DELIVERY_FAILURES: readonly DeliveryFailureType[] = [
+  'webhook_gone',
+  'webhook_disabled',
+  'webhook_paused',
+  'url_refused',
+];
 
 /** `webhook-delivery:<deliveryId>`: one workflow id per delivery (starting it twice is harmless). */
 export function deliveryWorkflowId(deliveryId: string): string {
@@ -132,7 +137,13 @@ export async function nonPublicAddressesOf(host: string): Promise<string[]> {
  * network errors, timeouts and refusals come back in `error`. Redirects are not followed (a 3xx is a
  * failure). `latencyMs`: from the start to the response headers (or the failure).
  */
-export async function postWebhook(req: { url: string; body: string; headers: Record<string, string>; timeoutMs: number; allowPrivate: boolean }): Promise<PostResult> {
+export async function postWebhook(req: {
+  url: string;
+  body: string;
+  headers: Record<string, string>;
+  timeoutMs: number;
+  allowPrivate: boolean;
+}): Promise<PostResult> {
   const started = performance.now();
   const elapsed = () => Math.max(0, Math.round(performance.now() - started));
   const checked = checkWebhookUrl(req.url, req.allowPrivate);
@@ -153,7 +164,12 @@ export async function postWebhook(req: { url: string; body: string; headers: Rec
       {
         method: 'POST',
         agent: false,
-        headers: { 'Content-Type': 'application/json', 'User-Agent': 'Roost-Webhooks/1', ...req.headers, 'Content-Length': String(Buffer.byteLength(req.body)) },
+        headers: {
+          'Content-Type': 'application/json',
+          'User-Agent': 'Roost-Webhooks/1',
+          ...req.headers,
+          'Content-Length': String(Buffer.byteLength(req.body)),
+        },
         lookup: req.allowPrivate ? undefined : (guardedLookup as unknown as http.RequestOptions['lookup']),
       },
       (res) => {
@@ -224,7 +240,11 @@ export function createWebhookActivities(deps: WebhookActivityDeps) {
 
       const aad = webhookAad(webhook.site_id, webhook.webhook_id);
       const secrets = [openSealed(sealKey(), webhook.secret_sealed, aad).toString('utf8')];
-      if (webhook.previous_secret_sealed && webhook.previous_secret_expires_at && webhook.previous_secret_expires_at.getTime() > Date.now()) {
+      if (
+        webhook.previous_secret_sealed &&
+        webhook.previous_secret_expires_at &&
+        webhook.previous_secret_expires_at.getTime() > Date.now()
+      ) {
         secrets.push(openSealed(sealKey(), webhook.previous_secret_sealed, aad).toString('utf8'));
       }
       const startedAt = new Date();
@@ -263,7 +283,9 @@ export function createWebhookActivities(deps: WebhookActivityDeps) {
      * gone, disabled or paused) adds one to fail_count; the subscription pauses at
      * ROOST_WEBHOOK_PAUSE_AFTER_FAILURES. Idempotent.
      */
-    async finishWebhookDelivery(input: DeliveryRef & { error: string; countFailure: boolean }): Promise<{ failed: boolean; failCount: number; paused: boolean }> {
+    async finishWebhookDelivery(
+      input: DeliveryRef & { error: string; countFailure: boolean },
+    ): Promise<{ failed: boolean; failCount: number; paused: boolean }> {
       return failDelivery(db, {
         siteId: input.siteId,
         deliveryId: input.deliveryId,

@@ -46,10 +46,10 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import pLimit from 'p-limit';
-import { computeVersionId, validateVersionBody, VersionBody } from '../domain/version';
+import { computeVersionId, validateVersionBody, type VersionBody } from '../domain/version';
 import { isSha256Hex } from '../domain/hex';
 import { ApiClient, HttpError, fetchBytes, isTransient, sleep } from './http';
-import { isValidJwk, SigningJwk, verifyVersionSignature } from './signature';
+import { isValidJwk, type SigningJwk, verifyVersionSignature } from './signature';
 
 export const AGENT_VERSION = '0.1.0-reference';
 /** Hashes per download-urls call (SPEC.md Limits). */
@@ -197,7 +197,8 @@ export function resolveExtractDir(rootDir: string, extractRoot: string): string 
   const segs = s.split('/').filter((x) => x !== '' && x !== '.');
   if (segs.some((x) => x === '..')) throw new SyncFailure(`extract root "${extractRoot}" must not contain ".."`);
   if (segs.length === 0) throw new SyncFailure('the roost has no extract root');
-  if (['chunks', 'state', STAGING_DIR].includes(segs[0].toLowerCase())) throw new SyncFailure(`extract root "${extractRoot}" uses a reserved folder`);
+  if (['chunks', 'state', STAGING_DIR].includes(segs[0].toLowerCase()))
+    throw new SyncFailure(`extract root "${extractRoot}" uses a reserved folder`);
   const root = path.resolve(rootDir);
   const dir = path.resolve(root, ...segs);
   if (!dir.startsWith(root + path.sep)) throw new SyncFailure(`extract root "${extractRoot}" escapes the machine root`);
@@ -207,7 +208,8 @@ export function resolveExtractDir(rootDir: string, extractRoot: string): string 
 /** A path of a version file under `dir`, refusing anything that would leave it. */
 function confined(dir: string, rel: string): string {
   const segs = rel.split('/');
-  if (segs.some((x) => x === '' || x === '.' || x === '..' || x.includes('\\') || x.includes('\0'))) throw new SyncFailure(`unsafe path "${rel}"`);
+  if (segs.some((x) => x === '' || x === '.' || x === '..' || x.includes('\\') || x.includes('\0')))
+    throw new SyncFailure(`unsafe path "${rel}"`);
   const p = path.resolve(dir, ...segs);
   if (!p.startsWith(dir + path.sep)) throw new SyncFailure(`path "${rel}" escapes the extract root`);
   return p;
@@ -250,7 +252,17 @@ export class Agent extends EventEmitter {
   readonly rootDir: string;
   readonly api: ApiClient;
   /** Running totals since start. */
-  readonly stats = { commands: 0, syncsCommitted: 0, syncsStaged: 0, syncsFailed: 0, chunksFetched: 0, chunksDedup: 0, chunksRefetched: 0, bytesFetched: 0, filesSkipped: 0 };
+  readonly stats = {
+    commands: 0,
+    syncsCommitted: 0,
+    syncsStaged: 0,
+    syncsFailed: 0,
+    chunksFetched: 0,
+    chunksDedup: 0,
+    chunksRefetched: 0,
+    bytesFetched: 0,
+    filesSkipped: 0,
+  };
 
   private readonly opts: AgentOptions;
   private readonly limit: Limiter;
@@ -418,7 +430,7 @@ export class Agent extends EventEmitter {
   }
 
   /** Calls the API; a 401 (token rotated or revoked) re-enrols once and retries. */
-  private async call<T = any>(method: string, p: string, opts: Parameters<ApiClient['json']>[2] = {}): Promise<T> {
+  private async call<T = unknown>(method: string, p: string, opts: Parameters<ApiClient['json']>[2] = {}): Promise<T> {
     try {
       return await this.api.json<T>(method, p, opts);
     } catch (err) {
@@ -431,7 +443,7 @@ export class Agent extends EventEmitter {
   }
 
   /** Like `call`, retrying transient failures (network, 429, 5xx) up to `tries` times with backoff. */
-  private callRetrying<T = any>(method: string, p: string, opts: Parameters<ApiClient['json']>[2] = {}, tries = 4): Promise<T> {
+  private callRetrying<T = unknown>(method: string, p: string, opts: Parameters<ApiClient['json']>[2] = {}, tries = 4): Promise<T> {
     return this.retrying(() => this.call<T>(method, p, opts), tries);
   }
 
@@ -524,7 +536,9 @@ export class Agent extends EventEmitter {
 
   /** Reports a command status; returns the server's view (`applied` false when it was already closed). */
   private reportCommand(commandId: string, body: { status: string; progress?: number; result?: string; error?: string }) {
-    return this.callRetrying<{ status: string; applied: boolean }>('POST', `/api/agent/commands/${encodeURIComponent(commandId)}`, { body });
+    return this.callRetrying<{ status: string; applied: boolean }>('POST', `/api/agent/commands/${encodeURIComponent(commandId)}`, {
+      body,
+    });
   }
 
   private async execute(cmd: AgentCommand): Promise<CommandOutcome> {
@@ -536,7 +550,10 @@ export class Agent extends EventEmitter {
       case 'capture_screenshot':
         if (this.opts.uploadScreenshots !== false) {
           try {
-            await this.callRetrying('PUT', `/api/agent/commands/${encodeURIComponent(cmd.commandId)}/screenshot`, { raw: PLACEHOLDER_PNG, contentType: 'image/png' });
+            await this.callRetrying('PUT', `/api/agent/commands/${encodeURIComponent(cmd.commandId)}/screenshot`, {
+              raw: PLACEHOLDER_PNG,
+              contentType: 'image/png',
+            });
           } catch (err) {
             return this.closeCommand(cmd, 'failed', `screenshot upload failed: ${errMessage(err)}`);
           }
@@ -558,7 +575,13 @@ export class Agent extends EventEmitter {
     } catch (err) {
       this.emit('warn', `could not report ${cmd.commandId}: ${errMessage(err)}`);
     }
-    return { commandId: cmd.commandId, type: cmd.type, status, ...(status === 'completed' ? { result: 'success' as const } : {}), ...(error ? { error } : {}) };
+    return {
+      commandId: cmd.commandId,
+      type: cmd.type,
+      status,
+      ...(status === 'completed' ? { result: 'success' as const } : {}),
+      ...(error ? { error } : {}),
+    };
   }
 
   /** Loads the last committed manifest of a roost, or null. */
@@ -573,7 +596,15 @@ export class Agent extends EventEmitter {
   private async syncPull(cmd: AgentCommand): Promise<CommandOutcome> {
     const signal = this.abort.signal;
     const p = cmd.params as unknown as SyncParams;
-    const counters: SyncCounters = { chunks_fetched: 0, chunks_total: 0, chunks_dedup: 0, files_total: 0, files_assembled: 0, files_skipped: 0, bytes_fetched: 0 };
+    const counters: SyncCounters = {
+      chunks_fetched: 0,
+      chunks_total: 0,
+      chunks_dedup: 0,
+      files_total: 0,
+      files_assembled: 0,
+      files_skipped: 0,
+      bytes_fetched: 0,
+    };
     let refetched = 0;
     const outcome = (status: CommandOutcome['status'], error?: string, result?: CommandOutcome['result']): CommandOutcome => ({
       commandId: cmd.commandId,
@@ -588,7 +619,11 @@ export class Agent extends EventEmitter {
       return this.closeCommand(cmd, 'failed', 'sync_pull needs params.roostId and a 64-hex params.versionId');
     }
     if (p.activation !== undefined && p.activation !== null && p.activation !== 'immediate' && p.activation !== 'staged') {
-      return this.closeCommand(cmd, 'failed', `sync_pull params.activation must be "immediate" or "staged" (got ${JSON.stringify(p.activation).slice(0, 40)})`);
+      return this.closeCommand(
+        cmd,
+        'failed',
+        `sync_pull params.activation must be "immediate" or "staged" (got ${JSON.stringify(p.activation).slice(0, 40)})`,
+      );
     }
     const staged = p.activation === 'staged';
     const statePath = `/api/agent/roosts/${encodeURIComponent(p.roostId)}/state`;
@@ -671,7 +706,8 @@ export class Agent extends EventEmitter {
         const old = prevFiles.get(f.path);
         const target = confined(extractDir, f.path);
         confined(stageDir, f.path);
-        let same = !!old && old.size === f.size && old.chunks.length === f.chunks.length && old.chunks.every((h, i) => h === f.chunks[i].hash);
+        let same =
+          !!old && old.size === f.size && old.chunks.length === f.chunks.length && old.chunks.every((h, i) => h === f.chunks[i].hash);
         if (same) {
           const st = await fs.stat(target).catch(() => null);
           same = !!st && st.isFile() && st.size === f.size;
@@ -697,7 +733,10 @@ export class Agent extends EventEmitter {
       await enter('downloading');
       for (let i = 0; i < missing.length; i += DOWNLOAD_URL_BATCH) {
         const batch = missing.slice(i, i + DOWNLOAD_URL_BATCH);
-        const urls = new UrlBatch(this, batch.map(([h]) => h));
+        const urls = new UrlBatch(
+          this,
+          batch.map(([h]) => h),
+        );
         await Promise.all(
           batch.map(([hash, size]) =>
             this.limit(async () => {
@@ -738,7 +777,12 @@ export class Agent extends EventEmitter {
           if (failStage) throw new SyncFailure('injected staging failure (fault injection)');
         }
         if (failStage) throw new SyncFailure('injected staging failure (fault injection)');
-        const stagedManifest: StagedManifest = { ...manifest, stagedAt: manifest.committedAt, baseVersionId: prev?.versionId ?? null, counters: { ...counters } };
+        const stagedManifest: StagedManifest = {
+          ...manifest,
+          stagedAt: manifest.committedAt,
+          baseVersionId: prev?.versionId ?? null,
+          counters: { ...counters },
+        };
         await writeAtomic(stagedManifestPath, JSON.stringify(stagedManifest));
         // The final counters (progress reports are throttled); the target state stays `assembling` until activation.
         await enter('assembling');
@@ -806,7 +850,8 @@ export class Agent extends EventEmitter {
     const base = { commandId: cmd.commandId, type: cmd.type };
     try {
       const r = await this.reportCommand(cmd.commandId, { status: 'activating', progress: 0 });
-      if (!r.applied && TERMINAL.has(r.status)) return { ...base, status: 'cancelled', error: `command was closed by the server (${r.status})` };
+      if (!r.applied && TERMINAL.has(r.status))
+        return { ...base, status: 'cancelled', error: `command was closed by the server (${r.status})` };
     } catch (err) {
       return { ...base, status: 'failed', error: errMessage(err) };
     }
@@ -829,7 +874,9 @@ export class Agent extends EventEmitter {
 
     const counters = staged.counters;
     const sendState = (status: string, error?: string) =>
-      this.callRetrying('PUT', `/api/agent/roosts/${encodeURIComponent(roostId)}/state`, { body: { reportedVersionId: versionId, status, ...counters, ...(error ? { error } : {}) } });
+      this.callRetrying('PUT', `/api/agent/roosts/${encodeURIComponent(roostId)}/state`, {
+        body: { reportedVersionId: versionId, status, ...counters, ...(error ? { error } : {}) },
+      });
     try {
       const extractRoot = typeof p.extractRoot === 'string' && p.extractRoot ? p.extractRoot : staged.extractDir;
       const extractDir = resolveExtractDir(this.rootDir, extractRoot);
@@ -871,7 +918,11 @@ export class Agent extends EventEmitter {
   /** True when the local store's copy of a chunk hashes to its digest. */
   private async storedChunkIntact(hash: string): Promise<boolean> {
     try {
-      return createHash('sha256').update(await fs.readFile(this.chunkPath(hash))).digest('hex') === hash;
+      return (
+        createHash('sha256')
+          .update(await fs.readFile(this.chunkPath(hash)))
+          .digest('hex') === hash
+      );
     } catch {
       return false;
     }
@@ -1069,7 +1120,8 @@ class UrlBatch {
   private load(): Promise<{ urls: Record<string, string>; expiresAt: number }> {
     if (!this.current) {
       const p = this.agent.downloadUrls(this.hashes).then((r) => {
-        if (r.missing && r.missing.length > 0) throw new SyncFailure(`the site lacks ${r.missing.length} chunk(s) of this version, e.g. ${r.missing[0]}`);
+        if (r.missing && r.missing.length > 0)
+          throw new SyncFailure(`the site lacks ${r.missing.length} chunk(s) of this version, e.g. ${r.missing[0]}`);
         return { urls: r.urls, expiresAt: Date.parse(r.expiresAt) };
       });
       p.catch(() => {

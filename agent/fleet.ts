@@ -17,7 +17,7 @@ import { createReadStream } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import pLimit from 'p-limit';
-import { Agent, AgentFaults, AgentOptions, CommandOutcome, createLimiter } from './agent';
+import { Agent, type AgentFaults, type AgentOptions, type CommandOutcome, createLimiter } from './agent';
 
 export interface FleetOptions extends AgentFaults {
   baseUrl: string;
@@ -129,7 +129,17 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
         }),
       ),
     stats: () => {
-      const total = { commands: 0, syncsCommitted: 0, syncsStaged: 0, syncsFailed: 0, chunksFetched: 0, chunksDedup: 0, chunksRefetched: 0, bytesFetched: 0, filesSkipped: 0 };
+      const total = {
+        commands: 0,
+        syncsCommitted: 0,
+        syncsStaged: 0,
+        syncsFailed: 0,
+        chunksFetched: 0,
+        chunksDedup: 0,
+        chunksRefetched: 0,
+        bytesFetched: 0,
+        filesSkipped: 0,
+      };
       for (const a of agents) for (const k of Object.keys(total) as (keyof typeof total)[]) total[k] += a.stats[k];
       return total;
     },

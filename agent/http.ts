@@ -19,7 +19,8 @@ export class HttpError extends Error {
 
 /** True for failures worth retrying later: network errors, 408, 409 idempotency_key_in_use, 429, 5xx. */
 export function isTransient(err: unknown): boolean {
-  if (err instanceof HttpError) return err.status === 408 || err.status === 429 || err.status >= 500 || err.code === 'idempotency_key_in_use';
+  if (err instanceof HttpError)
+    return err.status === 408 || err.status === 429 || err.status >= 500 || err.code === 'idempotency_key_in_use';
   return !(err instanceof Error && err.name === 'AbortError');
 }
 
@@ -48,7 +49,7 @@ export class ApiClient {
    * Calls `method path` and returns the parsed JSON body.
    * @throws HttpError on non-2xx (with the problem's `code`), the fetch error on network failure.
    */
-  async json<T = any>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
+  async json<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
     let url = `${this.baseUrl}${path}`;
     if (opts.query) {
       const q = new URLSearchParams();
@@ -70,7 +71,7 @@ export class ApiClient {
       const r = await fetch(url, { method, headers, body, signal });
       return { res: r, text: await r.text() };
     });
-    let parsed: any = undefined;
+    let parsed: unknown = undefined;
     if (text.length > 0) {
       try {
         parsed = JSON.parse(text);
@@ -79,9 +80,10 @@ export class ApiClient {
       }
     }
     if (!res.ok) {
-      const code = typeof parsed?.code === 'string' ? parsed.code : undefined;
-      const detail = typeof parsed?.detail === 'string' ? parsed.detail : text.slice(0, 200);
-      throw new HttpError(res.status, code, `${method} ${path} → ${res.status}${code ? ` ${code}` : ''}: ${detail}`, parsed);
+      const problem = parsed !== null && typeof parsed === 'object' ? (parsed as Record<string, unknown>) : undefined;
+      const code = typeof problem?.code === 'string' ? problem.code : undefined;
+      const detail = typeof problem?.detail === 'string' ? problem.detail : text.slice(0, 200);
+      throw new HttpError(res.status, code, `${method} ${path} → ${res.status}${code ? ` ${code}` : ''}: ${detail}`, problem);
     }
     return parsed as T;
   }

@@ -11,7 +11,7 @@
  * Keys travel as JWK (RFC 8037): `{ kty: 'OKP', crv: 'Ed25519', x: <base64url raw 32-byte key>, kid,
  * alg: 'EdDSA', use: 'sig' }`; signatures as base64url of the 64 raw bytes.
  */
-import { createHash, createPublicKey, KeyObject, sign, verify } from 'node:crypto';
+import { createHash, createPublicKey, type KeyObject, sign, verify } from 'node:crypto';
 
 /** Domain-separation prefix of the signed message (bump the version to change what is signed). */
 export const SIGNATURE_DOMAIN = 'roost-version-v1';

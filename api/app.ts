@@ -2,8 +2,8 @@
  * Builds the Fastify app (DESIGN.md "api/"): problem+json errors, request ids, API versioning,
  * authentication, idempotency, the OpenAPI document, and every route family. Stateless: N copies may run.
  */
-import Fastify, { FastifyInstance } from 'fastify';
-import { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import Fastify, { type FastifyInstance } from 'fastify';
+import { type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { randomBytes } from 'node:crypto';
 import type { AppDeps } from './context';
 import problem from './plugins/problem';

@@ -48,7 +48,9 @@ export const Problem = Type.Object(
     docsUrl: Type.String(),
     requestId: Type.String({ description: 'also sent as header X-Request-Id' }),
     param: Type.Optional(Type.String({ description: 'the parameter at fault, when there is one' })),
-    errors: Type.Optional(Type.Record(Type.String(), Type.Array(Type.String()), { description: 'dotted path → messages (validation_failed)' })),
+    errors: Type.Optional(
+      Type.Record(Type.String(), Type.Array(Type.String()), { description: 'dotted path → messages (validation_failed)' }),
+    ),
     required: Type.Optional(
       Type.Object(
         { resource: Type.String(), id: Type.String(), permission: Type.String() },
@@ -96,7 +98,10 @@ export const TAGS = [
   { name: 'chunks', description: 'Content-addressed chunks: presence check, signed upload/download URLs, mounts, referrers.' },
   { name: 'machines', description: 'Machines of a site, their deployments and remote commands.' },
   { name: 'agent', description: 'The agent protocol (docs/agent-protocol.md): enrolment, heartbeats, commands, state reports.' },
-  { name: 'events', description: 'The server-sent event stream of a site: connected, keepalive and the catalog events, resumable with Last-Event-ID.' },
+  {
+    name: 'events',
+    description: 'The server-sent event stream of a site: connected, keepalive and the catalog events, resumable with Last-Event-ID.',
+  },
 ];
 
 const SECURITY_SCHEMES = {
@@ -106,7 +111,12 @@ const SECURITY_SCHEMES = {
     description: 'API key (`svk_live_…` / `svk_test_…`), first-party session or OIDC ID token: `Authorization: Bearer <credential>`.',
   },
   apiKeyHeader: { type: 'apiKey', in: 'header', name: 'x-api-key', description: 'Compatibility form of the API key.' },
-  apiKeyQuery: { type: 'apiKey', in: 'query', name: 'api_key', description: 'Discouraged; only on routes for clients that cannot set headers (event streams).' },
+  apiKeyQuery: {
+    type: 'apiKey',
+    in: 'query',
+    name: 'api_key',
+    description: 'Discouraged; only on routes for clients that cannot set headers (event streams).',
+  },
   agentToken: { type: 'http', scheme: 'bearer', bearerFormat: 'sat_…', description: "A machine's agent token from POST /api/agent/enrol." },
 } as const;
 
@@ -154,7 +164,12 @@ const REASONS: Record<string, string> = {
  * The errors the shared mechanisms (validation, versioning, authentication, idempotency, the error
  * handler) can return on a route, by status, with their codes.
  */
-export function standardErrors(auth: AuthMode, idempotency: RouteEntry['idempotency'], rateLimited = false, hasBody = false): Record<string, string[]> {
+export function standardErrors(
+  auth: AuthMode,
+  idempotency: RouteEntry['idempotency'],
+  rateLimited = false,
+  hasBody = false,
+): Record<string, string[]> {
   const out: Record<string, string[]> = { '400': ['validation_failed', 'unsupported_version'] };
   if (idempotency === 'required') out['400'].push('idempotency_key_required', 'idempotency_key_invalid');
   if (idempotency === 'optional') out['400'].push('idempotency_key_invalid');
@@ -177,11 +192,17 @@ export function standardErrors(auth: AuthMode, idempotency: RouteEntry['idempote
 const header = (description: string, schema: Record<string, unknown> = { type: 'string' }) => ({ description, schema });
 const REQUEST_ID_HEADER = header('id of this request (also `requestId` in problem documents)');
 const VERSION_HEADER = header('the API date the request was served at', { type: 'string', enum: [...SUPPORTED_API_VERSIONS] });
-const REPLAYED_HEADER = header('`true` when this response is a replay of the first response to the same Idempotency-Key', { type: 'string', enum: ['true'] });
+const REPLAYED_HEADER = header('`true` when this response is a replay of the first response to the same Idempotency-Key', {
+  type: 'string',
+  enum: ['true'],
+});
 
 const RATE_LIMITED_HEADERS = {
   'Retry-After': header('seconds to wait', { type: 'integer' }),
-  'Roost-Rate-Limited-Reason': header('which limit was hit', { type: 'string', enum: ['global-rate', 'endpoint-rate', 'key-rate', 'site-concurrency'] }),
+  'Roost-Rate-Limited-Reason': header('which limit was hit', {
+    type: 'string',
+    enum: ['global-rate', 'endpoint-rate', 'key-rate', 'site-concurrency'],
+  }),
 };
 
 /**
@@ -226,9 +247,21 @@ export function operationIdFor(method: string, url: string): string {
 }
 
 /** Per-route document additions, computed from the route's config (see the module comment). */
-function transform({ schema, url, route }: { schema: Record<string, any> | undefined; url: string; route: RouteOptions }) {
-  const config = (route.config ?? {}) as { auth?: AuthMode; idempotency?: RouteEntry['idempotency']; allowQueryKey?: boolean; rateLimit?: unknown };
-  const s: Record<string, any> = { ...(schema ?? {}) };
+/**
+ * A node of the OpenAPI document while it is assembled: untyped JSON read and written by key (the
+ * document's own types would need a cast at every step of these generic transforms).
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- see the comment above
+type OpenApiNode = Record<string, any>;
+
+function transform({ schema, url, route }: { schema: OpenApiNode | undefined; url: string; route: RouteOptions }) {
+  const config = (route.config ?? {}) as {
+    auth?: AuthMode;
+    idempotency?: RouteEntry['idempotency'];
+    allowQueryKey?: boolean;
+    rateLimit?: unknown;
+  };
+  const s: OpenApiNode = { ...(schema ?? {}) };
   const auth = config.auth ?? 'user';
   // The rule of api/plugins/rate-limit.ts: a named bucket, or the `api` bucket for user credentials.
   s['x-roost-rate-limited'] = config.rateLimit !== false && (config.rateLimit !== undefined || auth === 'user' || auth === 'userOrAgent');
@@ -242,9 +275,9 @@ function transform({ schema, url, route }: { schema: Record<string, any> | undef
 }
 
 /** Whole-document additions: parameters, responses, headers, tags (see the module comment). */
-function transformObject({ openapiObject }: { openapiObject: Record<string, any> }): Record<string, any> {
+function transformObject({ openapiObject }: { openapiObject: OpenApiNode }): OpenApiNode {
   const usedTags = new Set<string>();
-  for (const item of Object.values<Record<string, any>>(openapiObject.paths ?? {})) {
+  for (const item of Object.values<OpenApiNode>(openapiObject.paths ?? {})) {
     for (const method of METHODS) {
       const op = item[method];
       if (!op) continue;
@@ -258,7 +291,7 @@ function transformObject({ openapiObject }: { openapiObject: Record<string, any>
       if (!MUTATIONS.has(method)) delete op['x-idempotency'];
       for (const t of op.tags ?? []) usedTags.add(t);
 
-      const params: Record<string, any>[] = (op.parameters ??= []);
+      const params: OpenApiNode[] = (op.parameters ??= []);
       const has = (name: string) => params.some((p) => p.in === 'header' && String(p.name).toLowerCase() === name.toLowerCase());
       if (!has('Roost-Version')) {
         params.push({
@@ -282,7 +315,7 @@ function transformObject({ openapiObject }: { openapiObject: Record<string, any>
       }
       if (params.length === 0) delete op.parameters;
 
-      const responses: Record<string, any> = (op.responses ??= {});
+      const responses: OpenApiNode = (op.responses ??= {});
       const standard = standardErrors(auth, idem, limited, hasBody);
       for (const [status, res] of Object.entries(responses)) {
         if (isErrorStatus(status)) {
@@ -298,7 +331,13 @@ function transformObject({ openapiObject }: { openapiObject: Record<string, any>
     }
   }
   const listed = new Set(TAGS.map((t) => t.name));
-  openapiObject.tags = [...TAGS.filter((t) => usedTags.has(t.name)), ...[...usedTags].filter((t) => !listed.has(t)).sort().map((name) => ({ name }))];
+  openapiObject.tags = [
+    ...TAGS.filter((t) => usedTags.has(t.name)),
+    ...[...usedTags]
+      .filter((t) => !listed.has(t))
+      .sort()
+      .map((name) => ({ name })),
+  ];
   return openapiObject;
 }
 
@@ -369,7 +408,7 @@ export default fp(async function openapiPlugin(app: FastifyInstance) {
     if (route.url === DOCS_PREFIX || route.url.startsWith(`${DOCS_PREFIX}/`)) route.config = { ...(route.config ?? {}), auth: 'none' };
     app.routeTable.push(...routeEntries(route));
   });
-  await app.register(swagger, swaggerOptions() as any);
+  await app.register(swagger, swaggerOptions() as Parameters<typeof swagger>[1]);
   await app.register(swaggerUi, {
     routePrefix: DOCS_PREFIX,
     uiConfig: { deepLinking: true, docExpansion: 'list', displayRequestDuration: true, tryItOutEnabled: false },

@@ -18,7 +18,9 @@ import { ApiError } from '../domain/errors';
  * OpenAPI route table marks a route as paged by the presence of `page_size`.
  */
 export const PagingQuery = {
-  page_size: Type.Optional(Type.String({ description: "page size: an integer from 1 to the route's maximum (SPEC.md Limits); default: the route's default" })),
+  page_size: Type.Optional(
+    Type.String({ description: "page size: an integer from 1 to the route's maximum (SPEC.md Limits); default: the route's default" }),
+  ),
   page_token: Type.Optional(Type.String({ description: 'opaque: the next_page_token of the previous page, sent back exactly' })),
   limit: Type.Optional(Type.String({ description: 'legacy alias of page_size (page_size wins when both are sent)' })),
   cursor: Type.Optional(Type.String({ description: 'legacy alias of page_token (page_token wins when both are sent)' })),
@@ -98,7 +100,8 @@ export function decodePageToken<T = unknown>(token: string): T | undefined {
   if (!/^[A-Za-z0-9_-]{1,4096}$/.test(token)) return undefined;
   try {
     const parsed = JSON.parse(Buffer.from(token, 'base64url').toString('utf8')) as { p?: unknown; c?: unknown };
-    if (parsed === null || typeof parsed !== 'object' || parsed.p === undefined || parsed.p === null || typeof parsed.c !== 'string') return undefined;
+    if (parsed === null || typeof parsed !== 'object' || parsed.p === undefined || parsed.p === null || typeof parsed.c !== 'string')
+      return undefined;
     return parsed.c === tag(JSON.stringify(parsed.p)) ? (parsed.p as T) : undefined;
   } catch {
     return undefined;

@@ -4,7 +4,7 @@
  * workflow is started with the USE_EXISTING conflict policy, so a second start for the same version
  * attaches to the running workflow instead of starting another (SPEC.md `alreadyRunning`).
  */
-import { Client, WorkflowUpdateFailedError, WorkflowNotFoundError } from '@temporalio/client';
+import { type Client, WorkflowUpdateFailedError, WorkflowNotFoundError } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import { SearchAttributeType, defineSearchAttributeKey } from '@temporalio/common';
 import type { Config } from '../config/env';
@@ -148,11 +148,18 @@ export class RolloutControlRefused extends Error {
  * @throws RolloutControlRefused (`conflict` when the validator refused, with its message; `closed` when
  *   the workflow is not running or belongs to another rollout); Temporal client errors otherwise.
  */
-export async function controlRollout(client: Client, workflowId: string, rolloutId: string, action: RolloutControl, args: ControlArgs): Promise<ControlResult> {
+export async function controlRollout(
+  client: Client,
+  workflowId: string,
+  rolloutId: string,
+  action: RolloutControl,
+  args: ControlArgs,
+): Promise<ControlResult> {
   const handle = client.workflow.getHandle(workflowId);
   try {
     const d = await handle.describe();
-    if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused('the rollout has no running workflow', 'closed');
+    if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId)
+      throw new RolloutControlRefused('the rollout has no running workflow', 'closed');
     return await handle.executeUpdate<ControlResult, [ControlArgs]>(action, { args: [args] });
   } catch (err) {
     if (err instanceof RolloutControlRefused) throw err;
@@ -163,7 +170,8 @@ export async function controlRollout(client: Client, workflowId: string, rollout
       throw new RolloutControlRefused(cause?.message ?? 'the update failed', 'conflict');
     }
     const msg = (err as Error).message ?? '';
-    if (/workflow execution already completed|not found/i.test(msg)) throw new RolloutControlRefused('the rollout has no running workflow', 'closed');
+    if (/workflow execution already completed|not found/i.test(msg))
+      throw new RolloutControlRefused('the rollout has no running workflow', 'closed');
     throw err;
   }
 }

@@ -37,15 +37,17 @@ function digest(s: string): string {
 
 /** Runs benchmark 4 on a fresh site of `bench`. */
 export async function benchCheck(bench: BenchStack, opts: { storedChunks: number; requests: number }): Promise<CheckFigures> {
-  if (opts.storedChunks < HASHES_PER_REQUEST / 2) throw new Error(`--stored-chunks must be at least ${HASHES_PER_REQUEST / 2} (half of every request is present)`);
+  if (opts.storedChunks < HASHES_PER_REQUEST / 2)
+    throw new Error(`--stored-chunks must be at least ${HASHES_PER_REQUEST / 2} (half of every request is present)`);
   const site = await bench.newSite('check');
   const stored = Array.from({ length: opts.storedChunks }, (_, i) => digest(`bench-stored-${i}`));
   log(`check: inserting ${opts.storedChunks} chunks for ${site.siteId} (one statement)`);
   const t0 = now();
-  await bench.pool.query(
-    `INSERT INTO chunks (site_id, hash, size) SELECT $1, h, $3 FROM UNNEST($2::text[]) AS t(h)`,
-    [site.siteId, stored, 4 * 1024 * 1024],
-  );
+  await bench.pool.query(`INSERT INTO chunks (site_id, hash, size) SELECT $1, h, $3 FROM UNNEST($2::text[]) AS t(h)`, [
+    site.siteId,
+    stored,
+    4 * 1024 * 1024,
+  ]);
   const insertMs = now() - t0;
   await bench.pool.query('ANALYZE chunks');
 
@@ -71,7 +73,10 @@ export async function benchCheck(bench: BenchStack, opts: { storedChunks: number
     for (let r = 0; r < sets.length; r++) {
       const { hashes, absent } = sets[r];
       const a0 = now();
-      const res = await site.client.request<{ missing: string[] }>('POST', '/api/chunks/check', { body: { siteId: site.siteId, hashes }, retrySafe: true });
+      const res = await site.client.request<{ missing: string[] }>('POST', '/api/chunks/check', {
+        body: { siteId: site.siteId, hashes },
+        retrySafe: true,
+      });
       const a1 = now();
       const q = await floorClient.query<{ hash: string }>(FLOOR_SQL, [site.siteId, hashes]);
       const s1 = now();

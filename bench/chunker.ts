@@ -47,8 +47,20 @@ export async function benchChunker(tree: TreeInfo, opts: { rounds: number }): Pr
   return {
     tree: { files: files.length, bytes },
     rounds: opts.rounds,
-    chunker: { MBps: mbps(bytes, c), ms: round(c), bestMBps: mbps(bytes, Math.min(...chunkerMs)), samplesMs: chunkerMs.map((x) => round(x)), chunks },
-    floor: { tool: 'sha256sum', MBps: mbps(bytes, f), ms: round(f), bestMBps: mbps(bytes, Math.min(...floorMs)), samplesMs: floorMs.map((x) => round(x)) },
+    chunker: {
+      MBps: mbps(bytes, c),
+      ms: round(c),
+      bestMBps: mbps(bytes, Math.min(...chunkerMs)),
+      samplesMs: chunkerMs.map((x) => round(x)),
+      chunks,
+    },
+    floor: {
+      tool: 'sha256sum',
+      MBps: mbps(bytes, f),
+      ms: round(f),
+      bestMBps: mbps(bytes, Math.min(...floorMs)),
+      samplesMs: floorMs.map((x) => round(x)),
+    },
     timesFloor: round(c / f, 2),
     timesFloorBest: round(Math.min(...chunkerMs) / Math.min(...floorMs), 2),
   };

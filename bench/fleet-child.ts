@@ -8,7 +8,7 @@
  * wall-clock time `at` in epoch ms, batched every 50 ms), `stopped` (fleet stats and last warnings),
  * `failed` (message).
  */
-import { startFleet, Fleet } from '../agent/fleet';
+import { startFleet, type Fleet } from '../agent/fleet';
 import type { CommandOutcome } from '../agent/agent';
 
 /** Options the parent sends with `start`. */
@@ -59,7 +59,14 @@ process.on('message', (msg: ToChild) => {
         fleet = f;
         for (const a of f.agents) {
           a.on('command', (o: CommandOutcome) => {
-            buffer.push({ machineId: a.machineId, commandId: o.commandId, type: o.type, status: o.status, ...(o.error ? { error: o.error } : {}), at: Date.now() });
+            buffer.push({
+              machineId: a.machineId,
+              commandId: o.commandId,
+              type: o.type,
+              status: o.status,
+              ...(o.error ? { error: o.error } : {}),
+              at: Date.now(),
+            });
           });
         }
         send({ type: 'ready', machineIds: f.machineIds, startMs: Date.now() - t0 });
@@ -70,7 +77,11 @@ process.on('message', (msg: ToChild) => {
       if (fleet) await fleet.stop();
       clearInterval(flusher);
       if (buffer.length) send({ type: 'outcomes', items: buffer });
-      send({ type: 'stopped', stats: fleet ? fleet.stats() : ({} as ReturnType<Fleet['stats']>), warnings: fleet ? fleet.warnings.slice(-20) : [] });
+      send({
+        type: 'stopped',
+        stats: fleet ? fleet.stats() : ({} as ReturnType<Fleet['stats']>),
+        warnings: fleet ? fleet.warnings.slice(-20) : [],
+      });
     };
     done()
       .catch((err) => send({ type: 'failed', message: (err as Error).stack ?? String(err) }))

@@ -58,7 +58,10 @@ export function parseOptions(argv: string[]): BenchOptions {
   });
   let only: BenchName[] = [...BENCHMARKS];
   if (values.only !== undefined) {
-    const names = values.only.split(',').map((s) => s.trim()).filter(Boolean);
+    const names = values.only
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean);
     const bad = names.filter((n) => !(BENCHMARKS as readonly string[]).includes(n));
     if (bad.length || names.length === 0) throw new Error(`--only takes a comma list of ${BENCHMARKS.join(', ')} (got ${values.only})`);
     only = BENCHMARKS.filter((b) => names.includes(b));

@@ -15,7 +15,7 @@
  */
 import pLimit from 'p-limit';
 import { producerConfig, readChunk, scanTree, walkTree } from '../cli/chunker';
-import { push, PushResult } from '../cli/push';
+import { push, type PushResult } from '../cli/push';
 import { sha256sumFiles } from './sha256sum';
 import type { BenchSite, BenchStack } from './stack';
 import type { TreeInfo } from './tree';
@@ -54,7 +54,14 @@ export interface ColdPushFigures {
 export interface RepublishFigures {
   tree: { files: number; bytes: number };
   rounds: number;
-  republish: { seconds: number; bestSeconds: number; samplesSeconds: number[]; stagesMs: PushResult['timings']; chunksUploaded: number; sameVersion: boolean };
+  republish: {
+    seconds: number;
+    bestSeconds: number;
+    samplesSeconds: number[];
+    stagesMs: PushResult['timings'];
+    chunksUploaded: number;
+    sameVersion: boolean;
+  };
   floor: { tool: 'sha256sum'; seconds: number; bestSeconds: number; samplesSeconds: number[] };
   /** republish seconds ÷ sha256sum seconds (medians). */
   timesFloor: number;
@@ -80,7 +87,11 @@ async function plainPut(url: string, bytes: Buffer): Promise<void> {
 }
 
 /** The upload floor: returns seconds of the timed PUTs plus the untimed set-up, and bytes moved. */
-async function uploadFloor(bench: BenchStack, tree: TreeInfo, concurrency: number): Promise<{ seconds: number; setupSeconds: number; bytes: number; chunks: number }> {
+async function uploadFloor(
+  bench: BenchStack,
+  tree: TreeInfo,
+  concurrency: number,
+): Promise<{ seconds: number; setupSeconds: number; bytes: number; chunks: number }> {
   const s0 = now();
   const site = await bench.newSite('upload-floor');
   const scan = await scanTree(tree.root);
@@ -94,7 +105,11 @@ async function uploadFloor(bench: BenchStack, tree: TreeInfo, concurrency: numbe
   }
   const urls: Record<string, string> = {};
   for (let i = 0; i < hashes.length; i += 1000) {
-    const r = await site.client.post<{ urls: Record<string, string> }>('/api/chunks/upload-urls', { siteId: site.siteId, hashes: hashes.slice(i, i + 1000) }, { retrySafe: true });
+    const r = await site.client.post<{ urls: Record<string, string> }>(
+      '/api/chunks/upload-urls',
+      { siteId: site.siteId, hashes: hashes.slice(i, i + 1000) },
+      { retrySafe: true },
+    );
     Object.assign(urls, r.urls);
   }
   const setupSeconds = (now() - s0) / 1000;
@@ -108,7 +123,11 @@ async function uploadFloor(bench: BenchStack, tree: TreeInfo, concurrency: numbe
 }
 
 /** Runs benchmark 2; also returns the published tree for benchmark 3. */
-export async function benchColdPush(bench: BenchStack, tree: TreeInfo, opts: { concurrency: number }): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
+export async function benchColdPush(
+  bench: BenchStack,
+  tree: TreeInfo,
+  opts: { concurrency: number },
+): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
   const floor = await uploadFloor(bench, tree, opts.concurrency);
   log(`push: upload floor ${round(floor.seconds)} s (${mbps(floor.bytes, floor.seconds * 1000)} MB/s)`);
   // Azurite gets slower the more blobs it holds: the push starts from the same (empty) storage.
@@ -134,10 +153,14 @@ export async function benchColdPush(bench: BenchStack, tree: TreeInfo, opts: { c
   });
   const ms = now() - t0;
   if (result.chunksUploaded !== floor.chunks || result.bytesUploaded !== floor.bytes) {
-    throw new Error(`cold push uploaded ${result.chunksUploaded} chunks / ${result.bytesUploaded} bytes, the floor ${floor.chunks} / ${floor.bytes}`);
+    throw new Error(
+      `cold push uploaded ${result.chunksUploaded} chunks / ${result.bytesUploaded} bytes, the floor ${floor.chunks} / ${floor.bytes}`,
+    );
   }
   const pushSeconds = ms / 1000;
-  log(`push: cold push ${round(pushSeconds)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)})`);
+  log(
+    `push: cold push ${round(pushSeconds)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)})`,
+  );
   return {
     figures: {
       tree: { files: result.filesTotal, bytes: result.bytesTotal },
@@ -175,7 +198,11 @@ export async function publishTree(bench: BenchStack, tree: TreeInfo, concurrency
 }
 
 /** Runs benchmark 3 against an already published tree. */
-export async function benchRepublish(tree: TreeInfo, published: PublishedTree, opts: { concurrency: number; rounds: number }): Promise<RepublishFigures> {
+export async function benchRepublish(
+  tree: TreeInfo,
+  published: PublishedTree,
+  opts: { concurrency: number; rounds: number },
+): Promise<RepublishFigures> {
   const { files } = await walkTree(tree.root);
   const paths = files.map((f) => f.absPath);
   const pushSec: number[] = [];
@@ -196,15 +223,29 @@ export async function benchRepublish(tree: TreeInfo, published: PublishedTree, o
     pushSec.push((now() - t0) / 1000);
     if (last.versionId !== published.versionId) sameVersion = false;
     if (last.chunksUploaded !== 0) throw new Error(`a no-op republish uploaded ${last.chunksUploaded} chunks`);
-    log(`republish: round ${r + 1}/${opts.rounds}: sha256sum ${round(floorSec[r])} s, republish ${round(pushSec[r])} s (${JSON.stringify(last.timings)})`);
+    log(
+      `republish: round ${r + 1}/${opts.rounds}: sha256sum ${round(floorSec[r])} s, republish ${round(pushSec[r])} s (${JSON.stringify(last.timings)})`,
+    );
   }
   const p = median(pushSec);
   const f = median(floorSec);
   return {
     tree: { files: files.length, bytes: files.reduce((s, x) => s + x.size, 0) },
     rounds: opts.rounds,
-    republish: { seconds: round(p), bestSeconds: round(Math.min(...pushSec)), samplesSeconds: pushSec.map((x) => round(x)), stagesMs: last!.timings, chunksUploaded: last!.chunksUploaded, sameVersion },
-    floor: { tool: 'sha256sum', seconds: round(f), bestSeconds: round(Math.min(...floorSec)), samplesSeconds: floorSec.map((x) => round(x)) },
+    republish: {
+      seconds: round(p),
+      bestSeconds: round(Math.min(...pushSec)),
+      samplesSeconds: pushSec.map((x) => round(x)),
+      stagesMs: last!.timings,
+      chunksUploaded: last!.chunksUploaded,
+      sameVersion,
+    },
+    floor: {
+      tool: 'sha256sum',
+      seconds: round(f),
+      bestSeconds: round(Math.min(...floorSec)),
+      samplesSeconds: floorSec.map((x) => round(x)),
+    },
     timesFloor: round(p / f, 2),
     timesFloorBest: round(Math.min(...pushSec) / Math.min(...floorSec), 2),
   };

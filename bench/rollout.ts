@@ -21,7 +21,7 @@
  * deleted at the end.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { resolveExtractDir } from '../agent/agent';
@@ -173,7 +173,13 @@ class FleetProcess {
  * The floor: one reboot_machine command per machine, inserted with one statement; seconds until every
  * machine reported it. @throws when a machine reports anything but completed.
  */
-async function commandFloor(bench: BenchStack, fleet: FleetProcess, siteId: string, machineIds: string[], timeoutMs: number): Promise<number> {
+async function commandFloor(
+  bench: BenchStack,
+  fleet: FleetProcess,
+  siteId: string,
+  machineIds: string[],
+  timeoutMs: number,
+): Promise<number> {
   const tag = randomBytes(4).toString('hex');
   const commandIds = machineIds.map((m) => `cmd_bench_${tag}_${m}`);
   const wanted = new Set(commandIds);
@@ -187,16 +193,20 @@ async function commandFloor(bench: BenchStack, fleet: FleetProcess, siteId: stri
   );
   let last = t0;
   const seen = new Set<string>();
-  await fleet.until(() => {
-    for (let i = from; i < fleet.outcomes.length; i++) {
-      const o = fleet.outcomes[i];
-      if (!wanted.has(o.commandId) || seen.has(o.commandId)) continue;
-      if (o.status !== 'completed') throw new Error(`${o.machineId} reported ${o.status} for the floor command: ${o.error ?? ''}`);
-      seen.add(o.commandId);
-      last = Math.max(last, o.at);
-    }
-    return seen.size === wanted.size;
-  }, timeoutMs, 500);
+  await fleet.until(
+    () => {
+      for (let i = from; i < fleet.outcomes.length; i++) {
+        const o = fleet.outcomes[i];
+        if (!wanted.has(o.commandId) || seen.has(o.commandId)) continue;
+        if (o.status !== 'completed') throw new Error(`${o.machineId} reported ${o.status} for the floor command: ${o.error ?? ''}`);
+        seen.add(o.commandId);
+        last = Math.max(last, o.at);
+      }
+      return seen.size === wanted.size;
+    },
+    timeoutMs,
+    500,
+  );
   return (last - t0) / 1000;
 }
 
@@ -209,12 +219,22 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
   const extractPath = 'C:\\Roost\\bench-app';
   const roostId = await createRoost(site, 'bench rollout', { extractPath });
   const pushed = await push({ client: site.client, siteId: site.siteId, roostId, dir: srcDir });
-  const secret = await site.client.post<{ enrolmentSecret: string }>(`/api/sites/${encodeURIComponent(site.siteId)}/enrolment-secret`, {}, { idempotencyKey: true });
+  const secret = await site.client.post<{ enrolmentSecret: string }>(
+    `/api/sites/${encodeURIComponent(site.siteId)}/enrolment-secret`,
+    {},
+    { idempotencyKey: true },
+  );
 
   await fs.rm(opts.rootDir, { recursive: true, force: true });
   await fs.mkdir(opts.rootDir, { recursive: true });
   log(`rollout: starting ${opts.machines} simulated machines (one child process)`);
-  const started = await FleetProcess.start({ baseUrl: bench.apiUrl, siteId: site.siteId, enrolmentSecret: secret.enrolmentSecret, count: opts.machines, rootDir: opts.rootDir });
+  const started = await FleetProcess.start({
+    baseUrl: bench.apiUrl,
+    siteId: site.siteId,
+    enrolmentSecret: secret.enrolmentSecret,
+    count: opts.machines,
+    rootDir: opts.rootDir,
+  });
   const { fleet, machineIds } = started;
   log(`rollout: fleet up in ${round(started.startMs / 1000)} s`);
   try {
@@ -227,14 +247,20 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
     // The rollout.
     const from = fleet.outcomes.length;
     const t0 = Date.now();
-    const deploy = await site.client.request<{ rolloutId: string; canary: string[]; fleet: string[] }>('POST', `/api/roosts/${encodeURIComponent(roostId)}/deploy`, {
-      body: { siteId: site.siteId, versionId: pushed.versionId, machines: machineIds },
-      idempotencyKey: true,
-    });
+    const deploy = await site.client.request<{ rolloutId: string; canary: string[]; fleet: string[] }>(
+      'POST',
+      `/api/roosts/${encodeURIComponent(roostId)}/deploy`,
+      {
+        body: { siteId: site.siteId, versionId: pushed.versionId, machines: machineIds },
+        idempotencyKey: true,
+      },
+    );
     const deployRequestMs = Date.now() - t0;
     const { rolloutId } = deploy.body;
     const canary = new Set(deploy.body.canary);
-    log(`rollout: ${rolloutId} deployed (canary ${deploy.body.canary.length}, fleet ${deploy.body.fleet.length}); waiting for every commit`);
+    log(
+      `rollout: ${rolloutId} deployed (canary ${deploy.body.canary.length}, fleet ${deploy.body.fleet.length}); waiting for every commit`,
+    );
     const committedAt = new Map<string, number>();
     let attempts = 0;
     let stage = 'canary';
@@ -250,7 +276,10 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
       if (committedAt.size === machineIds.length) return true;
       if (Date.now() - lastStageCheck > 2000) {
         lastStageCheck = Date.now();
-        const r = await bench.pool.query<{ stage: string }>('SELECT stage FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [site.siteId, rolloutId]);
+        const r = await bench.pool.query<{ stage: string }>('SELECT stage FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
+          site.siteId,
+          rolloutId,
+        ]);
         stage = r.rows[0]?.stage ?? stage;
         if (stage === 'failed') throw new Error(`the rollout failed after ${committedAt.size} commits`);
         log(`rollout: ${committedAt.size}/${machineIds.length} committed, stage ${stage}`);
@@ -263,7 +292,10 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
     const fleetFirst = fleetTimes.length ? Math.min(...fleetTimes) : lastCommit;
 
     // The workflow's end and its history.
-    const row = await bench.pool.query<{ workflow_id: string }>('SELECT workflow_id FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [site.siteId, rolloutId]);
+    const row = await bench.pool.query<{ workflow_id: string }>('SELECT workflow_id FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
+      site.siteId,
+      rolloutId,
+    ]);
     const handle = bench.stack.api.deps.temporal.workflow.getHandle(row.rows[0].workflow_id);
     await Promise.race([handle.result(), sleep(timeoutMs).then(() => Promise.reject(new Error('the rollout workflow did not close')))]);
     const dispatched = await bench.pool.query<{ wave: string; first: Date }>(
@@ -274,7 +306,10 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
       const row = dispatched.rows.find((r) => r.wave === wave);
       return row?.first ? round((row.first.getTime() - t0) / 1000) : -1;
     };
-    const final = await bench.pool.query<{ stage: string; completed_at: Date | null }>('SELECT stage, completed_at FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [site.siteId, rolloutId]);
+    const final = await bench.pool.query<{ stage: string; completed_at: Date | null }>(
+      'SELECT stage, completed_at FROM rollouts WHERE site_id = $1 AND rollout_id = $2',
+      [site.siteId, rolloutId],
+    );
     const history = await handle.fetchHistory();
     const historyEvents = history.events?.length ?? 0;
     log(`rollout: last commit ${round((lastCommit - t0) / 1000)} s, workflow ${final.rows[0].stage}, ${historyEvents} history events`);

@@ -19,11 +19,11 @@ import os from 'node:os';
 import path from 'node:path';
 import { benchCheck } from './check';
 import { benchChunker } from './chunker';
-import { parseOptions, BenchOptions } from './options';
-import { benchColdPush, benchRepublish, publishTree, PublishedTree } from './push';
+import { parseOptions, type BenchOptions } from './options';
+import { benchColdPush, benchRepublish, publishTree, type PublishedTree } from './push';
 import { benchRollout } from './rollout';
-import { BenchStack, benchConfig, emergencyStopBench, startBenchStack } from './stack';
-import { ensureTree, TreeInfo } from './tree';
+import { type BenchStack, benchConfig, emergencyStopBench, startBenchStack } from './stack';
+import { ensureTree, type TreeInfo } from './tree';
 import { log, round } from './util';
 
 async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>; failed: boolean }> {
@@ -42,7 +42,13 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
       benchmark: 'roost',
       startedAt: started.toISOString(),
       durationSeconds: round((Date.now() - started.getTime()) / 1000, 1),
-      host: { cpus: os.cpus().length, cpuModel: os.cpus()[0]?.model ?? 'unknown', memoryGiB: round(os.totalmem() / 2 ** 30, 1), node: process.version, platform: `${process.platform}-${process.arch}` },
+      host: {
+        cpus: os.cpus().length,
+        cpuModel: os.cpus()[0]?.model ?? 'unknown',
+        memoryGiB: round(os.totalmem() / 2 ** 30, 1),
+        node: process.version,
+        platform: `${process.platform}-${process.arch}`,
+      },
       loadAverage: os.loadavg().map((x) => round(x, 2)),
       loadAverageAtStart: loadAtStart,
       options: opts,

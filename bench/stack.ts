@@ -9,13 +9,22 @@
 import { randomBytes } from 'node:crypto';
 import fsp from 'node:fs/promises';
 import path from 'node:path';
-import { Pool } from 'pg';
-import { Config, loadConfig } from '../config/env';
+import { type Pool } from 'pg';
+import { type Config, loadConfig } from '../config/env';
 import { bootstrap } from '../db/bootstrap';
 import { createPool } from '../db/pool';
 import { RoostClient } from '../cli/client';
-import { startStack, RunningStack } from '../stack/run';
-import { createDatabase, dropDatabase, ensureAzurite, ensurePostgres, ensureTemporal, freePort, ServiceHandle, stopServices } from '../stack/services';
+import { startStack, type RunningStack } from '../stack/run';
+import {
+  createDatabase,
+  dropDatabase,
+  ensureAzurite,
+  ensurePostgres,
+  ensureTemporal,
+  freePort,
+  type ServiceHandle,
+  stopServices,
+} from '../stack/services';
 import { log } from './util';
 
 export interface BenchStack {
@@ -142,7 +151,12 @@ export async function startBenchStack(opts: { database: string; worker: boolean 
       // 4 MiB per hash until publish, and the check site "holds" 100,000 × 4 MiB).
       await pool.query(`UPDATE sites SET tier = 'enterprise' WHERE site_id = $1`, [r.siteId]);
       sites.push(r.siteId);
-      return { siteId: r.siteId, userId: r.userId, apiKey: r.apiKey, client: new RoostClient({ baseUrl: stack.urls.api, apiKey: r.apiKey, timeoutMs: CLIENT_TIMEOUT_MS }) };
+      return {
+        siteId: r.siteId,
+        userId: r.userId,
+        apiKey: r.apiKey,
+        client: new RoostClient({ baseUrl: stack.urls.api, apiKey: r.apiKey, timeoutMs: CLIENT_TIMEOUT_MS }),
+      };
     },
     async resetStorage(): Promise<boolean> {
       if (!azuriteDir || !azurite) return false;

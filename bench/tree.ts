@@ -107,7 +107,12 @@ export function planTree(sizeMiB: number, seed = DEFAULT_SEED): PlannedFile[] {
   for (let d = 0; d < 2 && d < smallestFirst.length; d++) {
     const src = smallestFirst[d];
     if (mediumBytes + src.size > mediumBudget) break;
-    files.push({ path: `plugins/copy${d}/${path.posix.basename(src.path)}`, size: src.size, contentKey: src.contentKey, kind: 'duplicate' });
+    files.push({
+      path: `plugins/copy${d}/${path.posix.basename(src.path)}`,
+      size: src.size,
+      contentKey: src.contentKey,
+      kind: 'duplicate',
+    });
     mediumBytes += src.size;
   }
   if (mediumBudget > mediumBytes) medium.push(mediumFile(mediumBudget - mediumBytes));
@@ -172,12 +177,20 @@ export async function ensureTree(benchDir: string, sizeMiB: number, seed = DEFAU
   const info = treeInfo(root, sizeMiB, plan, seed);
   if (fs.existsSync(manifestPath)) {
     const stored = JSON.parse(fs.readFileSync(manifestPath, 'utf8')) as Partial<TreeInfo>;
-    if (stored.generator === info.generator && stored.seed === seed && stored.bytes === info.bytes && stored.files === info.files && (await matchesPlan(root, plan))) {
+    if (
+      stored.generator === info.generator &&
+      stored.seed === seed &&
+      stored.bytes === info.bytes &&
+      stored.files === info.files &&
+      (await matchesPlan(root, plan))
+    ) {
       log(`tree ${root}: reusing (${info.files} files, ${mib(info.bytes)})`);
       return info;
     }
   }
-  log(`tree ${root}: generating ${info.files} files, ${mib(info.bytes)} (small ${info.kinds.small}, medium ${info.kinds.medium}, large ${info.kinds.large}, duplicates ${info.kinds.duplicate}, empty ${info.kinds.empty})`);
+  log(
+    `tree ${root}: generating ${info.files} files, ${mib(info.bytes)} (small ${info.kinds.small}, medium ${info.kinds.medium}, large ${info.kinds.large}, duplicates ${info.kinds.duplicate}, empty ${info.kinds.empty})`,
+  );
   await fsp.rm(manifestPath, { force: true });
   await fsp.rm(root, { recursive: true, force: true });
   const key = createHash('sha256').update(`roost-bench:${seed}`).digest();

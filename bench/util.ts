@@ -49,7 +49,15 @@ export function median(samples: readonly number[]): number {
 }
 
 /** Latency summary in ms: count, p50, p90, p99, mean, min, max (rounded to 0.01 ms). */
-export function latencySummary(samples: readonly number[]): { count: number; p50: number; p90: number; p99: number; mean: number; min: number; max: number } {
+export function latencySummary(samples: readonly number[]): {
+  count: number;
+  p50: number;
+  p90: number;
+  p99: number;
+  mean: number;
+  min: number;
+  max: number;
+} {
   const mean = samples.length ? samples.reduce((a, b) => a + b, 0) / samples.length : 0;
   return {
     count: samples.length,

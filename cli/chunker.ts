@@ -17,7 +17,15 @@ import { createReadStream, promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import pLimit from 'p-limit';
-import { CHUNK_SIZE, ChunkRef, FileEntry, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION, VersionBody, isSafeRelativePath } from '../domain/version';
+import {
+  CHUNK_SIZE,
+  type ChunkRef,
+  type FileEntry,
+  VERSION_MEDIA_TYPE,
+  VERSION_SCHEMA_VERSION,
+  type VersionBody,
+  isSafeRelativePath,
+} from '../domain/version';
 import { CLI_VERSION } from './version';
 
 /** The tree cannot be turned into a version body (bad names, no files, a file changed while read). */
@@ -100,7 +108,10 @@ export async function walkTree(root: string): Promise<WalkResult> {
   await visit(rootAbs, []);
 
   if (bad.length) {
-    throw new ChunkerError(`${bad.length} file name(s) cannot be carried in a version (backslash, NUL, drive prefix or over 1024 chars): ${bad.slice(0, 5).join(', ')}`, bad);
+    throw new ChunkerError(
+      `${bad.length} file name(s) cannot be carried in a version (backslash, NUL, drive prefix or over 1024 chars): ${bad.slice(0, 5).join(', ')}`,
+      bad,
+    );
   }
   files.sort((a, b) => comparePaths(a.path, b.path));
   skipped.sort((a, b) => comparePaths(a.path, b.path));
@@ -162,7 +173,13 @@ export interface ProducerConfig {
 
 /** Default config: producer roost-cli, this CLI's version, now (ISO 8601 UTC), hostname, platform. */
 export function producerConfig(now: Date = new Date()): ProducerConfig {
-  return { producer: 'roost-cli', cliVersion: CLI_VERSION, createdAt: now.toISOString(), hostname: os.hostname(), platform: process.platform };
+  return {
+    producer: 'roost-cli',
+    cliVersion: CLI_VERSION,
+    createdAt: now.toISOString(),
+    hostname: os.hostname(),
+    platform: process.platform,
+  };
 }
 
 /** Builds a version body from file entries (sorted here by path so the body never depends on input order). */
@@ -211,10 +228,13 @@ export async function scanTree(root: string, opts: ScanOptions = {}): Promise<Sc
   const entries = await Promise.all(
     files.map((f) =>
       limit(async (): Promise<FileEntry> => {
-        const chunks = f.size === 0 ? [] : await chunkFile(f.absPath, f.size, (n) => {
-          progress.bytesDone += n;
-          opts.onProgress?.({ ...progress });
-        });
+        const chunks =
+          f.size === 0
+            ? []
+            : await chunkFile(f.absPath, f.size, (n) => {
+                progress.bytesDone += n;
+                opts.onProgress?.({ ...progress });
+              });
         progress.filesDone += 1;
         opts.onProgress?.({ ...progress });
         return { path: f.path, size: f.size, chunks };

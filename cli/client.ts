@@ -40,7 +40,17 @@ export class ClientError extends Error {
   /** How many attempts were made. */
   readonly attempts: number;
 
-  constructor(init: { code: string; status: number; detail: string; body?: Record<string, unknown>; requestId?: string; method: string; url: string; attempts: number; cause?: unknown }) {
+  constructor(init: {
+    code: string;
+    status: number;
+    detail: string;
+    body?: Record<string, unknown>;
+    requestId?: string;
+    method: string;
+    url: string;
+    attempts: number;
+    cause?: unknown;
+  }) {
     super(`${init.code}: ${init.detail}`, init.cause === undefined ? undefined : { cause: init.cause });
     this.name = 'ClientError';
     this.code = init.code;
@@ -212,7 +222,11 @@ export class RoostClient {
     const m = method.toUpperCase();
     const url = `${this.baseUrl}${path}${buildQuery(opts.query)}`;
     const idempotencyKey = opts.idempotencyKey === true ? newIdempotencyKey() : opts.idempotencyKey;
-    const headers: Record<string, string> = { accept: 'application/json, application/problem+json', 'user-agent': `roost-cli/${CLI_VERSION}`, ...opts.headers };
+    const headers: Record<string, string> = {
+      accept: 'application/json, application/problem+json',
+      'user-agent': `roost-cli/${CLI_VERSION}`,
+      ...opts.headers,
+    };
     if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
     if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
     let payload: string | undefined;
@@ -233,7 +247,15 @@ export class RoostClient {
           await this.pause(m, url, attempt, backoffDelayMs(attempt, this.random), reason);
           continue;
         }
-        throw new ClientError({ code: 'network_error', status: 0, detail: `${m} ${url}: ${reason}`, method: m, url, attempts: attempt + 1, cause: err });
+        throw new ClientError({
+          code: 'network_error',
+          status: 0,
+          detail: `${m} ${url}: ${reason}`,
+          method: m,
+          url,
+          attempts: attempt + 1,
+          cause: err,
+        });
       }
       const body = await readBody(res);
       const requestId = res.headers.get('x-request-id') ?? undefined;
@@ -259,7 +281,12 @@ export class RoostClient {
       throw new ClientError({
         code: typeof problem.code === 'string' ? problem.code : `http_${res.status}`,
         status: res.status,
-        detail: typeof problem.detail === 'string' ? problem.detail : typeof body === 'string' && body ? body.slice(0, 500) : res.statusText || `HTTP ${res.status}`,
+        detail:
+          typeof problem.detail === 'string'
+            ? problem.detail
+            : typeof body === 'string' && body
+              ? body.slice(0, 500)
+              : res.statusText || `HTTP ${res.status}`,
         body: problem,
         requestId: requestId ?? (typeof problem.requestId === 'string' ? problem.requestId : undefined),
         method: m,
@@ -318,13 +345,27 @@ export class RoostClient {
           await this.pause('PUT', display, attempt, backoffDelayMs(attempt, this.random), reason);
           continue;
         }
-        throw new ClientError({ code: 'network_error', status: 0, detail: `PUT ${display}: ${reason}`, method: 'PUT', url: display, attempts: attempt + 1, cause: err });
+        throw new ClientError({
+          code: 'network_error',
+          status: 0,
+          detail: `PUT ${display}: ${reason}`,
+          method: 'PUT',
+          url: display,
+          attempts: attempt + 1,
+          cause: err,
+        });
       }
       const text = await res.text();
       if (res.ok) return;
       if (!last && isRetryable(res.status, true)) {
         const after = res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined;
-        await this.pause('PUT', display, attempt, Math.min(after ?? backoffDelayMs(attempt, this.random), MAX_RETRY_AFTER_MS), `HTTP ${res.status}`);
+        await this.pause(
+          'PUT',
+          display,
+          attempt,
+          Math.min(after ?? backoffDelayMs(attempt, this.random), MAX_RETRY_AFTER_MS),
+          `HTTP ${res.status}`,
+        );
         continue;
       }
       const storageCode = /<Code>([^<]+)<\/Code>/.exec(text)?.[1] ?? res.headers.get('x-ms-error-code') ?? undefined;

@@ -7,8 +7,8 @@
  * Progress, retries and warnings always go to stderr. Exit code 0 on success, 1 on any failure
  * (API refusal, network, bad tree), 2 on usage errors.
  */
-import { Command, Option } from 'commander';
-import { ClientError, RetryInfo, RoostClient } from './client';
+import { type Command, Option } from 'commander';
+import { ClientError, type RetryInfo, RoostClient } from './client';
 import { ChunkerError } from './chunker';
 
 export const DEFAULT_API_URL = 'http://127.0.0.1:8080';
@@ -87,7 +87,10 @@ export function commandContext(cmd: Command): CommandContext {
       client ??= new RoostClient({
         baseUrl: opts.api,
         apiKey: opts.key,
-        onRetry: (r: RetryInfo) => info(`retrying ${r.method} ${r.url.split('?')[0]} in ${(r.delayMs / 1000).toFixed(1)}s (attempt ${r.attempt} failed: ${r.reason})`),
+        onRetry: (r: RetryInfo) =>
+          info(
+            `retrying ${r.method} ${r.url.split('?')[0]} in ${(r.delayMs / 1000).toFixed(1)}s (attempt ${r.attempt} failed: ${r.reason})`,
+          ),
       });
       return client;
     },
@@ -107,7 +110,8 @@ export function commandContext(cmd: Command): CommandContext {
 export function positiveInt(name: string): (raw: string) => number {
   return (raw) => {
     const n = Number(raw);
-    if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(n) || n < 1) throw new UsageError(`${name} must be a positive integer, got "${raw}"`);
+    if (!/^[0-9]+$/.test(raw) || !Number.isSafeInteger(n) || n < 1)
+      throw new UsageError(`${name} must be a positive integer, got "${raw}"`);
     return n;
   };
 }
@@ -160,11 +164,14 @@ export function reportError(err: unknown, json: boolean): number {
   const p = problemOf(err);
   const lines = [`error: ${String(p.code)}: ${String(p.detail)}`];
   const errors = p.errors as Record<string, unknown> | undefined;
-  if (errors && typeof errors === 'object') for (const [k, v] of Object.entries(errors)) lines.push(`  ${k}: ${Array.isArray(v) ? v.join('; ') : String(v)}`);
+  if (errors && typeof errors === 'object')
+    for (const [k, v] of Object.entries(errors)) lines.push(`  ${k}: ${Array.isArray(v) ? v.join('; ') : String(v)}`);
   const required = p.required as { resource?: string; id?: string; permission?: string } | undefined;
   if (required && typeof required === 'object') lines.push(`  required scope: ${required.resource}=${required.id}:${required.permission}`);
-  if (Array.isArray(p.missingChunks)) lines.push(`  missing chunks: ${(p.missingChunks as string[]).slice(0, 5).join(', ')}${p.missingChunks.length > 5 ? ', …' : ''}`);
-  if (typeof p.status === 'number' && p.status > 0) lines.push(`  (HTTP ${p.status}${p.requestId ? `, request ${String(p.requestId)}` : ''})`);
+  if (Array.isArray(p.missingChunks))
+    lines.push(`  missing chunks: ${(p.missingChunks as string[]).slice(0, 5).join(', ')}${p.missingChunks.length > 5 ? ', …' : ''}`);
+  if (typeof p.status === 'number' && p.status > 0)
+    lines.push(`  (HTTP ${p.status}${p.requestId ? `, request ${String(p.requestId)}` : ''})`);
   process.stderr.write(`${lines.join('\n')}\n`);
   if (json) process.stdout.write(`${JSON.stringify({ error: p }, null, 2)}\n`);
   return p.code === 'usage_error' ? 2 : 1;

@@ -9,12 +9,12 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { loadConfig, Config } from '../config/env';
-import { startStack, RunningStack } from '../stack/run';
+import { loadConfig, type Config } from '../config/env';
+import { startStack, type RunningStack } from '../stack/run';
 import { bootstrap } from '../db/bootstrap';
 import { bootstrapSecret } from '../stack/secrets';
 import { RoostClient, seg } from './client';
-import { push, PushResult } from './push';
+import { push, type PushResult } from './push';
 import { createProgress } from './progress';
 import { startFleet, verifyTree } from '../agent/fleet';
 import { resolveExtractDir } from '../agent/agent';
@@ -68,7 +68,20 @@ export interface DemoReport {
   siteId: string;
   roostId: string;
   source: { dir: string; files: number; bytes: number; largestFile: number; zeroByteFiles: number };
-  pushes: Array<Pick<PushResult, 'versionId' | 'versionNumber' | 'filesTotal' | 'bytesTotal' | 'chunksTotal' | 'chunksUploaded' | 'chunksSkipped' | 'bytesUploaded' | 'timings'>>;
+  pushes: Array<
+    Pick<
+      PushResult,
+      | 'versionId'
+      | 'versionNumber'
+      | 'filesTotal'
+      | 'bytesTotal'
+      | 'chunksTotal'
+      | 'chunksUploaded'
+      | 'chunksSkipped'
+      | 'bytesUploaded'
+      | 'timings'
+    >
+  >;
   rollouts: RolloutReport[];
   verification: Array<{ label: string; machines: number; identical: number; reportedEqualsIntended: number }>;
   rollback: { currentVersionId: string; currentVersionNumber: number; previousVersionId: string | null };
@@ -141,8 +154,16 @@ interface MachineDeployment {
   chunks_fetched?: number;
 }
 
-async function machineDeployment(client: RoostClient, siteId: string, machineId: string, roostId: string): Promise<MachineDeployment | undefined> {
-  const res = await client.request<{ deployments: MachineDeployment[] }>('GET', `/api/sites/${seg(siteId)}/machines/${seg(machineId)}/deployments`);
+async function machineDeployment(
+  client: RoostClient,
+  siteId: string,
+  machineId: string,
+  roostId: string,
+): Promise<MachineDeployment | undefined> {
+  const res = await client.request<{ deployments: MachineDeployment[] }>(
+    'GET',
+    `/api/sites/${seg(siteId)}/machines/${seg(machineId)}/deployments`,
+  );
   return res.body.deployments.find((d) => d.roostId === roostId);
 }
 
@@ -176,7 +197,9 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
       for (const p of DEFAULT_PACKAGES) fs.cpSync(path.join(modules, p), path.join(work, p), { recursive: true, dereference: true });
     }
     const source = { ...treeStats(work), dir: sourceDir };
-    log(`tree ${sourceDir}: ${source.files} files, ${(source.bytes / 1048576).toFixed(1)} MiB, largest ${(source.largestFile / 1048576).toFixed(1)} MiB, ${source.zeroByteFiles} zero-byte`);
+    log(
+      `tree ${sourceDir}: ${source.files} files, ${(source.bytes / 1048576).toFixed(1)} MiB, largest ${(source.largestFile / 1048576).toFixed(1)} MiB, ${source.zeroByteFiles} zero-byte`,
+    );
 
     // 2. A new roost and the first push.
     const roost = await client.request<{ roostId: string }>('POST', '/api/roosts', {
@@ -193,17 +216,22 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
           dir: work,
           concurrency: 8,
           description,
-          onProgress: (p) => progress.update({ stage: p.stage, done: p.done, total: p.total, bytes: p.stage === 'hash' || p.stage === 'upload' }),
+          onProgress: (p) =>
+            progress.update({ stage: p.stage, done: p.done, total: p.total, bytes: p.stage === 'hash' || p.stage === 'upload' }),
         });
       } finally {
         progress.stop();
       }
     };
     const v1 = await doPush('demo: first push');
-    log(`pushed v${v1.versionNumber} ${v1.versionId.slice(0, 12)}: ${v1.chunksUploaded} chunks uploaded, ${v1.chunksSkipped} already stored`);
+    log(
+      `pushed v${v1.versionNumber} ${v1.versionId.slice(0, 12)}: ${v1.chunksUploaded} chunks uploaded, ${v1.chunksSkipped} already stored`,
+    );
 
     // 3. The fleet, enrolled with the site's secret, as the roost's targets.
-    const secret = await client.request<{ enrolmentSecret: string }>('POST', `/api/sites/${seg(siteId)}/enrolment-secret`, { idempotencyKey: true });
+    const secret = await client.request<{ enrolmentSecret: string }>('POST', `/api/sites/${seg(siteId)}/enrolment-secret`, {
+      idempotencyKey: true,
+    });
     fleet = await startFleet({
       baseUrl: stack.urls.api,
       siteId,
@@ -221,12 +249,18 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
     const f = fleet;
     const deployAndVerify = async (label: string, versionId: string, versionNumber: number, expectDir: string) => {
       const t0 = Date.now();
-      const res = await client.request<{ rolloutId: string; canary: string[]; fleet: string[]; stage: string }>('POST', `/api/roosts/${seg(roostId)}/deploy`, {
-        body: { siteId, versionId },
-        idempotencyKey: true,
-      });
+      const res = await client.request<{ rolloutId: string; canary: string[]; fleet: string[]; stage: string }>(
+        'POST',
+        `/api/roosts/${seg(roostId)}/deploy`,
+        {
+          body: { siteId, versionId },
+          idempotencyKey: true,
+        },
+      );
       const workflowId = rolloutWorkflowId(siteId, roostId, versionId);
-      log(`${label}: rollout ${res.body.rolloutId} (canary ${res.body.canary.join(', ')}; fleet ${res.body.fleet.length}) — watch it at ${workflowUiUrl(cfg, workflowId)}`);
+      log(
+        `${label}: rollout ${res.body.rolloutId} (canary ${res.body.canary.join(', ')}; fleet ${res.body.fleet.length}) — watch it at ${workflowUiUrl(cfg, workflowId)}`,
+      );
       const handle = stack.api.deps.temporal.workflow.getHandle(workflowId);
       let timer: NodeJS.Timeout | undefined;
       const outcome = await Promise.race([
@@ -247,7 +281,13 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
       for (const agent of f.agents) {
         const diff = await verifyTree(expectDir, resolveExtractDir(agent.rootDir, EXTRACT_PATH));
         if (diff.length === 0) identical++;
-        else log(`  ${agent.machineId}: ${diff.length} differences, e.g. ${diff.slice(0, 3).map((x) => `${x.kind} ${x.path}`).join('; ')}`);
+        else
+          log(
+            `  ${agent.machineId}: ${diff.length} differences, e.g. ${diff
+              .slice(0, 3)
+              .map((x) => `${x.kind} ${x.path}`)
+              .join('; ')}`,
+          );
         const d = await machineDeployment(client, siteId, agent.machineId, roostId);
         if (d && d.reportedVersionId === versionId && d.currentVersionId === versionId && d.status === 'committed') agreeing++;
         filesSkipped += d?.files_skipped ?? 0;
@@ -272,7 +312,9 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
         chunksFetched,
       });
       verification.push({ label, machines: f.agents.length, identical, reportedEqualsIntended: agreeing });
-      log(`${label}: ${identical}/${f.agents.length} trees identical, reported = intended on ${agreeing}, ${seconds.toFixed(1)} s, files skipped ${filesSkipped}, chunks reused ${chunksDedup}`);
+      log(
+        `${label}: ${identical}/${f.agents.length} trees identical, reported = intended on ${agreeing}, ${seconds.toFixed(1)} s, files skipped ${filesSkipped}, chunks reused ${chunksDedup}`,
+      );
       if (identical !== f.agents.length || agreeing !== f.agents.length) throw new Error(`${label}: not every machine holds the version`);
     };
 
@@ -320,7 +362,11 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
       })),
       rollouts,
       verification,
-      rollback: { currentVersionId: rb.body.currentVersionId, currentVersionNumber: rb.body.currentVersionNumber, previousVersionId: rb.body.previousVersionId },
+      rollback: {
+        currentVersionId: rb.body.currentVersionId,
+        currentVersionNumber: rb.body.currentVersionNumber,
+        previousVersionId: rb.body.previousVersionId,
+      },
       diff: {
         summary: diff.body.summary,
         added: diff.body.added.map((x) => x.path),

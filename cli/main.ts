@@ -19,7 +19,17 @@ import { registerAdmin } from './commands/admin';
 import { registerDemo } from './commands/demo';
 
 /** Command registrars, in help order. */
-const COMMANDS: Array<(program: Command) => void> = [registerRoosts, registerPush, registerVersions, registerDiff, registerDeploy, registerRollback, registerStack, registerAdmin, registerDemo];
+const COMMANDS: Array<(program: Command) => void> = [
+  registerRoosts,
+  registerPush,
+  registerVersions,
+  registerDiff,
+  registerDeploy,
+  registerRollback,
+  registerStack,
+  registerAdmin,
+  registerDemo,
+];
 
 /** Builds the program with every command registered (does not parse). */
 export function buildProgram(): Command {

@@ -31,7 +31,10 @@ export function createProgress(opts: { tty: boolean; quiet: boolean }): Progress
     current.ended = true;
     const secs = ((Date.now() - current.started) / 1000).toFixed(1);
     if (current.bar) current.bar.stop();
-    else process.stderr.write(`${current.stage}: done ${fmt(current.last, current.last.done)}/${fmt(current.last, current.last.total)} in ${secs}s\n`);
+    else
+      process.stderr.write(
+        `${current.stage}: done ${fmt(current.last, current.last.done)}/${fmt(current.last, current.last.total)} in ${secs}s\n`,
+      );
   };
 
   return {

@@ -17,9 +17,9 @@
  */
 import { performance } from 'node:perf_hooks';
 import pLimit from 'p-limit';
-import { ChunkLocation, ScanResult, SkippedEntry, readChunk, scanTree } from './chunker';
-import { ClientError, RoostClient, newIdempotencyKey, seg } from './client';
-import { computeVersionId, VersionBody } from '../domain/version';
+import { type ChunkLocation, type ScanResult, type SkippedEntry, readChunk, scanTree } from './chunker';
+import { ClientError, type RoostClient, newIdempotencyKey, seg } from './client';
+import { computeVersionId, type VersionBody } from '../domain/version';
 
 /** Most hashes per chunk check or upload-urls call (SPEC.md Limits). */
 export const HASH_BATCH = 1000;
@@ -140,7 +140,11 @@ export async function findMissing(ctx: StageContext): Promise<string[]> {
   let done = 0;
   progress({ stage: 'check', done, total: all.length });
   for (const batch of batches(all, HASH_BATCH)) {
-    const res = await ctx.client.post<{ missing: string[] }>('/api/chunks/check', { siteId: ctx.siteId, hashes: batch }, { retrySafe: true });
+    const res = await ctx.client.post<{ missing: string[] }>(
+      '/api/chunks/check',
+      { siteId: ctx.siteId, hashes: batch },
+      { retrySafe: true },
+    );
     for (const h of res.missing ?? []) if (ctx.scan.locations.has(h)) found.add(h);
     done += batch.length;
     progress({ stage: 'check', done, total: all.length });
@@ -159,7 +163,11 @@ export interface UploadTally {
  * its bytes re-read from the file (and re-verified). A 403 from storage re-signs that URL once.
  * Adds to `tally`. @throws ClientError, ChunkerError (a file changed since hashing)
  */
-export async function uploadChunks(ctx: StageContext, hashes: string[], tally: UploadTally = { uploaded: new Set(), bytes: 0 }): Promise<UploadTally> {
+export async function uploadChunks(
+  ctx: StageContext,
+  hashes: string[],
+  tally: UploadTally = { uploaded: new Set(), bytes: 0 },
+): Promise<UploadTally> {
   const { client, siteId, scan } = ctx;
   const progress = ctx.onProgress ?? (() => undefined);
   const total = hashes.reduce((n, h) => n + (scan.locations.get(h)?.size ?? 0), 0);
@@ -213,7 +221,10 @@ export interface PublishOptions extends StageContext {
  * (at most 3 publish attempts). Checks that the returned versionId is the body's JCS SHA-256.
  * @throws ClientError (any other refusal, or missing chunks this scan cannot supply), Error on an id mismatch
  */
-export async function publishScan(opts: PublishOptions, timer: StageTimer = new StageTimer()): Promise<{ response: PublishResponse; replayed: boolean; tally: UploadTally }> {
+export async function publishScan(
+  opts: PublishOptions,
+  timer: StageTimer = new StageTimer(),
+): Promise<{ response: PublishResponse; replayed: boolean; tally: UploadTally }> {
   const { client, siteId, roostId, scan } = opts;
   const progress = opts.onProgress ?? (() => undefined);
   const tally = opts.tally ?? { uploaded: new Set<string>(), bytes: 0 };
@@ -225,7 +236,13 @@ export async function publishScan(opts: PublishOptions, timer: StageTimer = new 
   let published: { body: PublishResponse; replayed: boolean } | undefined;
   for (let round = 0; !published; round++) {
     try {
-      published = await timer.run('publish', () => client.request<PublishResponse>('POST', `/api/roosts/${seg(roostId)}/versions`, { body, idempotencyKey, timeoutMs: PUBLISH_TIMEOUT_MS }));
+      published = await timer.run('publish', () =>
+        client.request<PublishResponse>('POST', `/api/roosts/${seg(roostId)}/versions`, {
+          body,
+          idempotencyKey,
+          timeoutMs: PUBLISH_TIMEOUT_MS,
+        }),
+      );
     } catch (err) {
       const lacking = err instanceof ClientError && err.code === 'precondition_failed' ? (err.body.missingChunks as unknown) : undefined;
       if (round + 1 >= MISSING_CHUNK_ROUNDS || !Array.isArray(lacking) || lacking.length === 0) throw err;
@@ -258,14 +275,22 @@ export async function push(opts: PushOptions): Promise<PushResult> {
       config: opts.config,
       // 8 files hashed at once: measured 235–254 MB/s against 132–155 MB/s with 2 (docs/benchmarks.md).
       concurrency: HASH_FILES_IN_FLIGHT,
-      onProgress: (p) => progress({ stage: 'hash', done: p.bytesDone, total: p.bytesTotal, detail: { filesDone: p.filesDone, filesTotal: p.filesTotal } }),
+      onProgress: (p) =>
+        progress({ stage: 'hash', done: p.bytesDone, total: p.bytesTotal, detail: { filesDone: p.filesDone, filesTotal: p.filesTotal } }),
     }),
   );
   const ctx: StageContext = { client, siteId, scan, concurrency: opts.concurrency, onProgress: opts.onProgress };
   const missing = await timer.run('check', () => findMissing(ctx));
   const tally = await timer.run('upload', () => uploadChunks(ctx, missing));
   const published = await publishScan(
-    { ...ctx, roostId, description: opts.description, expectedCurrentVersionId: opts.expectedCurrentVersionId, idempotencyKey: opts.idempotencyKey, tally },
+    {
+      ...ctx,
+      roostId,
+      description: opts.description,
+      expectedCurrentVersionId: opts.expectedCurrentVersionId,
+      idempotencyKey: opts.idempotencyKey,
+      tally,
+    },
     timer,
   );
   const chunksTotal = scan.locations.size;

@@ -5,7 +5,7 @@
  * Call `loadConfig()` at process start; nothing reads the environment at module load.
  */
 import path from 'node:path';
-import { Type, Static } from '@sinclair/typebox';
+import { Type, type Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 
 const Port = Type.Integer({ minimum: 1, maximum: 65535 });

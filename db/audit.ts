@@ -10,7 +10,14 @@
  * `api_key.used` event (docs/decisions/audit-key-use.md).
  */
 import { Pool } from 'pg';
-import { AuditContent, AuditRecord, canonicalTime, sealAuditRecord, verifyRecord, VerificationReport } from '../domain/audit';
+import {
+  type AuditContent,
+  type AuditRecord,
+  canonicalTime,
+  sealAuditRecord,
+  verifyRecord,
+  type VerificationReport,
+} from '../domain/audit';
 import { withTx, type Queryable } from './pool';
 
 /** What a caller appends; time, link and hash are the chain's. */
@@ -58,7 +65,12 @@ function fromRow(r: RecordRow): StoredAuditRecord {
 function storable(v: unknown): unknown {
   if (typeof v === 'string') return v.includes('\u0000') ? v.replace(/\u0000/g, '\uFFFD') : v;
   if (Array.isArray(v)) return v.map(storable);
-  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).filter(([, x]) => x !== undefined).map(([k, x]) => [storable(k) as string, storable(x)]));
+  if (v && typeof v === 'object')
+    return Object.fromEntries(
+      Object.entries(v)
+        .filter(([, x]) => x !== undefined)
+        .map(([k, x]) => [storable(k) as string, storable(x)]),
+    );
   return v;
 }
 
@@ -68,13 +80,25 @@ function storable(v: unknown): unknown {
  * Throws TypeError when attributes cannot be expressed as JSON; database errors propagate (40001 is
  * for the caller's `withTx` to retry).
  */
-export async function appendAuditRecords(tx: Queryable, siteId: string, inputs: readonly AuditInput[], now: Date = new Date()): Promise<StoredAuditRecord[]> {
+export async function appendAuditRecords(
+  tx: Queryable,
+  siteId: string,
+  inputs: readonly AuditInput[],
+  now: Date = new Date(),
+): Promise<StoredAuditRecord[]> {
   if (inputs.length === 0) return [];
   const readHead = async () =>
-    (await tx.query<{ head_hash: string | null; head_seq: number | string }>('SELECT head_hash, head_seq FROM audit_heads WHERE site_id = $1 FOR UPDATE', [siteId])).rows[0];
+    (
+      await tx.query<{ head_hash: string | null; head_seq: number | string }>(
+        'SELECT head_hash, head_seq FROM audit_heads WHERE site_id = $1 FOR UPDATE',
+        [siteId],
+      )
+    ).rows[0];
   let head = await readHead();
   if (!head) {
-    await tx.query('INSERT INTO audit_heads (site_id, head_hash, head_seq) VALUES ($1, NULL, 0) ON CONFLICT (site_id) DO NOTHING', [siteId]);
+    await tx.query('INSERT INTO audit_heads (site_id, head_hash, head_seq) VALUES ($1, NULL, 0) ON CONFLICT (site_id) DO NOTHING', [
+      siteId,
+    ]);
     head = await readHead();
   }
   let previousHash = head.head_hash;
@@ -126,7 +150,11 @@ export async function getAuditRecord(q: Queryable, siteId: string, hash: string)
 }
 
 /** A record with its verification report against its stored predecessor (null when the record is unknown). */
-export async function verifyStoredRecord(q: Queryable, siteId: string, hash: string): Promise<{ record: StoredAuditRecord; verification: VerificationReport } | null> {
+export async function verifyStoredRecord(
+  q: Queryable,
+  siteId: string,
+  hash: string,
+): Promise<{ record: StoredAuditRecord; verification: VerificationReport } | null> {
   const record = await getAuditRecord(q, siteId, hash);
   if (!record) return null;
   const predecessor = record.previousHash === null ? null : await getAuditRecord(q, siteId, record.previousHash);
@@ -145,7 +173,11 @@ export interface AuditListOptions {
 }
 
 /** A page of the site's log, newest first (descending chain position). Fetches `limit + 1` rows to tell whether more follow. */
-export async function listAuditRecords(q: Queryable, siteId: string, opts: AuditListOptions): Promise<{ records: StoredAuditRecord[]; more: boolean }> {
+export async function listAuditRecords(
+  q: Queryable,
+  siteId: string,
+  opts: AuditListOptions,
+): Promise<{ records: StoredAuditRecord[]; more: boolean }> {
   const { rows } = await q.query<RecordRow>(
     `SELECT ${COLUMNS} FROM audit_records
       WHERE site_id = $1
@@ -180,11 +212,21 @@ export async function noteKeyUse(tx: Queryable, siteId: string, keyId: string, i
     [siteId, keyId, ip],
   );
   if (rows.length === 0) {
-    await tx.query('INSERT INTO audit_key_addresses (site_id, key_id, ip, first_used_at, last_sampled_at) VALUES ($1, $2, $3, $4, $4)', [siteId, keyId, ip, now]);
+    await tx.query('INSERT INTO audit_key_addresses (site_id, key_id, ip, first_used_at, last_sampled_at) VALUES ($1, $2, $3, $4, $4)', [
+      siteId,
+      keyId,
+      ip,
+      now,
+    ]);
     return { firstUse: true, sample: true, lastSampledAt: now };
   }
   const last = Number(rows[0].last_sampled_at);
   if (now - last < windowMs) return { firstUse: false, sample: false, lastSampledAt: last };
-  await tx.query('UPDATE audit_key_addresses SET last_sampled_at = $4 WHERE site_id = $1 AND key_id = $2 AND ip = $3', [siteId, keyId, ip, now]);
+  await tx.query('UPDATE audit_key_addresses SET last_sampled_at = $4 WHERE site_id = $1 AND key_id = $2 AND ip = $3', [
+    siteId,
+    keyId,
+    ip,
+    now,
+  ]);
   return { firstUse: false, sample: true, lastSampledAt: now };
 }

@@ -8,7 +8,7 @@ import { createHmac } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx } from './pool';
 import { newId, sha256Hex } from '../domain/hex';
-import { PERMISSIONS, RESOURCES, Scope } from '../domain/scopes';
+import { PERMISSIONS, RESOURCES, type Scope } from '../domain/scopes';
 
 export interface BootstrapResult {
   siteId: string;
@@ -37,7 +37,10 @@ export function keyPrefixOf(raw: string): string {
  * Idempotent bootstrap. `secret` signs the derived key (the embedded default keeps one under the data
  * folder; production passes ROOST_BOOTSTRAP_SECRET).
  */
-export async function bootstrap(pool: Pool, opts: { siteName: string; email: string; secret: string; timezone?: string }): Promise<BootstrapResult> {
+export async function bootstrap(
+  pool: Pool,
+  opts: { siteName: string; email: string; secret: string; timezone?: string },
+): Promise<BootstrapResult> {
   return withTx(pool, async (tx) => {
     const created = { user: false, site: false, key: false };
     let user = (await tx.query<{ uid: string; role: string }>('SELECT uid, role FROM users WHERE email = $1', [opts.email])).rows[0];
@@ -51,13 +54,22 @@ export async function bootstrap(pool: Pool, opts: { siteName: string; email: str
     let site = (await tx.query<{ site_id: string }>('SELECT site_id FROM sites WHERE name = $1', [opts.siteName])).rows[0];
     if (!site) {
       site = { site_id: newId('site') };
-      await tx.query('INSERT INTO sites (site_id, name, owner_uid, timezone) VALUES ($1, $2, $3, $4)', [site.site_id, opts.siteName, user.uid, opts.timezone ?? 'UTC']);
+      await tx.query('INSERT INTO sites (site_id, name, owner_uid, timezone) VALUES ($1, $2, $3, $4)', [
+        site.site_id,
+        opts.siteName,
+        user.uid,
+        opts.timezone ?? 'UTC',
+      ]);
       created.site = true;
     }
-    await tx.query('INSERT INTO site_members (site_id, uid) VALUES ($1, $2) ON CONFLICT (site_id, uid) DO NOTHING', [site.site_id, user.uid]);
+    await tx.query('INSERT INTO site_members (site_id, uid) VALUES ($1, $2) ON CONFLICT (site_id, uid) DO NOTHING', [
+      site.site_id,
+      user.uid,
+    ]);
     const apiKey = deriveBootstrapKey(opts.secret, site.site_id, user.uid);
     const digest = sha256Hex(apiKey);
-    let key = (await tx.query<{ key_id: string; status: string }>('SELECT key_id, status FROM api_keys WHERE key_hash = $1', [digest])).rows[0];
+    let key = (await tx.query<{ key_id: string; status: string }>('SELECT key_id, status FROM api_keys WHERE key_hash = $1', [digest]))
+      .rows[0];
     if (!key) {
       key = { key_id: newId('key'), status: 'active' };
       await tx.query(

@@ -7,7 +7,7 @@
 import type { Pool } from 'pg';
 import { ApiError } from '../domain/errors';
 import { sha256Hex } from '../domain/hex';
-import { withTx, Queryable } from './pool';
+import { withTx, type Queryable } from './pool';
 
 /**
  * The subset of `hashes` the site holds with sound bytes (one indexed query on the `chunks` primary key).
@@ -17,10 +17,10 @@ import { withTx, Queryable } from './pool';
  * `hashes` should already be distinct; order is irrelevant.
  */
 export async function heldHashes(db: Queryable, siteId: string, hashes: string[]): Promise<Set<string>> {
-  const { rows } = await db.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2) AND verify_failed_digest IS NULL', [
-    siteId,
-    hashes,
-  ]);
+  const { rows } = await db.query<{ hash: string }>(
+    'SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2) AND verify_failed_digest IS NULL',
+    [siteId, hashes],
+  );
   return new Set(rows.map((r) => r.hash));
 }
 
@@ -67,7 +67,10 @@ export async function mountChunk(pool: Pool, m: MountInput): Promise<{ entryId: 
       [m.siteId, [m.from, m.to]],
     );
     const found = new Set(roosts.rows.map((r) => r.roost_id));
-    for (const [param, roostId] of [['from', m.from], ['to', m.to]] as const) {
+    for (const [param, roostId] of [
+      ['from', m.from],
+      ['to', m.to],
+    ] as const) {
       if (!found.has(roostId)) throw new ApiError('not_found', `roost ${roostId} not found in this site`, { extras: { param } });
     }
     if (!(await chunkHeld(tx, m.siteId, m.digest))) {

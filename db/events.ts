@@ -23,7 +23,13 @@ export type EventType =
   | 'api_key.expired';
 
 /** Records one event inside the caller's transaction; returns its id (`evt_…`). */
-export async function recordEvent(tx: Queryable, siteId: string, type: EventType, data: Record<string, unknown>, eventId = newId('evt')): Promise<string> {
+export async function recordEvent(
+  tx: Queryable,
+  siteId: string,
+  type: EventType,
+  data: Record<string, unknown>,
+  eventId = newId('evt'),
+): Promise<string> {
   await tx.query('INSERT INTO events (event_id, site_id, type, data) VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING', [
     eventId,
     siteId,
@@ -57,7 +63,9 @@ export const SEQUENCE_BATCH = 1000;
 export async function sequenceEvents(pool: Pool, siteId: string | null = null): Promise<number> {
   const sites = siteId
     ? [siteId]
-    : (await pool.query<{ site_id: string }>('SELECT DISTINCT site_id FROM events WHERE seq IS NULL LIMIT 1000')).rows.map((r) => r.site_id);
+    : (await pool.query<{ site_id: string }>('SELECT DISTINCT site_id FROM events WHERE seq IS NULL LIMIT 1000')).rows.map(
+        (r) => r.site_id,
+      );
   let numbered = 0;
   for (const site of sites) {
     for (;;) {
@@ -101,13 +109,27 @@ export async function listEventsAfter(
   opts: { limit?: number; types?: readonly string[] | null } = {},
 ): Promise<SequencedEvent[]> {
   const types = opts.types && opts.types.length ? [...opts.types] : null;
-  const { rows } = await q.query<{ event_id: string; site_id: string; seq: string; type: EventType; data: Record<string, unknown>; occurred_at: Date }>(
+  const { rows } = await q.query<{
+    event_id: string;
+    site_id: string;
+    seq: string;
+    type: EventType;
+    data: Record<string, unknown>;
+    occurred_at: Date;
+  }>(
     `SELECT event_id, site_id, seq, type, data, occurred_at FROM events
       WHERE site_id = $1 AND seq > $2 AND ($3::text[] IS NULL OR type = ANY($3::text[]))
       ORDER BY seq LIMIT $4`,
     [siteId, afterSeq, types, opts.limit ?? 500],
   );
-  return rows.map((r) => ({ eventId: r.event_id, siteId: r.site_id, seq: Number(r.seq), type: r.type, data: r.data, occurredAt: r.occurred_at }));
+  return rows.map((r) => ({
+    eventId: r.event_id,
+    siteId: r.site_id,
+    seq: Number(r.seq),
+    type: r.type,
+    data: r.data,
+    occurredAt: r.occurred_at,
+  }));
 }
 
 /** The site's last assigned sequence number (0 when none). */

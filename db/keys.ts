@@ -10,9 +10,19 @@
 import type { Pool } from 'pg';
 import { ApiError } from '../domain/errors';
 import { newId, sha256Hex } from '../domain/hex';
-import { DEFAULT_LIFETIME_DAYS, deriveKeyStatus, expiresAtFor, generateApiKey, isRotatable, KeyEnvironment, KeyStatus, keyPrefix, ROTATION_GRACE_MS } from '../domain/keys';
+import {
+  DEFAULT_LIFETIME_DAYS,
+  deriveKeyStatus,
+  expiresAtFor,
+  generateApiKey,
+  isRotatable,
+  type KeyEnvironment,
+  type KeyStatus,
+  keyPrefix,
+  ROTATION_GRACE_MS,
+} from '../domain/keys';
 import type { Scope } from '../domain/scopes';
-import { Queryable, withTx } from './pool';
+import { type Queryable, withTx } from './pool';
 
 /** An `api_keys` row joined with its owner's email (times in epoch ms unless Date). */
 export interface KeyRow {
@@ -111,7 +121,14 @@ const POSITION_AT = /^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\
 
 /** True for a position this server could have issued. */
 export function isKeyPosition(p: unknown): p is KeyPosition {
-  return Array.isArray(p) && p.length === 2 && typeof p[0] === 'string' && typeof p[1] === 'string' && POSITION_AT.test(p[0]) && /^[A-Za-z0-9_-]{1,64}$/.test(p[1]);
+  return (
+    Array.isArray(p) &&
+    p.length === 2 &&
+    typeof p[0] === 'string' &&
+    typeof p[1] === 'string' &&
+    POSITION_AT.test(p[0]) &&
+    /^[A-Za-z0-9_-]{1,64}$/.test(p[1])
+  );
 }
 
 /**
@@ -146,9 +163,13 @@ export async function rotateKey(
     const now = Date.now();
     const status = statusOf(old, now);
     if (!isRotatable(status)) {
-      throw new ApiError('conflict', `a ${status} key cannot be rotated${status === 'rotated' ? '; rotate its successor ' + (old.replaced_by ?? '') : ''}`.trim(), {
-        extras: { keyStatus: status, replacedBy: old.replaced_by },
-      });
+      throw new ApiError(
+        'conflict',
+        `a ${status} key cannot be rotated${status === 'rotated' ? '; rotate its successor ' + (old.replaced_by ?? '') : ''}`.trim(),
+        {
+          extras: { keyStatus: status, replacedBy: old.replaced_by },
+        },
+      );
     }
     const raw = generateApiKey(old.environment);
     const successorId = await insertKey(

@@ -11,7 +11,7 @@
  * pending command whose expires_at has passed is closed as failed with error `expired`.
  */
 import type { Pool } from 'pg';
-import { withTx, Queryable } from './pool';
+import { withTx, type Queryable } from './pool';
 import { recordEvent } from './events';
 import type { SyncCounters } from '../domain/target-state';
 
@@ -256,7 +256,12 @@ export async function machinesWithDeliverable(db: Queryable, siteId: string, mac
  * Hands out the machine's deliverable commands, oldest first (at most `limit`), and marks them delivered.
  * One statement: two concurrent polls may both receive a command (at-least-once).
  */
-export async function claimCommands(db: Queryable, siteId: string, machineId: string, limit = MAX_COMMANDS_PER_POLL): Promise<CommandRow[]> {
+export async function claimCommands(
+  db: Queryable,
+  siteId: string,
+  machineId: string,
+  limit = MAX_COMMANDS_PER_POLL,
+): Promise<CommandRow[]> {
   const { rows } = await db.query<CommandRow>(
     `UPDATE commands SET delivered_at = now()
       WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
@@ -319,7 +324,13 @@ export async function getCommand(db: Queryable, siteId: string, machineId: strin
 }
 
 /** Records the blob a command produced (screenshot). False when the command is not this machine's. */
-export async function setCommandArtifact(db: Queryable, siteId: string, machineId: string, commandId: string, blobName: string): Promise<boolean> {
+export async function setCommandArtifact(
+  db: Queryable,
+  siteId: string,
+  machineId: string,
+  commandId: string,
+  blobName: string,
+): Promise<boolean> {
   const r = await db.query(
     'UPDATE commands SET artifact_blob = $4, updated_at = now() WHERE site_id = $1 AND machine_id = $2 AND command_id = $3',
     [siteId, machineId, commandId, blobName],
@@ -387,7 +398,12 @@ export interface AgentVersionRow {
 }
 
 /** A version of a live (not deleted) roost of the site, or null. */
-export async function roostVersionForAgent(db: Queryable, siteId: string, roostId: string, versionId: string): Promise<AgentVersionRow | null> {
+export async function roostVersionForAgent(
+  db: Queryable,
+  siteId: string,
+  roostId: string,
+  versionId: string,
+): Promise<AgentVersionRow | null> {
   const { rows } = await db.query<AgentVersionRow>(
     `SELECT r.extract_path, v.version_number, v.blob_name, v.signature, v.signing_key_id
        FROM roosts r JOIN roost_versions v ON v.site_id = r.site_id AND v.roost_id = r.roost_id
@@ -398,7 +414,12 @@ export async function roostVersionForAgent(db: Queryable, siteId: string, roostI
 }
 
 /** Whether the roost exists (and is not deleted) and whether `versionId` is one of its versions. */
-export async function roostAndVersionExist(db: Queryable, siteId: string, roostId: string, versionId: string): Promise<{ roost: boolean; version: boolean }> {
+export async function roostAndVersionExist(
+  db: Queryable,
+  siteId: string,
+  roostId: string,
+  versionId: string,
+): Promise<{ roost: boolean; version: boolean }> {
   const { rows } = await db.query<{ version: boolean }>(
     `SELECT EXISTS (SELECT 1 FROM roost_versions v WHERE v.site_id = r.site_id AND v.roost_id = r.roost_id AND v.version_id = $3) AS version
        FROM roosts r WHERE r.site_id = $1 AND r.roost_id = $2 AND r.deleted_at IS NULL`,
@@ -425,7 +446,13 @@ export interface TargetStateRow extends SyncCounters {
 }
 
 /** Upserts the machine's reported state for a roost (one statement). The error is kept only on failed/cancelled. */
-export async function upsertTargetState(db: Queryable, siteId: string, machineId: string, roostId: string, s: TargetStateInput): Promise<TargetStateRow> {
+export async function upsertTargetState(
+  db: Queryable,
+  siteId: string,
+  machineId: string,
+  roostId: string,
+  s: TargetStateInput,
+): Promise<TargetStateRow> {
   const keepsError = s.status === 'failed' || s.status === 'cancelled';
   const { rows } = await db.query<TargetStateRow>(
     `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, error, chunks_fetched, chunks_total,
@@ -486,7 +513,11 @@ const MACHINE_COLUMNS = `m.site_id, m.machine_id, m.hostname, m.agent_version, m
   m.cortex_enabled, m.rebooting, m.shutting_down, m.capabilities, m.enrolled_at, m.updated_at`;
 
 /** One page of a site's machines ordered by machine id, after `after` (exclusive). Fetches limit+1 rows so callers can tell whether more follow. */
-export async function listMachines(db: Queryable, siteId: string, opts: { after?: string; limit: number; staleSeconds: number }): Promise<MachineRow[]> {
+export async function listMachines(
+  db: Queryable,
+  siteId: string,
+  opts: { after?: string; limit: number; staleSeconds: number },
+): Promise<MachineRow[]> {
   const { rows } = await db.query<MachineRow>(
     `SELECT ${MACHINE_COLUMNS}, ${onlineExpr('m', '$4')} AS live
        FROM machines m WHERE m.site_id = $1 AND ($2::TEXT IS NULL OR m.machine_id > $2)

@@ -3,11 +3,11 @@
  * and retries SQLSTATE 40001 (serialization failure) with jittered backoff at the outermost level only,
  * CockroachDB's client-side retry protocol (DESIGN.md "Transactions").
  */
-import { Pool, PoolClient, QueryResultRow } from 'pg';
+import { Pool, type PoolClient, type QueryResultRow } from 'pg';
 
 /** Anything that can run a parameterised query: the pool or a transaction's client. */
 export interface Queryable {
-  query<R extends QueryResultRow = any>(text: string, values?: unknown[]): Promise<{ rows: R[]; rowCount: number | null }>;
+  query<R extends QueryResultRow = QueryResultRow>(text: string, values?: unknown[]): Promise<{ rows: R[]; rowCount: number | null }>;
 }
 
 export type Db = Pool;
@@ -22,7 +22,7 @@ export function createPool(connectionString: string, max = 10): Pool {
 }
 
 // INT8 → number (our BIGINTs are bytes and epoch milliseconds, far below 2^53).
-// eslint-disable-next-line @typescript-eslint/no-var-requires
+
 require('pg').types.setTypeParser(20, (v: string) => Number(v));
 
 const RETRYABLE = new Set(['40001', '40P01']);

@@ -20,7 +20,7 @@ import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
 import { CHUNK_SIZE } from '../domain/version';
 import { recordEvent } from './events';
-import { Queryable, withTx } from './pool';
+import { type Queryable, withTx } from './pool';
 
 const GiB = 1024 ** 3;
 
@@ -116,7 +116,13 @@ async function usage(db: Queryable, siteId: string, tiers: QuotaTiers, excluding
   );
   const row = rows[0];
   if (!row) throw new ApiError('not_found', 'site not found');
-  return { siteId, tier: row.tier, usedBytes: Number(row.used_bytes), pendingBytes: Number(row.pending_bytes), limitBytes: tierLimit(tiers, row.tier) };
+  return {
+    siteId,
+    tier: row.tier,
+    usedBytes: Number(row.used_bytes),
+    pendingBytes: Number(row.pending_bytes),
+    limitBytes: tierLimit(tiers, row.tier),
+  };
 }
 
 /**
@@ -187,7 +193,13 @@ async function fireThreshold(tx: Queryable, u: QuotaSnapshot, fraction: number, 
       eventId,
     );
   } else {
-    await recordEvent(tx, u.siteId, 'quota.warning', { siteId: u.siteId, tier: u.tier, threshold: fraction, usedBytes, limitBytes: u.limitBytes }, eventId);
+    await recordEvent(
+      tx,
+      u.siteId,
+      'quota.warning',
+      { siteId: u.siteId, tier: u.tier, threshold: fraction, usedBytes, limitBytes: u.limitBytes },
+      eventId,
+    );
   }
   return true;
 }
@@ -214,9 +226,18 @@ export interface Reservation {
  * @throws ApiError quota_exceeded (402) when used + pending + new bytes would exceed the limit (nothing
  *   is reserved); not_found when the site does not exist.
  */
-export async function reserveUploads(pool: Pool, siteId: string, hashes: string[], expiresAt: Date, tiers: QuotaTiers): Promise<Reservation> {
+export async function reserveUploads(
+  pool: Pool,
+  siteId: string,
+  hashes: string[],
+  expiresAt: Date,
+  tiers: QuotaTiers,
+): Promise<Reservation> {
   return withQuota(pool, async (tx) => {
-    const held = await tx.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])', [siteId, hashes]);
+    const held = await tx.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])', [
+      siteId,
+      hashes,
+    ]);
     const heldSet = new Set(held.rows.map((r) => r.hash));
     const wanted = [...new Set(hashes)].filter((h) => !heldSet.has(h));
     if (wanted.length === 0) return { reserved: [], newBytes: 0 };
@@ -245,10 +266,18 @@ export async function reserveUploads(pool: Pool, siteId: string, hashes: string[
  * @throws ApiError quota_exceeded (402) when used + pending (other hashes) + the new sizes would exceed
  *   the limit (nothing is recorded); not_found when the site does not exist.
  */
-export async function recordChunks(pool: Pool, siteId: string, chunks: { hash: string; size: number }[], tiers: QuotaTiers): Promise<number> {
+export async function recordChunks(
+  pool: Pool,
+  siteId: string,
+  chunks: { hash: string; size: number }[],
+  tiers: QuotaTiers,
+): Promise<number> {
   if (chunks.length === 0) return 0;
   return withQuota(pool, async (tx) => {
-    const held = await tx.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])', [siteId, chunks.map((c) => c.hash)]);
+    const held = await tx.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])', [
+      siteId,
+      chunks.map((c) => c.hash),
+    ]);
     const heldSet = new Set(held.rows.map((r) => r.hash));
     const fresh = new Map<string, number>();
     for (const c of chunks) if (!heldSet.has(c.hash)) fresh.set(c.hash, c.size);

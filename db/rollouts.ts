@@ -17,7 +17,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Pool } from 'pg';
-import { withTx, Queryable } from './pool';
+import { withTx, type Queryable } from './pool';
 import { recordEvent } from './events';
 import { activateCommandId, dispatchActivation, DEFAULT_ACTIVATION_TTL_MS } from './activation';
 import type { Activation, MaintenanceWindow, PolicySpec, PromotionGate, Threshold } from '../domain/rollout-policy';
@@ -97,7 +97,8 @@ export interface Rollout {
 }
 
 /** Control state beside the spec's stage. */
-export type RolloutState = 'running' | 'paused' | 'awaiting_promotion' | 'waiting_window' | 'completed' | 'failed' | 'aborted' | 'rolled_back';
+export type RolloutState =
+  'running' | 'paused' | 'awaiting_promotion' | 'waiting_window' | 'completed' | 'failed' | 'aborted' | 'rolled_back';
 
 /** One planned wave: its stored name (rollout_machines.wave) and machine count. */
 export interface WavePlan {
@@ -150,7 +151,17 @@ const ROLLOUT_COLUMNS = `site_id, rollout_id, roost_id, version_id, stage, activ
   rollback_of, rolled_back_by, updated_at`;
 
 const NUMERIC_KEYS = ['waveTimeoutMs', 'retries', 'retryBackoffMs', 'pollIntervalMs'] as const;
-const SPEC_KEYS = ['canary', 'waves', 'bakeMs', 'successThreshold', 'failureThreshold', 'requirePromotion', 'maintenanceWindow', 'autoRollback', 'activation'] as const;
+const SPEC_KEYS = [
+  'canary',
+  'waves',
+  'bakeMs',
+  'successThreshold',
+  'failureThreshold',
+  'requirePromotion',
+  'maintenanceWindow',
+  'autoRollback',
+  'activation',
+] as const;
 
 /** Policy with defaults filled in (unknown keys dropped; issue #5 fields kept as stored). */
 export function resolvePolicy(stored: Partial<RolloutPolicy> | null | undefined): RolloutPolicy {
@@ -235,7 +246,10 @@ export function rolloutEventId(rolloutId: string, type: string): string {
 
 /** One rollout by id, or null. */
 export async function getRollout(q: Queryable, siteId: string, rolloutId: string): Promise<Rollout | null> {
-  const { rows } = await q.query<RolloutRow>(`SELECT ${ROLLOUT_COLUMNS} FROM rollouts WHERE site_id = $1 AND rollout_id = $2`, [siteId, rolloutId]);
+  const { rows } = await q.query<RolloutRow>(`SELECT ${ROLLOUT_COLUMNS} FROM rollouts WHERE site_id = $1 AND rollout_id = $2`, [
+    siteId,
+    rolloutId,
+  ]);
   return rows[0] ? toRollout(rows[0]) : null;
 }
 
@@ -251,10 +265,10 @@ export async function findActiveRollout(q: Queryable, siteId: string, roostId: s
 /** The ids of `machineIds` that are not enrolled machines of the site (input order kept). */
 export async function unknownMachines(q: Queryable, siteId: string, machineIds: readonly string[]): Promise<string[]> {
   if (machineIds.length === 0) return [];
-  const { rows } = await q.query<{ machine_id: string }>('SELECT machine_id FROM machines WHERE site_id = $1 AND machine_id = ANY($2::text[])', [
-    siteId,
-    machineIds,
-  ]);
+  const { rows } = await q.query<{ machine_id: string }>(
+    'SELECT machine_id FROM machines WHERE site_id = $1 AND machine_id = ANY($2::text[])',
+    [siteId, machineIds],
+  );
   const known = new Set(rows.map((r) => r.machine_id));
   return machineIds.filter((m) => !known.has(m));
 }
@@ -304,8 +318,22 @@ export async function insertRollout(tx: Queryable, r: NewRollout): Promise<void>
     `INSERT INTO rollouts (site_id, rollout_id, roost_id, version_id, stage, active, canary, fleet, extract_root, policy, schedule_at, workflow_id, created_by,
                            state, waves, rollback_of)
      VALUES ($1, $2, $3, $4, $12, true, $5, $6, $7, $8, $9, $10, $11, 'running', $13, $14)`,
-    [r.siteId, r.rolloutId, r.roostId, r.versionId, JSON.stringify(r.canary), JSON.stringify(r.fleet), r.extractRoot, JSON.stringify(r.policy), r.scheduleAt, r.workflowId, r.createdBy,
-      r.stage ?? 'canary', JSON.stringify(plan), r.rollbackOf ?? null],
+    [
+      r.siteId,
+      r.rolloutId,
+      r.roostId,
+      r.versionId,
+      JSON.stringify(r.canary),
+      JSON.stringify(r.fleet),
+      r.extractRoot,
+      JSON.stringify(r.policy),
+      r.scheduleAt,
+      r.workflowId,
+      r.createdBy,
+      r.stage ?? 'canary',
+      JSON.stringify(plan),
+      r.rollbackOf ?? null,
+    ],
   );
   const machines: string[] = [];
   const waveOf: string[] = [];
@@ -371,7 +399,13 @@ export async function recordRolloutStarted(pool: Pool, siteId: string, rolloutId
     const r = await getRollout(tx, siteId, rolloutId);
     if (!r || !r.active) return false;
     await tx.query('UPDATE rollouts SET updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [siteId, rolloutId]);
-    await recordEvent(tx, siteId, 'deployment.started', { rolloutId, roostId: r.roostId, siteId, stage: r.stage }, rolloutEventId(rolloutId, 'deployment.started'));
+    await recordEvent(
+      tx,
+      siteId,
+      'deployment.started',
+      { rolloutId, roostId: r.roostId, siteId, stage: r.stage },
+      rolloutEventId(rolloutId, 'deployment.started'),
+    );
     return true;
   });
 }
@@ -407,7 +441,12 @@ export async function waveCounts(q: Queryable, siteId: string, rolloutId: string
 }
 
 /** Counts per wave name, for the waves `names` (every wave when null). */
-export async function countsByWave(q: Queryable, siteId: string, rolloutId: string, names: readonly string[] | null): Promise<Map<string, WaveCounts>> {
+export async function countsByWave(
+  q: Queryable,
+  siteId: string,
+  rolloutId: string,
+  names: readonly string[] | null,
+): Promise<Map<string, WaveCounts>> {
   const { rows } = await q.query<{ wave: string; status: string; n: number; timed_out: number }>(
     `SELECT wave, status, CAST(count(*) AS INT) AS n, CAST(sum(CASE WHEN last_error = 'timeout' THEN 1 ELSE 0 END) AS INT) AS timed_out
        FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND ($3::text[] IS NULL OR wave = ANY($3::text[])) GROUP BY wave, status`,
@@ -467,7 +506,13 @@ export async function getWaveTarget(q: Queryable, siteId: string, rolloutId: str
  * Queues `sync_pull` commands (params per docs/agent-protocol.md) for the wave's machines that are
  * `pending` and due (see `dispatchDueIn`). Kept for the workflow path of issue #2.
  */
-export async function dispatchDue(pool: Pool, t: WaveTarget, wave: Wave, commandTtlMs: number, onBatch?: (dispatchedSoFar: number) => void): Promise<number> {
+export async function dispatchDue(
+  pool: Pool,
+  t: WaveTarget,
+  wave: Wave,
+  commandTtlMs: number,
+  onBatch?: (dispatchedSoFar: number) => void,
+): Promise<number> {
   return dispatchDueIn(pool, t, [wave], commandTtlMs, {}, onBatch);
 }
 
@@ -516,7 +561,20 @@ export async function dispatchDueIn(
                 $5, $7, now() + $8::float8 * INTERVAL '1 millisecond'
            FROM UNNEST($9::text[], $10::text[], $11::int[], $3::text[], $4::int[]) AS u (machine_id, command_id, attempt, version_id, version_number)
          ON CONFLICT (site_id, machine_id, command_id) DO NOTHING`,
-        [t.siteId, t.roostId, rows.map((r) => r.version_id), rows.map((r) => r.version_number), t.rolloutId, t.extractRoot, t.createdBy, commandTtlMs, machineIds, commandIds, attempts, opts.staged === true],
+        [
+          t.siteId,
+          t.roostId,
+          rows.map((r) => r.version_id),
+          rows.map((r) => r.version_number),
+          t.rolloutId,
+          t.extractRoot,
+          t.createdBy,
+          commandTtlMs,
+          machineIds,
+          commandIds,
+          attempts,
+          opts.staged === true,
+        ],
       );
       const upd = await tx.query(
         `UPDATE rollout_machines AS rm
@@ -556,7 +614,12 @@ export async function reconcileWave(pool: Pool, t: WaveTarget, wave: Wave, deadl
  *   pending commands of timed-out machines are cancelled.
  * Monotonic and idempotent. Returns the counts per wave after the pass.
  */
-export async function reconcileWaves(pool: Pool, t: WaveTarget, names: readonly string[], deadline?: Date): Promise<Map<string, WaveCounts>> {
+export async function reconcileWaves(
+  pool: Pool,
+  t: WaveTarget,
+  names: readonly string[],
+  deadline?: Date,
+): Promise<Map<string, WaveCounts>> {
   return withTx(pool, async (tx) => {
     const base = [t.siteId, t.rolloutId, names, t.roostId, t.versionId];
     await tx.query(
@@ -631,7 +694,12 @@ export async function reconcileWaves(pool: Pool, t: WaveTarget, names: readonly 
  * to `activating` (command id, dispatched_at and deadline = now + `ttlMs`), in batches. Idempotent.
  * Returns how many machines were moved.
  */
-export async function activateStaged(pool: Pool, t: WaveTarget, names: readonly string[], ttlMs = DEFAULT_ACTIVATION_TTL_MS): Promise<number> {
+export async function activateStaged(
+  pool: Pool,
+  t: WaveTarget,
+  names: readonly string[],
+  ttlMs = DEFAULT_ACTIVATION_TTL_MS,
+): Promise<number> {
   let total = 0;
   for (;;) {
     const n = await withTx(pool, async (tx) => {
@@ -642,9 +710,21 @@ export async function activateStaged(pool: Pool, t: WaveTarget, names: readonly 
       );
       if (rows.length === 0) return 0;
       const ids = rows.map((r) => r.machine_id);
-      await dispatchActivation(tx, { siteId: t.siteId, rolloutId: t.rolloutId, roostId: t.roostId, versionId: t.versionId, extractRoot: t.extractRoot, createdBy: t.createdBy }, ids, {
-        commandTtlMs: ttlMs,
-      });
+      await dispatchActivation(
+        tx,
+        {
+          siteId: t.siteId,
+          rolloutId: t.rolloutId,
+          roostId: t.roostId,
+          versionId: t.versionId,
+          extractRoot: t.extractRoot,
+          createdBy: t.createdBy,
+        },
+        ids,
+        {
+          commandTtlMs: ttlMs,
+        },
+      );
       const upd = await tx.query(
         `UPDATE rollout_machines AS rm SET status = 'activating', command_id = u.command_id, dispatched_at = now(), updated_at = now(),
                 deadline_at = now() + $5::float8 * INTERVAL '1 millisecond'
@@ -684,18 +764,28 @@ export interface StageChange {
  * A terminal rollout never changes again (the stored outcome is returned with changed false).
  * Returns null when the rollout does not exist.
  */
-export async function setRolloutStage(pool: Pool, siteId: string, rolloutId: string, stage: RolloutStage, abortReason: string | null = null): Promise<StageChange | null> {
+export async function setRolloutStage(
+  pool: Pool,
+  siteId: string,
+  rolloutId: string,
+  stage: RolloutStage,
+  abortReason: string | null = null,
+): Promise<StageChange | null> {
   return withTx(pool, async (tx) => {
     const r = await getRollout(tx, siteId, rolloutId);
     if (!r) return null;
     if (!r.active) return { stage: r.stage, changed: false, succeeded: r.succeeded, failed: r.failed, abortReason: r.abortReason };
     if (stage === 'canary' || stage === 'started') {
-      await tx.query('UPDATE rollouts SET stage = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [siteId, rolloutId, stage]);
+      await tx.query('UPDATE rollouts SET stage = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [
+        siteId,
+        rolloutId,
+        stage,
+      ]);
       return { stage, changed: r.stage !== stage, succeeded: r.succeeded, failed: r.failed, abortReason: null };
     }
     await cancelOpenMachines(tx, siteId, rolloutId);
     const c = await waveCounts(tx, siteId, rolloutId, null);
-    const reason = stage === 'failed' ? abortReason ?? 'failed' : null;
+    const reason = stage === 'failed' ? (abortReason ?? 'failed') : null;
     const state: RolloutState = stage === 'completed' ? 'completed' : reason === 'aborted' ? 'aborted' : 'failed';
     await tx.query(
       `UPDATE rollouts SET stage = $3, active = false, abort_reason = $4, succeeded = $5, failed = $6, completed_at = now(), updated_at = now(), state = $7
@@ -731,7 +821,12 @@ export async function setRolloutStage(pool: Pool, siteId: string, rolloutId: str
  * rollout keeps its state; only `rolled_back` may be written on one. Returns false when the rollout is
  * missing.
  */
-export async function recordRolloutTransition(pool: Pool, siteId: string, rolloutId: string, entry: Omit<HistoryEntry, 'at'>): Promise<boolean> {
+export async function recordRolloutTransition(
+  pool: Pool,
+  siteId: string,
+  rolloutId: string,
+  entry: Omit<HistoryEntry, 'at'>,
+): Promise<boolean> {
   return withTx(pool, async (tx) => {
     const { rows } = await tx.query<{ active: boolean; state_seq: number; dup: boolean }>(
       `SELECT active, state_seq, history @> $3::jsonb AS dup FROM rollouts WHERE site_id = $1 AND rollout_id = $2`,
@@ -754,7 +849,11 @@ export async function recordRolloutTransition(pool: Pool, siteId: string, rollou
 
 /** Stores the index of the wave being dispatched (`current_wave`). */
 export async function setCurrentWave(q: Queryable, siteId: string, rolloutId: string, wave: number): Promise<void> {
-  await q.query('UPDATE rollouts SET current_wave = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [siteId, rolloutId, wave]);
+  await q.query('UPDATE rollouts SET current_wave = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [
+    siteId,
+    rolloutId,
+    wave,
+  ]);
 }
 
 /** The control state of a rollout (null when missing). */
@@ -828,7 +927,8 @@ export async function listRolloutMachines(
 }
 
 /** Why a rollback rollout could not be created. */
-export type RollbackRefusal = 'not_found' | 'not_terminal' | 'completed' | 'already_rolled_back' | 'is_rollback' | 'nothing_to_roll_back' | 'version_busy';
+export type RollbackRefusal =
+  'not_found' | 'not_terminal' | 'completed' | 'already_rolled_back' | 'is_rollback' | 'nothing_to_roll_back' | 'version_busy';
 
 /** A rollback rollout that was created. */
 export interface RollbackCreated {
@@ -855,7 +955,12 @@ export function rollbackRolloutId(rolloutId: string): string {
  * each machine's own. The original gets `rolled_back_by`. Idempotent: the rollback's id is derived from
  * the original's, and an existing one is returned.
  */
-export async function createRollbackRollout(pool: Pool, siteId: string, rolloutId: string, createdBy: string): Promise<RollbackCreated | RollbackRefusal> {
+export async function createRollbackRollout(
+  pool: Pool,
+  siteId: string,
+  rolloutId: string,
+  createdBy: string,
+): Promise<RollbackCreated | RollbackRefusal> {
   return withTx(pool, async (tx) => {
     const r = await getRollout(tx, siteId, rolloutId);
     if (!r) return 'not_found';
@@ -863,7 +968,10 @@ export async function createRollbackRollout(pool: Pool, siteId: string, rolloutI
     if (r.rolledBackBy) {
       const existing = r.rolledBackBy === id ? await getRollout(tx, siteId, id) : null;
       if (existing) {
-        const { rows } = await tx.query<{ n: number }>('SELECT CAST(count(*) AS INT) AS n FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2', [siteId, id]);
+        const { rows } = await tx.query<{ n: number }>(
+          'SELECT CAST(count(*) AS INT) AS n FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2',
+          [siteId, id],
+        );
         return { rollout: existing, machines: Number(rows[0].n) };
       }
       return 'already_rolled_back';
@@ -898,7 +1006,9 @@ export async function createRollbackRollout(pool: Pool, siteId: string, rolloutI
       autoRollback: false,
       activation: 'immediate',
     };
-    const targetVersions = new Map(rows.filter((m) => m.previous_version_id !== versionId).map((m) => [m.machine_id, m.previous_version_id]));
+    const targetVersions = new Map(
+      rows.filter((m) => m.previous_version_id !== versionId).map((m) => [m.machine_id, m.previous_version_id]),
+    );
     await insertRollout(tx, {
       siteId,
       rolloutId: id,
@@ -917,7 +1027,11 @@ export async function createRollbackRollout(pool: Pool, siteId: string, rolloutI
       rollbackOf: rolloutId,
       targetVersions,
     });
-    await tx.query('UPDATE rollouts SET rolled_back_by = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [siteId, rolloutId, id]);
+    await tx.query('UPDATE rollouts SET rolled_back_by = $3, updated_at = now() WHERE site_id = $1 AND rollout_id = $2', [
+      siteId,
+      rolloutId,
+      id,
+    ]);
     const created = await getRollout(tx, siteId, id);
     return { rollout: created as Rollout, machines: machines.length };
   });
@@ -944,7 +1058,13 @@ export interface DeltaPlan {
  * committed version downloads every chunk). Computed once per distinct current version (a handful of
  * set-based queries, whatever the number of machines). Writes nothing. `machines` keeps input order.
  */
-export async function deltaPlan(q: Queryable, siteId: string, roostId: string, versionId: string, machineIds: readonly string[]): Promise<DeltaPlan> {
+export async function deltaPlan(
+  q: Queryable,
+  siteId: string,
+  roostId: string,
+  versionId: string,
+  machineIds: readonly string[],
+): Promise<DeltaPlan> {
   const { rows: current } = await q.query<{ machine_id: string; version_id: string | null }>(
     `SELECT t.machine_id, ts.reported_version_id AS version_id FROM UNNEST($3::text[]) AS t (machine_id)
        LEFT JOIN roost_target_states AS ts ON ts.site_id = $1 AND ts.roost_id = $2 AND ts.machine_id = t.machine_id AND ts.status = 'committed'`,

@@ -13,10 +13,10 @@ import pLimit from 'p-limit';
 import { ApiError } from '../domain/errors';
 import { sha256Hex } from '../domain/hex';
 import type { ChunkRef, VersionBody } from '../domain/version';
-import { parseVersionRef, VersionRef } from '../domain/versionRef';
-import { BlobStore, versionBlobName } from '../storage/blob';
+import { parseVersionRef, type VersionRef } from '../domain/versionRef';
+import { type BlobStore, versionBlobName } from '../storage/blob';
 import { recordEvent } from './events';
-import { Queryable, withTx } from './pool';
+import { type Queryable, withTx } from './pool';
 
 // ---------------------------------------------------------------------------------------------------
 // Rows
@@ -134,21 +134,25 @@ const VIEW_SELECT = `SELECT r.site_id, r.roost_id, r.name, r.targets, r.extract_
   LEFT JOIN roost_versions c ON c.site_id = r.site_id AND c.roost_id = r.roost_id AND c.version_id = r.current_version_id
   LEFT JOIN roost_versions p ON p.site_id = r.site_id AND p.roost_id = r.roost_id AND p.version_id = r.previous_version_id`;
 
-function pickSummary(row: Record<string, any>, as: string): VersionSummaryRow | null {
-  if (row[`${as}_version_id`] === null || row[`${as}_version_id`] === undefined) return null;
+/** One row of VIEW_SELECT: the roost's columns plus `cur_*` and `prev_*` summary columns (null when absent). */
+type ViewRow = Omit<RoostView, 'current' | 'previous' | 'position'> & { position_at: string } & Record<string, unknown>;
+
+function pickSummary(row: ViewRow, as: 'cur' | 'prev'): VersionSummaryRow | null {
+  const col = (c: keyof VersionSummaryRow) => row[`${as}_${c}`];
+  if (col('version_id') === null || col('version_id') === undefined) return null;
   return {
-    version_id: row[`${as}_version_id`],
-    version_number: row[`${as}_version_number`],
-    description: row[`${as}_description`],
-    blob_name: row[`${as}_blob_name`],
-    total_size: row[`${as}_total_size`],
-    total_files: row[`${as}_total_files`],
-    created_by: row[`${as}_created_by`],
-    created_at: row[`${as}_created_at`],
+    version_id: col('version_id') as string,
+    version_number: col('version_number') as number,
+    description: col('description') as string | null,
+    blob_name: col('blob_name') as string,
+    total_size: col('total_size') as number,
+    total_files: col('total_files') as number,
+    created_by: col('created_by') as string,
+    created_at: col('created_at') as Date,
   };
 }
 
-function toView(row: Record<string, any>): RoostView {
+function toView(row: ViewRow): RoostView {
   return {
     site_id: row.site_id,
     roost_id: row.roost_id,
@@ -170,7 +174,7 @@ function toView(row: Record<string, any>): RoostView {
 
 /** One roost with resolved current/previous summaries, or null (missing, or tombstoned unless asked). */
 export async function getRoostView(db: Queryable, siteId: string, roostId: string, includeDeleted = false): Promise<RoostView | null> {
-  const { rows } = await db.query(`${VIEW_SELECT} WHERE r.site_id = $1 AND r.roost_id = $2`, [siteId, roostId]);
+  const { rows } = await db.query<ViewRow>(`${VIEW_SELECT} WHERE r.site_id = $1 AND r.roost_id = $2`, [siteId, roostId]);
   if (!rows[0] || (rows[0].deleted_at !== null && !includeDeleted)) return null;
   return toView(rows[0]);
 }
@@ -192,7 +196,10 @@ export async function listRoosts(
     where += ` AND (r.created_at, r.roost_id) < ($2::timestamptz, $3)`;
   }
   args.push(opts.limit + 1);
-  const { rows } = await db.query(`${VIEW_SELECT} WHERE ${where} ORDER BY r.created_at DESC, r.roost_id DESC LIMIT $${args.length}`, args);
+  const { rows } = await db.query<ViewRow>(
+    `${VIEW_SELECT} WHERE ${where} ORDER BY r.created_at DESC, r.roost_id DESC LIMIT $${args.length}`,
+    args,
+  );
   return { rows: rows.slice(0, opts.limit).map(toView), more: rows.length > opts.limit };
 }
 
@@ -266,11 +273,10 @@ export async function softDeleteRoost(db: Pool, siteId: string, roostId: string)
 
 /** A version row of the roost by its id, or null. */
 export async function getVersion(db: Queryable, siteId: string, roostId: string, versionId: string): Promise<VersionRow | null> {
-  const { rows } = await db.query<VersionRow>(`SELECT ${VERSION_COLS} FROM roost_versions WHERE site_id = $1 AND roost_id = $2 AND version_id = $3`, [
-    siteId,
-    roostId,
-    versionId,
-  ]);
+  const { rows } = await db.query<VersionRow>(
+    `SELECT ${VERSION_COLS} FROM roost_versions WHERE site_id = $1 AND roost_id = $2 AND version_id = $3`,
+    [siteId, roostId, versionId],
+  );
   return rows[0] ?? null;
 }
 
@@ -305,9 +311,12 @@ export async function resolveVersionIn(db: Queryable, roost: RoostRow, ref: Vers
       rows = (await db.query<VersionRow>(`${base} AND version_id = $3`, [...args, ref.id])).rows;
       break;
     case 'idPrefix':
-      rows = (await db.query<VersionRow>(`${base} AND version_id LIKE $3 ORDER BY version_number LIMIT 2`, [...args, `${ref.prefix}%`])).rows;
+      rows = (await db.query<VersionRow>(`${base} AND version_id LIKE $3 ORDER BY version_number LIMIT 2`, [...args, `${ref.prefix}%`]))
+        .rows;
       if (rows.length > 1) {
-        throw new ApiError('version_ref_malformed', `vrs_${ref.prefix} matches more than one version; send more of the id`, { extras: { param } });
+        throw new ApiError('version_ref_malformed', `vrs_${ref.prefix} matches more than one version; send more of the id`, {
+          extras: { param },
+        });
       }
       break;
     case 'number':
@@ -333,7 +342,13 @@ export async function resolveVersionIn(db: Queryable, roost: RoostRow, ref: Vers
  * @throws ApiError not_found (404) when the roost is missing or tombstoned, version_ref_malformed (400)
  *   for a string that is no ref, version_not_found (404) when a well-formed ref matches nothing.
  */
-export async function resolveVersion(db: Queryable, siteId: string, roostId: string, ref: string | VersionRef, param = 'versionRef'): Promise<VersionRow> {
+export async function resolveVersion(
+  db: Queryable,
+  siteId: string,
+  roostId: string,
+  ref: string | VersionRef,
+  param = 'versionRef',
+): Promise<VersionRow> {
   const parsed = typeof ref === 'string' ? parseVersionRef(ref, param) : ref;
   const roost = await requireRoost(db, siteId, roostId);
   return resolveVersionIn(db, roost, parsed, param);
@@ -367,7 +382,13 @@ export async function listVersions(
  * Sets a version's description (null clears it) and returns the updated row.
  * @throws the errors of `resolveVersion`.
  */
-export async function updateVersionDescription(db: Pool, siteId: string, roostId: string, ref: VersionRef, description: string | null): Promise<VersionRow> {
+export async function updateVersionDescription(
+  db: Pool,
+  siteId: string,
+  roostId: string,
+  ref: VersionRef,
+  description: string | null,
+): Promise<VersionRow> {
   return withTx(db, async (tx) => {
     const roost = await requireRoost(tx, siteId, roostId);
     const v = await resolveVersionIn(tx, roost, ref);
@@ -544,7 +565,10 @@ export async function publishVersion(db: Pool, input: PublishInput): Promise<Pub
     if (existing) {
       if (existing.version_id === roost.current_version_id) {
         if (set.sql.length) {
-          await tx.query(`UPDATE roosts SET ${[...set.sql, 'updated_at = now()'].join(', ')} WHERE site_id = $1 AND roost_id = $2`, [...base, ...set.args]);
+          await tx.query(`UPDATE roosts SET ${[...set.sql, 'updated_at = now()'].join(', ')} WHERE site_id = $1 AND roost_id = $2`, [
+            ...base,
+            ...set.args,
+          ]);
         }
         return {
           outcome: 'unchanged',
@@ -613,9 +637,13 @@ export async function publishVersion(db: Pool, input: PublishInput): Promise<Pub
       if (present.rows.length < input.chunks.length) {
         const have = new Set(present.rows.map((r) => r.hash));
         const missing = input.chunks.map((c) => c.hash).filter((h) => !have.has(h));
-        throw new ApiError('precondition_failed', `${missing.length} referenced chunk${missing.length > 1 ? 's are' : ' is'} not stored for this site; upload them, then publish again`, {
-          extras: { missingChunks: missing.slice(0, 20), missingCount: missing.length },
-        });
+        throw new ApiError(
+          'precondition_failed',
+          `${missing.length} referenced chunk${missing.length > 1 ? 's are' : ' is'} not stored for this site; upload them, then publish again`,
+          {
+            extras: { missingChunks: missing.slice(0, 20), missingCount: missing.length },
+          },
+        );
       }
     }
     const n = set.args.length;
@@ -658,7 +686,13 @@ export interface RollbackResult {
  * records `version.rolled_back`. No compare-and-swap guard, no new version, no bytes.
  * @throws ApiError not_found, version_not_found, version_ref_malformed, rollback_no_op
  */
-export async function rollbackRoost(db: Pool, siteId: string, roostId: string, target: VersionRef, userId: string): Promise<RollbackResult> {
+export async function rollbackRoost(
+  db: Pool,
+  siteId: string,
+  roostId: string,
+  target: VersionRef,
+  userId: string,
+): Promise<RollbackResult> {
   return withTx(db, async (tx) => {
     const roost = await requireRoost(tx, siteId, roostId, { forUpdate: true });
     const v = await resolveVersionIn(tx, roost, target, 'targetVersion');
@@ -678,7 +712,13 @@ export async function rollbackRoost(db: Pool, siteId: string, roostId: string, t
       toVersion: v.version_id,
       triggeredBy: userId,
     });
-    return { roostId, siteId, currentVersionId: v.version_id, currentVersionNumber: v.version_number, previousVersionId: roost.current_version_id };
+    return {
+      roostId,
+      siteId,
+      currentVersionId: v.version_id,
+      currentVersionNumber: v.version_number,
+      previousVersionId: roost.current_version_id,
+    };
   });
 }
 
@@ -757,7 +797,8 @@ export async function loadVersionBody(
     pending = (async () => {
       const bytes = await deps.blob.get('versions', blobName);
       if (!bytes) throw new ApiError('not_found', 'the stored version body is gone', { status: 410 });
-      if (sha256Hex(bytes) !== versionId) throw new ApiError('internal_error', 'the stored version body does not match its id', { status: 500 });
+      if (sha256Hex(bytes) !== versionId)
+        throw new ApiError('internal_error', 'the stored version body does not match its id', { status: 500 });
       const body = JSON.parse(bytes.toString('utf8')) as VersionBody;
       versionBodyCache.set(key, body, bytes.length);
       return body;

@@ -35,7 +35,17 @@ export async function createSession(
     `INSERT INTO sessions (session_id, uid, token_hash, issuer, subject, created_at, expires_at, ip, user_agent)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
      RETURNING session_id, uid, issuer, subject, created_at, expires_at, last_used_at, revoked_at`,
-    [newId('ses'), s.uid, sha256Hex(token), s.issuer.slice(0, 512), s.subject.slice(0, 512), now, now + s.ttlMs, s.ip?.slice(0, 64) ?? null, s.userAgent?.slice(0, 256) ?? null],
+    [
+      newId('ses'),
+      s.uid,
+      sha256Hex(token),
+      s.issuer.slice(0, 512),
+      s.subject.slice(0, 512),
+      now,
+      now + s.ttlMs,
+      s.ip?.slice(0, 64) ?? null,
+      s.userAgent?.slice(0, 256) ?? null,
+    ],
   );
   return { token, row: rows[0] };
 }

@@ -16,11 +16,11 @@
  *
  * Every statement names `site_id`.
  */
-import { createPrivateKey, createPublicKey, generateKeyPairSync, KeyObject } from 'node:crypto';
+import { createPrivateKey, createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
 import type { Config } from '../config/env';
 import { openSealed, seal } from '../domain/seal';
 import { secretKey } from '../stack/secrets';
-import { SigningJwk, signingKeyId, signVersion, toJwk } from '../agent/signature';
+import { type SigningJwk, signingKeyId, signVersion, toJwk } from '../agent/signature';
 import type { Queryable } from './pool';
 
 /** How long a process keeps a site's opened active key (ms); rotation becomes visible after this. */
@@ -141,7 +141,9 @@ export async function listSigningKeys(db: Queryable, sealKey: Buffer, siteId: st
       WHERE site_id = $1 AND retired_at IS NULL ORDER BY active DESC, created_at DESC, key_id`,
     [siteId],
   );
-  return rows.filter((r) => opens(sealKey, siteId, r)).map((r) => ({ jwk: toJwk(r.public_key), active: r.active, createdAt: r.created_at }));
+  return rows
+    .filter((r) => opens(sealKey, siteId, r))
+    .map((r) => ({ jwk: toJwk(r.public_key), active: r.active, createdAt: r.created_at }));
 }
 
 /** The JWKs of `listSigningKeys`. */
@@ -150,7 +152,13 @@ export async function signingJwks(db: Queryable, sealKey: Buffer, siteId: string
 }
 
 /** Signs a version with the site's active key: `{ signature, keyId }` (signature base64url). */
-export async function signVersionFor(db: Queryable, sealKey: Buffer, siteId: string, roostId: string, versionId: string): Promise<{ signature: string; keyId: string }> {
+export async function signVersionFor(
+  db: Queryable,
+  sealKey: Buffer,
+  siteId: string,
+  roostId: string,
+  versionId: string,
+): Promise<{ signature: string; keyId: string }> {
   const key = await activeSigningKey(db, sealKey, siteId);
   return { signature: signVersion(key.privateKey, siteId, roostId, versionId), keyId: key.keyId };
 }
@@ -168,7 +176,12 @@ export interface SignableRow {
  * stores the signatures (`WHERE signature IS NULL`, so a concurrent signer's value is kept) and fills
  * them into the rows in place. One UPDATE for any number of rows; nothing when all are signed.
  */
-export async function ensureVersionSignatures<T extends SignableRow>(db: Queryable, sealKey: Buffer, siteId: string, rows: T[]): Promise<T[]> {
+export async function ensureVersionSignatures<T extends SignableRow>(
+  db: Queryable,
+  sealKey: Buffer,
+  siteId: string,
+  rows: T[],
+): Promise<T[]> {
   const unsigned = rows.filter((r) => !r.signature || !r.signing_key_id);
   if (unsigned.length === 0) return rows;
   const key = await activeSigningKey(db, sealKey, siteId);

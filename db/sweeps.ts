@@ -15,7 +15,7 @@
 import type { Pool } from 'pg';
 import { createHash } from 'node:crypto';
 import { recordEvent } from './events';
-import { Queryable, withTx } from './pool';
+import { type Queryable, withTx } from './pool';
 
 /** `evt_` + 24 hex of SHA-256 over `parts` joined by `|`: the same fact always gets the same event id. */
 export function sweepEventId(...parts: string[]): string {
@@ -335,7 +335,13 @@ export async function unannouncedExpiredKeys(db: Queryable, nowMs: number, limit
  */
 export async function announceKeyExpiry(pool: Pool, keyId: string, nowMs: number): Promise<number> {
   return withTx(pool, async (tx) => {
-    const { rows } = await tx.query<{ key_prefix: string; name: string; expires_at: number; primary_site_id: string | null; scopes: { resource: string; id: string }[] }>(
+    const { rows } = await tx.query<{
+      key_prefix: string;
+      name: string;
+      expires_at: number;
+      primary_site_id: string | null;
+      scopes: { resource: string; id: string }[];
+    }>(
       `UPDATE api_keys SET expiry_announced_at = $2
         WHERE key_id = $1 AND expiry_announced_at IS NULL AND status = 'active' AND expires_at IS NOT NULL AND expires_at <= $2
         RETURNING key_prefix, name, expires_at, primary_site_id, scopes`,
@@ -347,7 +353,9 @@ export async function announceKeyExpiry(pool: Pool, keyId: string, nowMs: number
       ? [k.primary_site_id]
       : [...new Set((Array.isArray(k.scopes) ? k.scopes : []).filter((s) => s.resource === 'site' && s.id !== '*').map((s) => s.id))];
     if (named.length === 0) return 0;
-    const sites = await tx.query<{ site_id: string }>('SELECT site_id FROM sites WHERE site_id = ANY($1::TEXT[]) ORDER BY site_id', [named]);
+    const sites = await tx.query<{ site_id: string }>('SELECT site_id FROM sites WHERE site_id = ANY($1::TEXT[]) ORDER BY site_id', [
+      named,
+    ]);
     for (const { site_id: siteId } of sites.rows) {
       await recordEvent(
         tx,

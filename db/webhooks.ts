@@ -53,7 +53,16 @@ const WEBHOOK_COLUMNS = `site_id, webhook_id, url, name, events, enabled, paused
 /** Creates a subscription; returns its row. */
 export async function insertWebhook(
   q: Queryable,
-  w: { siteId: string; webhookId: string; url: string; name: string; events: string[]; enabled: boolean; secretSealed: string; createdBy: string },
+  w: {
+    siteId: string;
+    webhookId: string;
+    url: string;
+    name: string;
+    events: string[];
+    enabled: boolean;
+    secretSealed: string;
+    createdBy: string;
+  },
 ): Promise<WebhookRow> {
   const { rows } = await q.query<WebhookRow>(
     `INSERT INTO webhooks (site_id, webhook_id, url, name, events, enabled, secret_sealed, created_by)
@@ -65,7 +74,10 @@ export async function insertWebhook(
 
 /** The subscription, or undefined. */
 export async function getWebhook(q: Queryable, siteId: string, webhookId: string): Promise<WebhookRow | undefined> {
-  const { rows } = await q.query<WebhookRow>(`SELECT ${WEBHOOK_COLUMNS} FROM webhooks WHERE site_id = $1 AND webhook_id = $2`, [siteId, webhookId]);
+  const { rows } = await q.query<WebhookRow>(`SELECT ${WEBHOOK_COLUMNS} FROM webhooks WHERE site_id = $1 AND webhook_id = $2`, [
+    siteId,
+    webhookId,
+  ]);
   return rows[0];
 }
 
@@ -74,7 +86,14 @@ export type WebhookPosition = [string, string];
 
 /** True for a position `listWebhooks` issues. */
 export function isWebhookPosition(p: unknown): p is WebhookPosition {
-  return Array.isArray(p) && p.length === 2 && typeof p[0] === 'string' && p[0].length <= 64 && typeof p[1] === 'string' && WEBHOOK_ID_RE.test(p[1]);
+  return (
+    Array.isArray(p) &&
+    p.length === 2 &&
+    typeof p[0] === 'string' &&
+    p[0].length <= 64 &&
+    typeof p[1] === 'string' &&
+    WEBHOOK_ID_RE.test(p[1])
+  );
 }
 
 /** The site's subscriptions, newest first, `limit` + 1 rows (the extra one says there is a next page). */
@@ -101,7 +120,12 @@ export interface WebhookChanges {
  * Applies `changes`; unpausing (paused false on a paused subscription) also resets fail_count, so the
  * next failure does not pause it again at once. Returns the new row, or undefined when absent.
  */
-export async function updateWebhook(q: Queryable, siteId: string, webhookId: string, changes: WebhookChanges): Promise<WebhookRow | undefined> {
+export async function updateWebhook(
+  q: Queryable,
+  siteId: string,
+  webhookId: string,
+  changes: WebhookChanges,
+): Promise<WebhookRow | undefined> {
   const { rows } = await q.query<WebhookRow>(
     `UPDATE webhooks SET
         url = COALESCE($3, url),
@@ -195,7 +219,14 @@ export type DeliveryPosition = [string, string];
 
 /** True for a position `listDeliveries` issues. */
 export function isDeliveryPosition(p: unknown): p is DeliveryPosition {
-  return Array.isArray(p) && p.length === 2 && typeof p[0] === 'string' && p[0].length <= 64 && typeof p[1] === 'string' && DELIVERY_ID_RE.test(p[1]);
+  return (
+    Array.isArray(p) &&
+    p.length === 2 &&
+    typeof p[0] === 'string' &&
+    p[0].length <= 64 &&
+    typeof p[1] === 'string' &&
+    DELIVERY_ID_RE.test(p[1])
+  );
 }
 
 /** The subscription's deliveries, newest first, `limit` + 1 rows, each with its attempts (oldest first). */
@@ -211,7 +242,11 @@ export async function listDeliveries(
       ORDER BY created_at DESC, delivery_id DESC LIMIT $5`,
     [siteId, webhookId, opts.after?.[0] ?? null, opts.after?.[1] ?? '', opts.limit + 1],
   );
-  const attempts = await attemptsOf(q, siteId, rows.map((r) => r.delivery_id));
+  const attempts = await attemptsOf(
+    q,
+    siteId,
+    rows.map((r) => r.delivery_id),
+  );
   return { rows, attempts };
 }
 
@@ -234,7 +269,10 @@ export async function attemptsOf(q: Queryable, siteId: string, deliveryIds: stri
 
 /** One delivery, or undefined. */
 export async function getDelivery(q: Queryable, siteId: string, deliveryId: string): Promise<DeliveryRow | undefined> {
-  const { rows } = await q.query<DeliveryRow>(`SELECT ${DELIVERY_COLUMNS} FROM webhook_deliveries WHERE site_id = $1 AND delivery_id = $2`, [siteId, deliveryId]);
+  const { rows } = await q.query<DeliveryRow>(
+    `SELECT ${DELIVERY_COLUMNS} FROM webhook_deliveries WHERE site_id = $1 AND delivery_id = $2`,
+    [siteId, deliveryId],
+  );
   return rows[0];
 }
 
@@ -242,7 +280,12 @@ export async function getDelivery(q: Queryable, siteId: string, deliveryId: stri
  * Puts a finished delivery of `webhookId` back to pending for a manual retry. Outcomes: `ok` (the
  * caller starts a new delivery run), `not_found`, `in_progress` (still pending: a run is under way).
  */
-export async function reopenDelivery(q: Queryable, siteId: string, webhookId: string, deliveryId: string): Promise<'ok' | 'not_found' | 'in_progress'> {
+export async function reopenDelivery(
+  q: Queryable,
+  siteId: string,
+  webhookId: string,
+  deliveryId: string,
+): Promise<'ok' | 'not_found' | 'in_progress'> {
   const { rows } = await q.query<{ status: DeliveryStatus; reopened: boolean }>(
     `WITH cur AS (SELECT status FROM webhook_deliveries WHERE site_id = $1 AND webhook_id = $2 AND delivery_id = $3),
           upd AS (UPDATE webhook_deliveries SET status = 'pending', completed_at = NULL, next_attempt_at = now(), dispatched_at = now(), updated_at = now()
@@ -353,10 +396,10 @@ export async function fanOutSite(pool: Pool, siteId: string, limit = FANOUT_BATC
 /** Records that delivery workflows were started for `deliveryIds`. */
 export async function markDispatched(q: Queryable, siteId: string, deliveryIds: string[]): Promise<void> {
   if (deliveryIds.length === 0) return;
-  await q.query('UPDATE webhook_deliveries SET dispatched_at = now() WHERE site_id = $1 AND delivery_id = ANY($2::text[]) AND dispatched_at IS NULL', [
-    siteId,
-    deliveryIds,
-  ]);
+  await q.query(
+    'UPDATE webhook_deliveries SET dispatched_at = now() WHERE site_id = $1 AND delivery_id = ANY($2::text[]) AND dispatched_at IS NULL',
+    [siteId, deliveryIds],
+  );
 }
 
 /**
@@ -377,7 +420,11 @@ export async function undispatchedDeliveries(q: Queryable, olderThanSeconds: num
 // Sending (the delivery workflow's activities)
 
 /** What one attempt needs: the delivery and its subscription (secrets still sealed). */
-export async function loadDeliveryForSend(q: Queryable, siteId: string, deliveryId: string): Promise<{ delivery: DeliveryRow; webhook: WebhookRow } | undefined> {
+export async function loadDeliveryForSend(
+  q: Queryable,
+  siteId: string,
+  deliveryId: string,
+): Promise<{ delivery: DeliveryRow; webhook: WebhookRow } | undefined> {
   const delivery = await getDelivery(q, siteId, deliveryId);
   if (!delivery) return undefined;
   const webhook = await getWebhook(q, siteId, delivery.webhook_id);
@@ -459,5 +506,10 @@ export async function failDelivery(
 
 /** Sets the delivery's next attempt time (informational, shown in the history). */
 export async function noteNextAttempt(q: Queryable, siteId: string, deliveryId: string, at: Date | null): Promise<void> {
-  await q.query('UPDATE webhook_deliveries SET next_attempt_at = $3 WHERE site_id = $1 AND delivery_id = $2 AND status = $4', [siteId, deliveryId, at, 'pending']);
+  await q.query('UPDATE webhook_deliveries SET next_attempt_at = $3 WHERE site_id = $1 AND delivery_id = $2 AND status = $4', [
+    siteId,
+    deliveryId,
+    at,
+    'pending',
+  ]);
 }

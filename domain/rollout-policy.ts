@@ -115,7 +115,10 @@ export function parseLocalTime(s: unknown): number | undefined {
  * Validates the deploy body's `policy` (undefined → defaults). Returns the spec, or the errors keyed by
  * dotted path under `prefix` (default 'policy'), e.g. `policy.waves.1`, `policy.canary.percent`.
  */
-export function validatePolicy(input: unknown, prefix = 'policy'): { spec: PolicySpec; errors?: undefined } | { spec?: undefined; errors: PolicyErrors } {
+export function validatePolicy(
+  input: unknown,
+  prefix = 'policy',
+): { spec: PolicySpec; errors?: undefined } | { spec?: undefined; errors: PolicyErrors } {
   const errors: PolicyErrors = {};
   const err = (p: string, msg: string) => (errors[p ? `${prefix}.${p}` : prefix] ??= []).push(msg);
   const spec: PolicySpec = { ...DEFAULT_SPEC, waves: [...DEFAULT_SPEC.waves] };
@@ -134,7 +137,8 @@ export function validatePolicy(input: unknown, prefix = 'policy'): { spec: Polic
     else spec.canary = { percent: c.percent };
   }
   if (v.waves !== undefined) {
-    if (!Array.isArray(v.waves) || v.waves.length < 1 || v.waves.length > MAX_WAVES) err('waves', `must be a list of 1 to ${MAX_WAVES} cumulative percentages`);
+    if (!Array.isArray(v.waves) || v.waves.length < 1 || v.waves.length > MAX_WAVES)
+      err('waves', `must be a list of 1 to ${MAX_WAVES} cumulative percentages`);
     else {
       let ok = true;
       v.waves.forEach((p, i) => {
@@ -217,7 +221,8 @@ export function validatePolicy(input: unknown, prefix = 'policy'): { spec: Polic
           const seen = new Set<Weekday>();
           w.days.forEach((d, i) => {
             const n = typeof d === 'string' ? (d.toLowerCase().slice(0, 3) as Weekday) : undefined;
-            if (!n || !WEEKDAYS.includes(n) || typeof d !== 'string' || !/^[a-z]{3,9}$/i.test(d)) err(`maintenanceWindow.days.${i}`, "must be a weekday ('mon' … 'sun')");
+            if (!n || !WEEKDAYS.includes(n) || typeof d !== 'string' || !/^[a-z]{3,9}$/i.test(d))
+              err(`maintenanceWindow.days.${i}`, "must be a weekday ('mon' … 'sun')");
             else seen.add(n);
           });
           days = WEEKDAYS.filter((d) => seen.has(d));
@@ -226,7 +231,8 @@ export function validatePolicy(input: unknown, prefix = 'policy'): { spec: Polic
       if (startSec !== undefined && endSec !== undefined) spec.maintenanceWindow = { days, startSec, endSec };
     }
   }
-  if (spec.activation !== 'immediate' && spec.successThreshold) err('successThreshold', 'cannot be combined with staged activation (a wave activates together)');
+  if (spec.activation !== 'immediate' && spec.successThreshold)
+    err('successThreshold', 'cannot be combined with staged activation (a wave activates together)');
   return Object.keys(errors).length > 0 ? { errors } : { spec };
 }
 

@@ -40,7 +40,8 @@ export function parseScopeSpec(spec: string): Scope {
   const [, resource, id, perms] = m;
   if (!(RESOURCES as readonly string[]).includes(resource)) throw new Error(`bad scope "${spec}": unknown resource ${resource}`);
   const permissions = perms.split(',');
-  for (const p of permissions) if (!(PERMISSIONS as readonly string[]).includes(p)) throw new Error(`bad scope "${spec}": unknown permission ${p}`);
+  for (const p of permissions)
+    if (!(PERMISSIONS as readonly string[]).includes(p)) throw new Error(`bad scope "${spec}": unknown permission ${p}`);
   return { resource: resource as Resource, id, permissions: [...new Set(permissions)] as Permission[] };
 }
 

@@ -20,12 +20,7 @@ export const SIGNATURE_TOLERANCE_SECONDS = 300;
 
 /** Why a signature was refused (SPEC.md "Events" › Delivery). */
 export type SignatureFailureReason =
-  | 'missing_header'
-  | 'malformed_header'
-  | 'missing_timestamp'
-  | 'missing_v1'
-  | 'timestamp_out_of_tolerance'
-  | 'bad_signature';
+  'missing_header' | 'malformed_header' | 'missing_timestamp' | 'missing_v1' | 'timestamp_out_of_tolerance' | 'bad_signature';
 
 /** Result of `verifySignature`. */
 export type SignatureCheck = { ok: true } | { ok: false; reason: SignatureFailureReason };
@@ -199,7 +194,10 @@ export type WebhookUrlProblem = { kind: 'invalid'; message: string } | { kind: '
  * `localhost` name is not a non-public address. Returns the normalised URL (WHATWG serialisation) or the
  * problem. Names are not resolved here: callers check resolved addresses with `isNonPublicAddress`.
  */
-export function checkWebhookUrl(raw: string, allowPrivate: boolean): { ok: true; url: string; host: string } | { ok: false; problem: WebhookUrlProblem } {
+export function checkWebhookUrl(
+  raw: string,
+  allowPrivate: boolean,
+): { ok: true; url: string; host: string } | { ok: false; problem: WebhookUrlProblem } {
   const invalid = (message: string) => ({ ok: false as const, problem: { kind: 'invalid' as const, message } });
   if (raw.length > WEBHOOK_URL_MAX_LENGTH) return invalid(`must be at most ${WEBHOOK_URL_MAX_LENGTH} characters`);
   let u: URL;
@@ -209,15 +207,23 @@ export function checkWebhookUrl(raw: string, allowPrivate: boolean): { ok: true;
     return invalid('must be an absolute URL such as https://example.com/hooks/roost');
   }
   if (u.protocol !== 'https:' && u.protocol !== 'http:') return invalid('must use https');
-  if (u.protocol === 'http:' && !allowPrivate) return invalid('must use https (plain http is allowed only when the operator sets ROOST_WEBHOOK_ALLOW_PRIVATE)');
-  if (u.username !== '' || u.password !== '') return invalid('must not carry a user name or password; authenticate deliveries with the signature');
+  if (u.protocol === 'http:' && !allowPrivate)
+    return invalid('must use https (plain http is allowed only when the operator sets ROOST_WEBHOOK_ALLOW_PRIVATE)');
+  if (u.username !== '' || u.password !== '')
+    return invalid('must not carry a user name or password; authenticate deliveries with the signature');
   if (u.hash !== '') return invalid('must not carry a fragment (#…)');
   const host = u.hostname.replace(/^\[|\]$/g, '');
   if (!host) return invalid('must name a host');
   if (!allowPrivate) {
     const lower = host.toLowerCase().replace(/\.$/, '');
     if (lower === 'localhost' || lower.endsWith('.localhost') || isNonPublicAddress(host)) {
-      return { ok: false, problem: { kind: 'address', message: `points to a loopback, private or link-local address (${host}); deliveries go to public addresses only` } };
+      return {
+        ok: false,
+        problem: {
+          kind: 'address',
+          message: `points to a loopback, private or link-local address (${host}); deliveries go to public addresses only`,
+        },
+      };
     }
   }
   return { ok: true, url: u.toString(), host };

@@ -34,7 +34,7 @@ let codec: { json: ProtoJson; historyType: unknown } | undefined;
 function historyCodec(): { json: ProtoJson; historyType: unknown } {
   if (!codec) {
     const protoDir = path.dirname(require.resolve('@temporalio/proto/package.json'));
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
+
     const json = require(require.resolve('protobufjs/ext/protojson', { paths: [protoDir] })) as ProtoJson;
     const root = patchProtobufRoot(proto) as unknown as { lookupType(name: string): unknown };
     codec = { json, historyType: root.lookupType('temporal.api.history.v1.History') };

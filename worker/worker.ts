@@ -7,10 +7,18 @@
  * Workers of one process share one NativeConnection per address (a restarted worker reuses it); close
  * them with `closeWorkerConnections()` when the process is done with Temporal.
  */
-import { DefaultLogger, LogLevel, NativeConnection, Runtime, Worker, bundleWorkflowCode, WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import {
+  DefaultLogger,
+  type LogLevel,
+  NativeConnection,
+  Runtime,
+  Worker,
+  bundleWorkflowCode,
+  type WorkflowBundleWithSourceMap,
+} from '@temporalio/worker';
 import type { Duration } from '@temporalio/common';
 import type { Config } from '../config/env';
-import { createActivities, ActivityDeps } from '../activities';
+import { createActivities, type ActivityDeps } from '../activities';
 
 /** Absolute path of the workflow bundle's entry point. */
 export const WORKFLOWS_PATH = require.resolve('../workflows');

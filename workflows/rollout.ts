@@ -305,7 +305,12 @@ async function controlledRollout(
       await recordTransition({ ...input, seq: ++seq, action: 'rollback_skipped', detail: { reason: rb.refused } });
       return { ...outcome, rollback: null };
     }
-    await recordTransition({ ...input, seq: ++seq, action: 'rollback_started', detail: { rollbackRolloutId: rb.rolloutId, machines: rb.machines } });
+    await recordTransition({
+      ...input,
+      seq: ++seq,
+      action: 'rollback_started',
+      detail: { rollbackRolloutId: rb.rolloutId, machines: rb.machines },
+    });
     const child = await executeChild(rolloutWorkflow, {
       workflowId: rb.workflowId,
       args: [{ siteId: input.siteId, rolloutId: rb.rolloutId }],
@@ -325,7 +330,12 @@ async function controlledRollout(
   };
 
   const tripped = async (index: number, r: WatchResult): Promise<RolloutOutcome> => {
-    const reason = index === 0 && !plan.rollbackOf && waves.length > 1 ? 'canary_failed' : r.failed > 0 && r.failed === r.timedOut ? 'wave_timeout' : 'retry_budget_exhausted';
+    const reason =
+      index === 0 && !plan.rollbackOf && waves.length > 1
+        ? 'canary_failed'
+        : r.failed > 0 && r.failed === r.timedOut
+          ? 'wave_timeout'
+          : 'retry_budget_exhausted';
     const out = await end('failed', reason);
     return policy.autoRollback ? runRollback(out) : out;
   };

@@ -59,7 +59,7 @@ export async function webhookDeliveryWorkflow(ref: DeliveryRef): Promise<Deliver
   } catch (err) {
     if (!(err instanceof ActivityFailure)) throw err;
     const cause = err.cause;
-    const type = cause instanceof ApplicationFailure ? cause.type ?? undefined : undefined;
+    const type = cause instanceof ApplicationFailure ? (cause.type ?? undefined) : undefined;
     const error = cause?.message ?? err.message;
     if (type === 'webhook_gone') return { deliveryId: ref.deliveryId, status: 'gone', error };
     const f = await finishWebhookDelivery({ ...ref, error, countFailure: !(type && NOT_COUNTED.includes(type)) });

@@ -133,7 +133,15 @@ class SiteFeed {
       const rows = await listEventsAfter(this.hub.db, this.siteId, client.cursor, { limit: HUB_CATCHUP_PAGE, types });
       const done = rows.length < HUB_CATCHUP_PAGE || rows[rows.length - 1].seq >= upTo;
       const through = done ? upTo : rows[rows.length - 1].seq;
-      if (!this.writeRun(client, rows.filter((e) => e.seq <= upTo), through) || done) return;
+      if (
+        !this.writeRun(
+          client,
+          rows.filter((e) => e.seq <= upTo),
+          through,
+        ) ||
+        done
+      )
+        return;
     }
     // More to replay: come back at once rather than after a poll interval.
     this.kick();

@@ -27,9 +27,13 @@ export default fp(async function apiVersionPlugin(app: FastifyInstance) {
     if (sent === undefined) return;
     const value = Array.isArray(sent) ? sent.join(', ') : sent;
     if (!isSupportedApiVersion(value)) {
-      throw new ApiError('unsupported_version', `Roost-Version ${value.slice(0, 64)} is not supported; send one of ${SUPPORTED_API_VERSIONS.join(', ')} or omit the header`, {
-        extras: { param: 'Roost-Version', sent: value, supported: [...SUPPORTED_API_VERSIONS] },
-      });
+      throw new ApiError(
+        'unsupported_version',
+        `Roost-Version ${value.slice(0, 64)} is not supported; send one of ${SUPPORTED_API_VERSIONS.join(', ')} or omit the header`,
+        {
+          extras: { param: 'Roost-Version', sent: value, supported: [...SUPPORTED_API_VERSIONS] },
+        },
+      );
     }
     reply.header('Roost-Version', value);
   });

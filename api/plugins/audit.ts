@@ -24,7 +24,7 @@ import fp from 'fastify-plugin';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { recordEvent } from '../../db/events';
 import { withTx } from '../../db/pool';
-import { appendAuditRecords, AuditInput, AUDIT_TX_ATTEMPTS, KeyUse, noteKeyUse } from '../../db/audit';
+import { appendAuditRecords, type AuditInput, AUDIT_TX_ATTEMPTS, type KeyUse, noteKeyUse } from '../../db/audit';
 import { apiKeyActor, AUDIT_KIND_API_KEY_USED, AUDIT_KIND_SIGNED_URL_ISSUED, hashSetDigest, userActor } from '../../domain/audit';
 import type { UserPrincipal } from '../context';
 import { SITE_ID_RE } from './auth';
@@ -55,24 +55,41 @@ export const MUTATION_KINDS: Record<string, string | null> = {
 };
 
 /** Routes that issue signed URLs, and how to read what they issued from the response body. */
-const SIGNED_URL_ROUTES: Record<string, { purpose: string; read: (body: any) => { hashes: string[]; count: number; expiresAt: string | null } | null }> = {
+const SIGNED_URL_ROUTES: Record<
+  string,
+  { purpose: string; read: (body: JsonObject | undefined) => { hashes: string[]; count: number; expiresAt: string | null } | null }
+> = {
   'POST /api/chunks/upload-urls': { purpose: 'chunk_upload', read: chunkUrls },
   'POST /api/chunks/download-urls': { purpose: 'chunk_download', read: chunkUrls },
   'GET /api/chunks/download-urls': { purpose: 'chunk_download', read: chunkUrls },
   'GET /api/sites/:siteId/machines/:machineId/commands/:commandId': {
     purpose: 'screenshot',
-    read: (b) => (b && typeof b.screenshotUrl === 'string' ? { hashes: [], count: 1, expiresAt: typeof b.screenshotExpiresAt === 'string' ? b.screenshotExpiresAt : null } : null),
+    read: (b) =>
+      b && typeof b.screenshotUrl === 'string'
+        ? { hashes: [], count: 1, expiresAt: typeof b.screenshotExpiresAt === 'string' ? b.screenshotExpiresAt : null }
+        : null,
   },
 };
 
-function chunkUrls(body: any): { hashes: string[]; count: number; expiresAt: string | null } | null {
+function chunkUrls(body: JsonObject | undefined): { hashes: string[]; count: number; expiresAt: string | null } | null {
   if (!body || typeof body.urls !== 'object' || body.urls === null) return null;
-  const hashes = Object.keys(body.urls);
+  const hashes = Object.keys(body.urls as object);
   return hashes.length ? { hashes, count: hashes.length, expiresAt: typeof body.expiresAt === 'string' ? body.expiresAt : null } : null;
 }
 
 /** Response fields naming what a mutation made or touched (ids only), copied into its record. */
-const RESULT_ID_FIELDS = ['roostId', 'versionId', 'versionNumber', 'currentVersionId', 'rolloutId', 'commandId', 'machineId', 'digest', 'dryRun', 'alreadyRunning'];
+const RESULT_ID_FIELDS = [
+  'roostId',
+  'versionId',
+  'versionNumber',
+  'currentVersionId',
+  'rolloutId',
+  'commandId',
+  'machineId',
+  'digest',
+  'dryRun',
+  'alreadyRunning',
+];
 
 /** Largest response body parsed for ids or URL counts. */
 const MAX_PARSED_BODY = 4 * 1024 * 1024;
@@ -81,11 +98,15 @@ const MAX_USER_AGENT = 512;
 /** Entries of the in-process key-use cache before it is cleared. */
 const CACHE_MAX = 50_000;
 
-function parseBody(payload: unknown): any {
+/** A parsed JSON object body. */
+type JsonObject = Record<string, unknown>;
+
+function parseBody(payload: unknown): JsonObject | undefined {
   const text = typeof payload === 'string' ? payload : Buffer.isBuffer(payload) ? payload.toString('utf8') : null;
   if (text === null || text.length > MAX_PARSED_BODY) return undefined;
   try {
-    return JSON.parse(text);
+    const parsed: unknown = JSON.parse(text);
+    return parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed) ? (parsed as JsonObject) : undefined;
   } catch {
     return undefined;
   }
@@ -116,7 +137,13 @@ function actionRecord(request: FastifyRequest, reply: FastifyReply, payload: unk
     return {
       kind: AUDIT_KIND_SIGNED_URL_ISSUED,
       actor,
-      attributes: { ...common, purpose: signed.purpose, count: issued.count, hashesDigest: issued.hashes.length ? hashSetDigest(issued.hashes) : null, expiresAt: issued.expiresAt },
+      attributes: {
+        ...common,
+        purpose: signed.purpose,
+        count: issued.count,
+        hashesDigest: issued.hashes.length ? hashSetDigest(issued.hashes) : null,
+        expiresAt: issued.expiresAt,
+      },
     };
   }
   if (request.method === 'GET' || request.method === 'HEAD' || request.method === 'OPTIONS') return null;

@@ -14,11 +14,11 @@
  */
 import fp from 'fastify-plugin';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { createLocalJWKSet, createRemoteJWKSet, errors as joseErrors, jwtVerify, JWTPayload, JWTVerifyGetKey } from 'jose';
+import { createLocalJWKSet, createRemoteJWKSet, errors as joseErrors, jwtVerify, type JWTPayload, type JWTVerifyGetKey } from 'jose';
 import { ApiError } from '../../domain/errors';
 import { hexEqual, sha256Hex } from '../../domain/hex';
 import { API_KEY_RE, keyRejection } from '../../domain/keys';
-import { Requirement, Scope, scopesAllow } from '../../domain/scopes';
+import { type Requirement, scopesAllow } from '../../domain/scopes';
 import type { Config } from '../../config/env';
 import { localJwks, oidcSettings } from '../../stack/oidc';
 import type { AgentPrincipal, Principal, UserPrincipal } from '../context';
@@ -65,7 +65,19 @@ function credentialOf(request: FastifyRequest): { raw: string; via: Via } | unde
 /** The key row authentication reads: the repository's KeyRow columns it needs, plus the digest and the owner's role. */
 type AuthKeyRow = Pick<
   KeyRow,
-  'key_id' | 'name' | 'key_prefix' | 'scopes' | 'environment' | 'is_legacy' | 'primary_site_id' | 'status' | 'expires_at' | 'grace_until' | 'last_used_at' | 'uid' | 'email'
+  | 'key_id'
+  | 'name'
+  | 'key_prefix'
+  | 'scopes'
+  | 'environment'
+  | 'is_legacy'
+  | 'primary_site_id'
+  | 'status'
+  | 'expires_at'
+  | 'grace_until'
+  | 'last_used_at'
+  | 'uid'
+  | 'email'
 > & { key_hash: string; role: 'member' | 'admin' | 'superadmin'; deleted: boolean };
 
 /** BIGINT epoch-ms columns (db/pool.ts parses int8 as number; tolerate text too). */
@@ -159,7 +171,9 @@ export function createIdTokenVerifier(cfg: Config): IdTokenVerifier {
   const getKeys = (): Promise<JWTVerifyGetKey> =>
     (keys ??=
       settings.jwks.kind === 'remote'
-        ? Promise.resolve(createRemoteJWKSet(new URL(settings.jwks.url), { timeoutDuration: 5000, cooldownDuration: 30_000, cacheMaxAge: 600_000 }))
+        ? Promise.resolve(
+            createRemoteJWKSet(new URL(settings.jwks.url), { timeoutDuration: 5000, cooldownDuration: 30_000, cacheMaxAge: 600_000 }),
+          )
         : localJwks(cfg).then((jwks) => createLocalJWKSet(jwks)));
   return async (token) => {
     const { payload } = await jwtVerify(token, await getKeys(), {
@@ -192,7 +206,8 @@ export async function verifyIdToken(app: FastifyInstance, raw: string): Promise<
     return await verifierOf(app)(raw);
   } catch (err) {
     if (err instanceof joseErrors.JWTExpired) throw new ApiError('token_expired', 'this ID token has expired');
-    if (err instanceof joseErrors.JWKSTimeout) throw new ApiError('service_unavailable', 'the identity provider did not answer in time', { headers: { 'Retry-After': '5' } });
+    if (err instanceof joseErrors.JWKSTimeout)
+      throw new ApiError('service_unavailable', 'the identity provider did not answer in time', { headers: { 'Retry-After': '5' } });
     if (err instanceof joseErrors.JOSEError) throw new ApiError('unauthorized', `ID token rejected (${err.code})`);
     if (err instanceof ApiError) throw err;
     throw new ApiError('service_unavailable', 'the identity provider could not be reached', { headers: { 'Retry-After': '5' } });
@@ -203,7 +218,10 @@ export async function verifyIdToken(app: FastifyInstance, raw: string): Promise<
  * The Roost user an ID token names: `sub` equal to a uid, else its `email` (unless `email_verified` is
  * false), compared case-insensitively. Unknown or deleted users → 401 unauthorized.
  */
-export async function userForIdToken(app: FastifyInstance, claims: JWTPayload): Promise<{ uid: string; email: string; role: UserPrincipal['role'] }> {
+export async function userForIdToken(
+  app: FastifyInstance,
+  claims: JWTPayload,
+): Promise<{ uid: string; email: string; role: UserPrincipal['role'] }> {
   const sub = typeof claims.sub === 'string' ? claims.sub : '';
   const email = typeof claims.email === 'string' && claims.email_verified !== false ? claims.email : null;
   const { rows } = await app.deps.db.query<{ uid: string; email: string; role: UserPrincipal['role']; deleted: boolean }>(
@@ -244,7 +262,11 @@ export async function authenticate(app: FastifyInstance, request: FastifyRequest
   if (cred === undefined) return undefined;
   const { raw, via } = cred;
   if (API_KEY_RE.test(raw)) return resolveApiKey(app, raw);
-  if (via !== 'bearer') throw new ApiError('unauthorized', `${via === 'query' ? 'api_key' : 'x-api-key'} carries API keys only; send other credentials as Authorization: Bearer`);
+  if (via !== 'bearer')
+    throw new ApiError(
+      'unauthorized',
+      `${via === 'query' ? 'api_key' : 'x-api-key'} carries API keys only; send other credentials as Authorization: Bearer`,
+    );
   if (SESSION_TOKEN_RE.test(raw)) return resolveSession(app, raw);
   if (AGENT_TOKEN_RE.test(raw)) return resolveAgentToken(app, raw);
   if (JWT_RE.test(raw)) return resolveIdToken(app, raw);
@@ -258,8 +280,10 @@ export default fp(async function authPlugin(app: FastifyInstance) {
     const mode = request.routeOptions.config?.auth ?? 'user';
     if (mode === 'none') return;
     const principal = await authenticate(app, request);
-    if (!principal) throw new ApiError('unauthorized', 'missing credential: send Authorization: Bearer <API key, session token or ID token>');
-    if (mode === 'user' && principal.kind !== 'user') throw new ApiError('unauthorized', 'this route needs a user credential (API key, session or ID token), not an agent token');
+    if (!principal)
+      throw new ApiError('unauthorized', 'missing credential: send Authorization: Bearer <API key, session token or ID token>');
+    if (mode === 'user' && principal.kind !== 'user')
+      throw new ApiError('unauthorized', 'this route needs a user credential (API key, session or ID token), not an agent token');
     if (mode === 'agent' && principal.kind !== 'agent') throw new ApiError('unauthorized', 'this route needs an agent token');
     request.principal = principal;
   });

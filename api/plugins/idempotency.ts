@@ -108,7 +108,9 @@ export async function purgeExpiredIdempotencyKeys(db: Queryable, slice?: string)
 const SEAL_PREFIX = 'sealed:v1:';
 
 function sealingKey(idempotencyKey: string, keyHash: string): Buffer {
-  return Buffer.from(hkdfSync('sha256', Buffer.from(idempotencyKey, 'utf8'), Buffer.from(keyHash, 'hex'), 'roost.idempotency.response.v1', 32));
+  return Buffer.from(
+    hkdfSync('sha256', Buffer.from(idempotencyKey, 'utf8'), Buffer.from(keyHash, 'hex'), 'roost.idempotency.response.v1', 32),
+  );
 }
 
 /** Encrypts a response body for storage: `sealed:v1:` + base64(iv ‖ tag ‖ ciphertext). */
@@ -194,7 +196,10 @@ async function begin(db: Queryable, request: FastifyRequest, reply: FastifyReply
     reply.header('Idempotent-Replayed', 'true');
     return reply.code(row.response_status ?? 200).send(body);
   }
-  throw new ApiError('idempotency_key_in_use', 'could not reserve the Idempotency-Key; retry', { headers: { 'Retry-After': '1' }, extras: { param: 'Idempotency-Key' } });
+  throw new ApiError('idempotency_key_in_use', 'could not reserve the Idempotency-Key; retry', {
+    headers: { 'Retry-After': '1' },
+    extras: { param: 'Idempotency-Key' },
+  });
 }
 
 /** Releases a reservation (only the one this request made). */
@@ -220,9 +225,13 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance) {
       return;
     }
     if (key.length > IDEMPOTENCY_MAX_LENGTH) {
-      throw new ApiError('idempotency_key_invalid', `Idempotency-Key must be at most ${IDEMPOTENCY_MAX_LENGTH} characters (got ${key.length})`, {
-        extras: { param: 'Idempotency-Key' },
-      });
+      throw new ApiError(
+        'idempotency_key_invalid',
+        `Idempotency-Key must be at most ${IDEMPOTENCY_MAX_LENGTH} characters (got ${key.length})`,
+        {
+          extras: { param: 'Idempotency-Key' },
+        },
+      );
     }
     return begin(app.deps.db, request, reply, key);
   });
@@ -243,7 +252,13 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance) {
         await app.deps.db.query(
           `UPDATE idempotency_keys SET state = 'done', response_status = $3, response_headers = $4, response_body = $5
             WHERE key_hash = $1 AND CAST(created_at AS TEXT) = $2`,
-          [idem.keyHash, idem.token, status, JSON.stringify(headers), sealResponseBody(payload === null || payload === undefined ? '' : payload.toString(), idem.key, idem.keyHash)],
+          [
+            idem.keyHash,
+            idem.token,
+            status,
+            JSON.stringify(headers),
+            sealResponseBody(payload === null || payload === undefined ? '' : payload.toString(), idem.key, idem.keyHash),
+          ],
         );
       } catch (err) {
         // The mutation happened; the client gets its answer. The reservation stays in progress until it is

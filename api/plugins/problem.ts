@@ -19,7 +19,7 @@ function dottedPath(prefix: string | undefined, e: { instancePath?: string; para
 /** Maps any thrown value to an ApiError. */
 export function toApiError(err: unknown): ApiError {
   if (err instanceof ApiError) return err;
-  const fe = err as FastifyError & { validation?: any[]; validationContext?: string };
+  const fe = err as FastifyError & { validationContext?: string };
   if (fe && Array.isArray(fe.validation)) {
     const map: Record<string, string[]> = {};
     for (const v of fe.validation) {
@@ -33,7 +33,7 @@ export function toApiError(err: unknown): ApiError {
   }
   switch (fe?.code) {
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return new ApiError('payload_too_large', 'request body is over this endpoint\'s limit');
+      return new ApiError('payload_too_large', "request body is over this endpoint's limit");
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
       return new ApiError('validation_failed', 'unsupported Content-Type; send application/json', { status: 415 });
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
@@ -70,5 +70,7 @@ export default fp(async function problemPlugin(app: FastifyInstance) {
     if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
     return sendProblem(request, reply, apiErr);
   });
-  app.setNotFoundHandler((request, reply) => sendProblem(request, reply, new ApiError('not_found', `no route ${request.method} ${request.url.split('?')[0]}`)));
+  app.setNotFoundHandler((request, reply) =>
+    sendProblem(request, reply, new ApiError('not_found', `no route ${request.method} ${request.url.split('?')[0]}`)),
+  );
 });

@@ -8,7 +8,7 @@
  * store is unreachable, the per-process `fallback` (15 per minute per identifier) applies instead.
  * Pure: no I/O. Decisions: docs/decisions/rate-limit-buckets.md.
  */
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import type { Config } from '../../config/env';
 
@@ -100,7 +100,10 @@ export type CapabilityActor = 'user' | 'system';
 // ------------------------------------------------------------------------------------------ overrides
 
 const Positive = Type.Integer({ minimum: 1 });
-const LimitOverride = Type.Object({ points: Type.Optional(Positive), durationSeconds: Type.Optional(Positive) }, { additionalProperties: false });
+const LimitOverride = Type.Object(
+  { points: Type.Optional(Positive), durationSeconds: Type.Optional(Positive) },
+  { additionalProperties: false },
+);
 const CapabilityOverride = Type.Object({ user: Type.Optional(Positive), system: Type.Optional(Positive) }, { additionalProperties: false });
 
 /**

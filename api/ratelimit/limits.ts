@@ -11,17 +11,17 @@ import type { FastifyRequest } from 'fastify';
 import { ApiError } from '../../domain/errors';
 import type { Config } from '../../config/env';
 import {
-  BucketSubject,
-  Capability,
-  CapabilityActor,
+  type BucketSubject,
+  type Capability,
+  type CapabilityActor,
   CAPABILITY_WINDOW_SECONDS,
-  RateLimitedReason,
+  type RateLimitedReason,
   rateLimitSettings,
-  RateLimitSettings,
-  WrapperBucket,
+  type RateLimitSettings,
+  type WrapperBucket,
   wrapperReason,
 } from './buckets';
-import { CounterStore, Decision } from './store';
+import { CounterStore, type Decision } from './store';
 
 /** A decision with what it counted and the reason a refusal would carry. */
 export interface LimitDecision extends Decision {

@@ -60,7 +60,11 @@ export class CounterStore {
     readonly fallback: BucketLimit,
     private readonly onError: (err: Error) => void,
   ) {
-    this.fallbackLimiter = new RateLimiterMemory({ keyPrefix: `${KEY_PREFIX}:fallback`, points: fallback.points, duration: fallback.durationSeconds });
+    this.fallbackLimiter = new RateLimiterMemory({
+      keyPrefix: `${KEY_PREFIX}:fallback`,
+      points: fallback.points,
+      duration: fallback.durationSeconds,
+    });
   }
 
   /** A per-process store (counters die with the process). */
@@ -96,7 +100,9 @@ export class CounterStore {
     let limiter = this.limiters.get(id);
     if (!limiter) {
       const common = { keyPrefix: KEY_PREFIX, points: limit.points, duration: limit.durationSeconds };
-      limiter = this.redis ? new RateLimiterRedis({ ...common, storeClient: this.redis, rejectIfRedisNotReady: true }) : new RateLimiterMemory(common);
+      limiter = this.redis
+        ? new RateLimiterRedis({ ...common, storeClient: this.redis, rejectIfRedisNotReady: true })
+        : new RateLimiterMemory(common);
       this.limiters.set(id, limiter);
     }
     return limiter;

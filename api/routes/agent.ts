@@ -199,7 +199,8 @@ const CommandReportBody = Type.Object(
   {
     status: Type.String({
       pattern: '^[a-z][a-z_]{0,31}$',
-      description: 'completed, failed or cancelled close the command; any other lowercase word but pending (e.g. downloading) keeps it open',
+      description:
+        'completed, failed or cancelled close the command; any other lowercase word but pending (e.g. downloading) keeps it open',
     }),
     progress: Type.Optional(Type.Number({ minimum: 0, maximum: 100, description: 'percent' })),
     result: Type.Optional(
@@ -264,14 +265,21 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
         tags: ['agent'],
         summary: "Create or rotate the site's agent enrolment secret (shown once)",
         params: Type.Object({ siteId: Type.String({ pattern: SITE_ID_RE.source }) }),
-        response: { 201: Type.Object({ siteId: Type.String(), enrolmentSecret: Type.String() }), 400: Problem, 401: Problem, 403: Problem, 404: Problem },
+        response: {
+          201: Type.Object({ siteId: Type.String(), enrolmentSecret: Type.String() }),
+          400: Problem,
+          401: Problem,
+          403: Problem,
+          404: Problem,
+        },
       },
     },
     async (request, reply) => {
       const { siteId } = request.params;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'admin' }]);
       const enrolmentSecret = `ses_${randomToken()}`;
-      if (!(await setSiteEnrolmentSecretHash(app.deps.db, siteId, sha256Hex(enrolmentSecret)))) throw new ApiError('not_found', 'site not found');
+      if (!(await setSiteEnrolmentSecretHash(app.deps.db, siteId, sha256Hex(enrolmentSecret))))
+        throw new ApiError('not_found', 'site not found');
       reply.code(201);
       return { siteId, enrolmentSecret };
     },
@@ -290,7 +298,9 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
             siteId: Type.String(),
             machineId: Type.String(),
             agentToken: Type.String(),
-            signingKeys: Type.Array(SigningKeyJwk, { description: "the site's public signing keys; the agent pins them (docs/agent-protocol.md)" }),
+            signingKeys: Type.Array(SigningKeyJwk, {
+              description: "the site's public signing keys; the agent pins them (docs/agent-protocol.md)",
+            }),
           }),
           400: Problem,
           401: Problem,
@@ -359,7 +369,9 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
       schema: {
         tags: ['agent'],
         summary: `Pending commands of this machine, oldest first; long-polls up to wait seconds (cap ${MAX_WAIT_SECONDS})`,
-        querystring: Type.Object({ wait: Type.Optional(Type.Integer({ minimum: 0, default: 0, description: `seconds, capped at ${MAX_WAIT_SECONDS}` })) }),
+        querystring: Type.Object({
+          wait: Type.Optional(Type.Integer({ minimum: 0, default: 0, description: `seconds, capped at ${MAX_WAIT_SECONDS}` })),
+        }),
         response: { 200: Type.Object({ commands: Type.Array(PendingCommand) }), ...agentErrors },
       },
     },
@@ -404,7 +416,8 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
       config: { auth: 'agent' },
       schema: {
         tags: ['agent'],
-        summary: 'Report a command status: intermediate values keep it open, completed/failed/cancelled close it (reports on a closed command are no-ops)',
+        summary:
+          'Report a command status: intermediate values keep it open, completed/failed/cancelled close it (reports on a closed command are no-ops)',
         params: Type.Object({ commandId: Type.String({ minLength: 1, maxLength: 64 }) }),
         body: CommandReportBody,
         response: { 200: Type.Composite([CommandState, Type.Object({ applied: Type.Boolean() })]), ...agentErrors },
@@ -414,7 +427,9 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
       const agent = requireAgent(request);
       const body = request.body;
       if (body.status === 'pending') {
-        throw new ApiError('validation_failed', 'status pending cannot be reported', { extras: { param: 'status', errors: { status: ['must not be pending'] } } });
+        throw new ApiError('validation_failed', 'status pending cannot be reported', {
+          extras: { param: 'status', errors: { status: ['must not be pending'] } },
+        });
       }
       const r = await reportCommand(app.deps.db, agent.siteId, agent.machineId, request.params.commandId, body);
       if (!r) throw new ApiError('not_found', 'command not found');
@@ -519,7 +534,10 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
       const body = request.body;
       const exists = await roostAndVersionExist(app.deps.db, agent.siteId, roostId, body.reportedVersionId);
       if (!exists.roost) throw new ApiError('not_found', 'roost not found');
-      if (!exists.version) throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', { extras: { param: 'reportedVersionId' } });
+      if (!exists.version)
+        throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
+          extras: { param: 'reportedVersionId' },
+        });
       const s = await upsertTargetState(app.deps.db, agent.siteId, agent.machineId, roostId, body);
       return {
         siteId: s.site_id,

@@ -12,10 +12,10 @@
  */
 import type { FastifyInstance } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { SHA256_HEX } from '../../domain/hex';
-import { listAuditRecords, StoredAuditRecord, verifyStoredRecord } from '../../db/audit';
+import { listAuditRecords, type StoredAuditRecord, verifyStoredRecord } from '../../db/audit';
 import { authorizeSite } from '../plugins/auth';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { Nullable, problems, SiteId } from './roosts';
@@ -29,15 +29,23 @@ const RecordParams = Type.Object({
   recordHash: Type.String({ pattern: SHA256_HEX.source, description: 'the record hash (lowercase SHA-256 hex, 64 chars)' }),
 });
 const LogQuery = Type.Object({
-  kind: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: 'only records of this kind (exact match), e.g. api_key_used' })),
-  actor: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: 'only records of this actor (exact match): apiKey:<keyId> or user:<uid>' })),
-  since: Type.Optional(Type.String({ description: 'ISO 8601 date or date-time (UTC when no offset is given): only records that occurred at or after it' })),
+  kind: Type.Optional(
+    Type.String({ minLength: 1, maxLength: 200, description: 'only records of this kind (exact match), e.g. api_key_used' }),
+  ),
+  actor: Type.Optional(
+    Type.String({ minLength: 1, maxLength: 200, description: 'only records of this actor (exact match): apiKey:<keyId> or user:<uid>' }),
+  ),
+  since: Type.Optional(
+    Type.String({ description: 'ISO 8601 date or date-time (UTC when no offset is given): only records that occurred at or after it' }),
+  ),
   ...PagingQuery,
 });
 type LogQuery = Static<typeof LogQuery>;
 
 export const AuditRecordSchema = Type.Object({
-  hash: Type.String({ description: 'SHA-256 hex of the RFC 8785 canonical JSON of {kind, actor, occurredAt, attributes, previousHash, siteId}; the record id' }),
+  hash: Type.String({
+    description: 'SHA-256 hex of the RFC 8785 canonical JSON of {kind, actor, occurredAt, attributes, previousHash, siteId}; the record id',
+  }),
   previousHash: Nullable(Type.String({ description: "the site's previous record's hash; null for the genesis record" })),
   kind: Type.String({ description: 'api_key_used, signed_url_issued, or a mutation kind (roost_created, version_published, …)' }),
   actor: Type.String({ description: 'apiKey:<keyId> or user:<uid>' }),
@@ -53,7 +61,11 @@ const Verification = Type.Object({
   linkageValid: Type.Boolean(),
   isGenesis: Type.Boolean(),
   predecessorPresent: Type.Boolean(),
-  reason: Nullable(Type.String({ description: 'null when ok; hash_mismatch, predecessor_missing, predecessor_mismatch, predecessor_tampered, genesis_has_predecessor' })),
+  reason: Nullable(
+    Type.String({
+      description: 'null when ok; hash_mismatch, predecessor_missing, predecessor_mismatch, predecessor_tampered, genesis_has_predecessor',
+    }),
+  ),
   ok: Type.Boolean(),
 });
 const RecordResponse = Type.Object({ ...AuditRecordSchema.properties, verification: Verification });
@@ -74,7 +86,14 @@ export function parseSince(raw: string): Date {
   if (m) {
     const [, y, mo, da, h = '00', mi = '00', s = '00', frac = '', off = 'Z'] = m;
     const daysInMonth = new Date(Date.UTC(Number(y), Number(mo), 0)).getUTCDate();
-    const fieldsOk = Number(mo) >= 1 && Number(mo) <= 12 && Number(da) >= 1 && Number(da) <= daysInMonth && Number(h) <= 23 && Number(mi) <= 59 && Number(s) <= 59;
+    const fieldsOk =
+      Number(mo) >= 1 &&
+      Number(mo) <= 12 &&
+      Number(da) >= 1 &&
+      Number(da) <= daysInMonth &&
+      Number(h) <= 23 &&
+      Number(mi) <= 59 &&
+      Number(s) <= 59;
     const zone = off.toUpperCase() === 'Z' ? 'Z' : off.length === 5 ? `${off.slice(0, 3)}:${off.slice(3)}` : off;
     const t = Date.parse(`${y}-${mo}-${da}T${h}:${mi}:${s}${frac ? `.${frac.slice(0, 3).padEnd(3, '0')}` : ''}${zone}`);
     if (fieldsOk && !Number.isNaN(t)) return new Date(t);
@@ -85,7 +104,16 @@ export function parseSince(raw: string): Date {
 }
 
 function wire(r: StoredAuditRecord): AuditRecordWire {
-  return { hash: r.hash, previousHash: r.previousHash, kind: r.kind, actor: r.actor, occurredAt: r.occurredAt, attributes: r.attributes, siteId: r.siteId, sequence: r.seq };
+  return {
+    hash: r.hash,
+    previousHash: r.previousHash,
+    kind: r.kind,
+    actor: r.actor,
+    occurredAt: r.occurredAt,
+    attributes: r.attributes,
+    siteId: r.siteId,
+    sequence: r.seq,
+  };
 }
 
 const isPosition = (p: unknown): p is { s: number } =>
@@ -113,7 +141,13 @@ export default async function auditRoutes(fastify: FastifyInstance): Promise<voi
       const paging = parsePaging<{ s: number }>(q, { ...AUDIT_PAGE, accept: isPosition });
       const since = q.since !== undefined && q.since !== '' ? parseSince(q.since) : undefined;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'read' }]);
-      const page = await listAuditRecords(db, siteId, { kind: q.kind, actor: q.actor, since, beforeSeq: paging.after?.s, limit: paging.pageSize });
+      const page = await listAuditRecords(db, siteId, {
+        kind: q.kind,
+        actor: q.actor,
+        since,
+        beforeSeq: paging.after?.s,
+        limit: paging.pageSize,
+      });
       const last = page.records[page.records.length - 1];
       return { records: page.records.map(wire), ...pageTokens(page.more && last ? { s: last.seq } : undefined) };
     },
@@ -138,4 +172,3 @@ export default async function auditRoutes(fastify: FastifyInstance): Promise<voi
     },
   );
 }
-

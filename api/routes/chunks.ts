@@ -13,12 +13,12 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { Static, TSchema, Type } from '@sinclair/typebox';
+import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { SHA256_HEX } from '../../domain/hex';
 import type { Requirement } from '../../domain/scopes';
-import { DOWNLOAD_URL_TTL_MS, UPLOAD_URL_TTL_MS, SignedUrl } from '../../storage/blob';
-import { chunkHeld, heldHashes, isReferrerPosition, listReferrers, mountChunk, ReferrerPosition } from '../../db/chunks';
+import { DOWNLOAD_URL_TTL_MS, UPLOAD_URL_TTL_MS, type SignedUrl } from '../../storage/blob';
+import { chunkHeld, heldHashes, isReferrerPosition, listReferrers, mountChunk, type ReferrerPosition } from '../../db/chunks';
 import { authorizeSite } from '../plugins/auth';
 import { quotaTiers, reserveUploads } from '../../db/quota';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
@@ -55,7 +55,9 @@ const Errors = { '4xx': Problem, '5xx': Problem };
 const SiteHashesBody = Type.Object({ siteId: SiteId, hashes: Hashes });
 type SiteHashesBody = Static<typeof SiteHashesBody>;
 
-const CheckResponse = Type.Object({ missing: Type.Array(Type.String(), { description: 'digests the site lacks, request order, distinct' }) });
+const CheckResponse = Type.Object({
+  missing: Type.Array(Type.String(), { description: 'digests the site lacks, request order, distinct' }),
+});
 type CheckResponse = Static<typeof CheckResponse>;
 
 const UrlMap = Type.Record(Type.String(), Type.String(), { description: 'digest → signed URL' });
@@ -127,7 +129,11 @@ function distinct(hashes: string[]): string[] {
 }
 
 /** Signs one URL per hash; returns the map and the earliest expiry as RFC 3339 UTC. */
-async function signAll(hashes: string[], ttlMs: number, sign: (hash: string) => Promise<SignedUrl>): Promise<{ urls: Record<string, string>; expiresAt: string }> {
+async function signAll(
+  hashes: string[],
+  ttlMs: number,
+  sign: (hash: string) => Promise<SignedUrl>,
+): Promise<{ urls: Record<string, string>; expiresAt: string }> {
   const signed = await Promise.all(hashes.map(sign));
   const urls: Record<string, string> = {};
   let expiresAt = Date.now() + ttlMs;
@@ -313,7 +319,8 @@ export default async function chunkRoutes(fastify: FastifyInstance): Promise<voi
         after = paging.after;
       }
       await authorizeSite(request, siteId, siteNeeds(siteId, 'read'));
-      if (!(await chunkHeld(db, siteId, digest))) throw new ApiError('not_found', 'chunk not stored for this site', { extras: { param: 'digest' } });
+      if (!(await chunkHeld(db, siteId, digest)))
+        throw new ApiError('not_found', 'chunk not stored for this site', { extras: { param: 'digest' } });
       const { entries, next } = await listReferrers(db, siteId, digest, { pageSize: paging.pageSize, after });
       return { digest, siteId, referrers: entries, items: entries, ...pageTokens(next) };
     },

@@ -19,16 +19,16 @@
  * could not start; the rollout is marked failed and nothing is left running).
  */
 import type { FastifyInstance } from 'fastify';
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { newId } from '../../domain/hex';
-import { parseVersionRef, VersionRef } from '../../domain/versionRef';
+import { parseVersionRef, type VersionRef } from '../../domain/versionRef';
 import { withTx } from '../../db/pool';
-import { getRoost, getVersion, resolveVersionIn, RoostRow, versionUrlOf, VersionRow } from '../../db/roosts';
+import { getRoost, getVersion, resolveVersionIn, type RoostRow, versionUrlOf, type VersionRow } from '../../db/roosts';
 import { MACHINE_ID_PATTERN } from '../../db/machines';
 import {
   MAX_ROLLOUT_MACHINES,
-  Rollout,
+  type Rollout,
   deltaPlan,
   failUnstartedRollout,
   findActiveRollout,
@@ -36,7 +36,7 @@ import {
   policyFromSpec,
   unknownMachines,
 } from '../../db/rollouts';
-import { planWaves, policyView, validatePolicy, waveNames, PolicySpec } from '../../domain/rollout-policy';
+import { planWaves, policyView, validatePolicy, waveNames, type PolicySpec } from '../../domain/rollout-policy';
 import { rolloutWorkflowId, startRolloutWorkflow, workflowUiUrl } from '../temporal';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
@@ -52,7 +52,13 @@ export const MAX_UNKNOWN_LISTED = 100;
 const DeployBody = Type.Object(
   {
     siteId: SiteId,
-    versionId: Type.Optional(Type.String({ minLength: 1, maxLength: 100, description: 'concrete version id (64 hex, or legacy vrs_<hex>); default: the current version' })),
+    versionId: Type.Optional(
+      Type.String({
+        minLength: 1,
+        maxLength: 100,
+        description: 'concrete version id (64 hex, or legacy vrs_<hex>); default: the current version',
+      }),
+    ),
     machines: Type.Optional(
       Type.Array(Type.String({ pattern: MACHINE_ID_PATTERN }), {
         minItems: 1,
@@ -61,7 +67,9 @@ const DeployBody = Type.Object(
       }),
     ),
     scheduleAt: Type.Optional(Type.String({ format: 'date-time', description: 'ISO 8601 with offset; more than 60 s ahead is scheduled' })),
-    dryRun: Type.Optional(Type.Boolean({ description: 'plan only: nothing is written, no workflow starts; the answer carries the delta plan' })),
+    dryRun: Type.Optional(
+      Type.Boolean({ description: 'plan only: nothing is written, no workflow starts; the answer carries the delta plan' }),
+    ),
     policy: Type.Optional(
       Type.Object(
         {},
@@ -104,10 +112,14 @@ export const WavesRecord = Type.Array(Type.Object({ index: Type.Integer(), name:
 
 const DeltaRecord = Type.Object({
   versionId: Type.String(),
-  machines: Type.Array(Type.Object({ machineId: Type.String(), currentVersionId: Nullable(Type.String()), bytes: Type.Number(), chunks: Type.Integer() })),
+  machines: Type.Array(
+    Type.Object({ machineId: Type.String(), currentVersionId: Nullable(Type.String()), bytes: Type.Number(), chunks: Type.Integer() }),
+  ),
   machinesListed: Type.Integer(),
   truncated: Type.Boolean(),
-  byCurrentVersion: Type.Array(Type.Object({ currentVersionId: Nullable(Type.String()), machines: Type.Integer(), bytes: Type.Number(), chunks: Type.Integer() })),
+  byCurrentVersion: Type.Array(
+    Type.Object({ currentVersionId: Nullable(Type.String()), machines: Type.Integer(), bytes: Type.Number(), chunks: Type.Integer() }),
+  ),
   totals: Type.Object({ machines: Type.Integer(), bytes: Type.Number(), chunks: Type.Integer() }),
 });
 
@@ -131,7 +143,10 @@ export const RolloutRecord = Type.Object({
 });
 export type RolloutRecord = Static<typeof RolloutRecord>;
 
-type RecordSource = Pick<Rollout, 'rolloutId' | 'versionId' | 'siteId' | 'roostId' | 'stage' | 'canary' | 'fleet' | 'extractRoot' | 'scheduleAt'> & {
+type RecordSource = Pick<
+  Rollout,
+  'rolloutId' | 'versionId' | 'siteId' | 'roostId' | 'stage' | 'canary' | 'fleet' | 'extractRoot' | 'scheduleAt'
+> & {
   waves?: { name: string; size: number }[];
   policy?: Partial<PolicySpec>;
 };
@@ -191,7 +206,9 @@ function unknownMachinesError(unknown: string[], fromTargets: boolean): ApiError
   const msg = `${unknown.length} machine id(s) are not enrolled machines of this site: ${listed.slice(0, 10).join(', ')}${unknown.length > 10 ? ', …' : ''}`;
   const extras = { param: 'machines', unknownMachines: listed, unknownCount: unknown.length };
   if (fromTargets) {
-    return new ApiError('conflict', `the roost's targets include machines that are not enrolled; enrol them or send machines. ${msg}`, { extras });
+    return new ApiError('conflict', `the roost's targets include machines that are not enrolled; enrol them or send machines. ${msg}`, {
+      extras,
+    });
   }
   return new ApiError('validation_failed', msg, { extras: { ...extras, errors: { machines: [msg] } } });
 }
@@ -249,7 +266,8 @@ export default async function deployRoutes(app: FastifyInstance): Promise<void> 
       if (!roost) throw new ApiError('not_found', 'roost not found', { extras: { param: 'roostId' } });
       if (roost.deleted_at !== null) throw new ApiError('conflict', 'the roost is deleted; deploy is not possible');
       const version = ref ? await resolveVersionIn(db, roost, ref, 'versionId') : await currentVersion(roost);
-      if (!(await bodyStored(version))) throw new ApiError('conflict', `version ${version.version_id} has no stored body (no versionUrl); it cannot be deployed`);
+      if (!(await bodyStored(version)))
+        throw new ApiError('conflict', `version ${version.version_id} has no stored body (no versionUrl); it cannot be deployed`);
       const versionUrl = versionUrlOf(blob, version);
 
       const machines = b.machines ? [...new Set(b.machines)] : roost.targets;

@@ -104,7 +104,9 @@ export default async function eventRoutes(fastify: FastifyInstance): Promise<voi
         querystring: StreamQuery,
         headers: Type.Object({
           accept: Type.Optional(Type.String({ description: 'must admit text/event-stream' })),
-          'last-event-id': Type.Optional(Type.String({ description: 'resume after this event id (decimal seq from a previous `id:`); empty = absent' })),
+          'last-event-id': Type.Optional(
+            Type.String({ description: 'resume after this event id (decimal seq from a previous `id:`); empty = absent' }),
+          ),
         }),
         response: {
           200: { description: 'text/event-stream', content: { 'text/event-stream': { schema: StreamBody } } },
@@ -117,13 +119,21 @@ export default async function eventRoutes(fastify: FastifyInstance): Promise<voi
       const needs = [{ resource: 'site' as const, id: siteId, permission: 'read' as const }];
       await authorizeSite(request, siteId, needs);
       if (!acceptsEventStream(request.headers.accept)) {
-        throw errors.validation('this route answers text/event-stream only; send Accept: text/event-stream', { 'headers.accept': ['must admit text/event-stream'] }, 'Accept');
+        throw errors.validation(
+          'this route answers text/event-stream only; send Accept: text/event-stream',
+          { 'headers.accept': ['must admit text/event-stream'] },
+          'Accept',
+        );
       }
       const types = parseEventFilter(events);
       const header = request.headers['last-event-id'];
       const rawCursor = typeof header === 'string' && header.trim() !== '' ? header.trim() : lastEventId;
       if (rawCursor !== undefined && !CURSOR_RE.test(rawCursor)) {
-        throw errors.validation('Last-Event-ID must be an event id from this stream (a decimal number)', { 'headers.last-event-id': ['must be a decimal event id'] }, 'Last-Event-ID');
+        throw errors.validation(
+          'Last-Event-ID must be an event id from this stream (a decimal number)',
+          { 'headers.last-event-id': ['must be a decimal event id'] },
+          'Last-Event-ID',
+        );
       }
       // The hijacked reply skips the audit plugin's onSend: sample this key's use here (before the end
       // position is read, so a first-use api_key.used event is not replayed to the caller itself).
@@ -132,7 +142,11 @@ export default async function eventRoutes(fastify: FastifyInstance): Promise<voi
       const end = await lastEventSeq(app.deps.db, siteId);
       const cursor = rawCursor === undefined ? end : Number(rawCursor);
       if (cursor > end) {
-        throw errors.validation(`Last-Event-ID ${cursor} is ahead of this site's last event (${end}); ids are per site`, { 'headers.last-event-id': ['ahead of the last event of this site'] }, 'Last-Event-ID');
+        throw errors.validation(
+          `Last-Event-ID ${cursor} is ahead of this site's last event (${end}); ids are per site`,
+          { 'headers.last-event-id': ['ahead of the last event of this site'] },
+          'Last-Event-ID',
+        );
       }
 
       reply.hijack();

@@ -19,12 +19,32 @@
  * never stored, and a replay would have to store them.
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { Static, TLiteral, TSchema, TUnion, Type } from '@sinclair/typebox';
+import { type Static, type TLiteral, type TSchema, type TUnion, Type } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { DEFAULT_LIFETIME_DAYS, generateApiKey, KEY_ENVIRONMENTS, KEY_PRESETS, KEY_STATUSES, MAX_LIFETIME_DAYS, MIN_LIFETIME_DAYS } from '../../domain/keys';
-import { PERMISSIONS, presetScopes, RESOURCES, Scope } from '../../domain/scopes';
-import { accessibleResources, accessibleSites, createKey, findUser, isKeyPosition, KeyOwner, KeyRow, listKeys, revokeKey, rotateKey, statusOf } from '../../db/keys';
+import {
+  DEFAULT_LIFETIME_DAYS,
+  generateApiKey,
+  KEY_ENVIRONMENTS,
+  KEY_PRESETS,
+  KEY_STATUSES,
+  MAX_LIFETIME_DAYS,
+  MIN_LIFETIME_DAYS,
+} from '../../domain/keys';
+import { PERMISSIONS, presetScopes, RESOURCES, type Scope } from '../../domain/scopes';
+import {
+  accessibleResources,
+  accessibleSites,
+  createKey,
+  findUser,
+  isKeyPosition,
+  type KeyOwner,
+  type KeyRow,
+  listKeys,
+  revokeKey,
+  rotateKey,
+  statusOf,
+} from '../../db/keys';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { requireInteractive, requireSuperadmin, SITE_ID_RE } from '../plugins/auth';
 import type { UserPrincipal } from '../context';
@@ -38,7 +58,10 @@ type LiteralUnion<T extends readonly string[]> = TUnion<Literals<T> extends TSch
 
 /** A union of the string literals `values`, typed as their union. */
 function oneOf<T extends readonly string[]>(values: T, opts: { description?: string } = {}): LiteralUnion<T> {
-  return Type.Union(values.map((v) => Type.Literal(v)), opts) as unknown as LiteralUnion<T>;
+  return Type.Union(
+    values.map((v) => Type.Literal(v)),
+    opts,
+  ) as unknown as LiteralUnion<T>;
 }
 
 const ScopeSchema = Type.Object(
@@ -60,14 +83,23 @@ export const MAX_SCOPES_PER_KEY = 50;
 const CreateFields = {
   name: Type.String({ minLength: 1, maxLength: 100, pattern: '\\S', description: 'label' }),
   environment: Type.Optional(oneOf(KEY_ENVIRONMENTS, { description: 'live (default) or test' })),
-  scopes: Type.Optional(Type.Array(ScopeSchema, { minItems: 1, maxItems: MAX_SCOPES_PER_KEY, description: 'mutually exclusive with preset' })),
+  scopes: Type.Optional(
+    Type.Array(ScopeSchema, { minItems: 1, maxItems: MAX_SCOPES_PER_KEY, description: 'mutually exclusive with preset' }),
+  ),
   preset: Type.Optional(
-    oneOf(KEY_PRESETS, { description: 'readonly, publisher, operator or admin (wildcards roost, site, machine, chat); mutually exclusive with scopes' }),
+    oneOf(KEY_PRESETS, {
+      description: 'readonly, publisher, operator or admin (wildcards roost, site, machine, chat); mutually exclusive with scopes',
+    }),
   ),
   lifetimeDays: Type.Optional(
     Type.Integer({ minimum: MIN_LIFETIME_DAYS, maximum: MAX_LIFETIME_DAYS, description: `whole days, default ${DEFAULT_LIFETIME_DAYS}` }),
   ),
-  primarySiteId: Type.Optional(Type.String({ pattern: SITE_ID_RE.source, description: 'site reported by whoami as primarySiteId; default: the first site scope with a concrete id' })),
+  primarySiteId: Type.Optional(
+    Type.String({
+      pattern: SITE_ID_RE.source,
+      description: 'site reported by whoami as primarySiteId; default: the first site scope with a concrete id',
+    }),
+  ),
 };
 const CreateBody = Type.Object(CreateFields, { additionalProperties: false });
 type CreateBody = Static<typeof CreateBody>;
@@ -116,14 +148,21 @@ const AccountCreated = Type.Object({ ...AccountKeyViewProps, key: RawKey });
 const Rotated = Type.Object({
   ...KeyViewProps,
   key: RawKey,
-  previous: Type.Object({ keyId: Type.String(), status: Type.String(), graceUntil: Millis }, { description: 'the rotated key, valid until graceUntil' }),
+  previous: Type.Object(
+    { keyId: Type.String(), status: Type.String(), graceUntil: Millis },
+    { description: 'the rotated key, valid until graceUntil' },
+  ),
 });
 const Revoked = Type.Object({ ...KeyViewProps, alreadyRevoked: Type.Boolean() });
 const AccountRevoked = Type.Object({ ...AccountKeyViewProps, alreadyRevoked: Type.Boolean() });
 
 const KeyParams = Type.Object({ keyId: Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: 'key id (key_…)' }) });
 const RotateBody = Type.Object(
-  { lifetimeDays: Type.Optional(Type.Integer({ minimum: MIN_LIFETIME_DAYS, maximum: MAX_LIFETIME_DAYS, description: "default: the old key's lifetime" })) },
+  {
+    lifetimeDays: Type.Optional(
+      Type.Integer({ minimum: MIN_LIFETIME_DAYS, maximum: MAX_LIFETIME_DAYS, description: "default: the old key's lifetime" }),
+    ),
+  },
   { additionalProperties: false },
 );
 const ListQuery = Type.Object(PagingQuery);
@@ -183,19 +222,31 @@ function invalid(errs: Record<string, string[]>): ApiError {
  * and process ids may name any of the three).
  * @throws ApiError validation_failed (dotted paths such as `scopes.0.id`), forbidden (platform scopes)
  */
-async function resolveNewKey(app: FastifyInstance, owner: KeyOwner, body: CreateBody, who: 'you' | 'the key owner'): Promise<{ scopes: Scope[]; primarySiteId: string | null }> {
+async function resolveNewKey(
+  app: FastifyInstance,
+  owner: KeyOwner,
+  body: CreateBody,
+  who: 'you' | 'the key owner',
+): Promise<{ scopes: Scope[]; primarySiteId: string | null }> {
   if (body.scopes !== undefined && body.preset !== undefined) {
     throw invalid({ preset: ['is mutually exclusive with scopes: send one of them'], scopes: ['is mutually exclusive with preset'] });
   }
-  if (body.scopes === undefined && body.preset === undefined) throw invalid({ scopes: ['send scopes or a preset (readonly, publisher, operator, admin)'] });
-  const scopes: Scope[] = body.preset ? presetScopes(body.preset) : (body.scopes as Scope[]).map((s) => ({ resource: s.resource, id: s.id, permissions: [...new Set(s.permissions)] }));
+  if (body.scopes === undefined && body.preset === undefined)
+    throw invalid({ scopes: ['send scopes or a preset (readonly, publisher, operator, admin)'] });
+  const scopes: Scope[] = body.preset
+    ? presetScopes(body.preset)
+    : (body.scopes as Scope[]).map((s) => ({ resource: s.resource, id: s.id, permissions: [...new Set(s.permissions)] }));
 
   const errs: Record<string, string[]> = {};
   const platform = scopes.map((s, i) => [s, i] as const).filter(([s]) => PLATFORM.has(s.resource));
   if (platform.length > 0 && owner.role !== 'superadmin') {
-    throw new ApiError('forbidden', `platform scopes (user, installer) are for superadmins only; ${who === 'you' ? 'you are' : 'the key owner is'} not one`, {
-      extras: { param: `scopes.${platform[0][1]}.resource` },
-    });
+    throw new ApiError(
+      'forbidden',
+      `platform scopes (user, installer) are for superadmins only; ${who === 'you' ? 'you are' : 'the key owner is'} not one`,
+      {
+        extras: { param: `scopes.${platform[0][1]}.resource` },
+      },
+    );
   }
   for (const [s, i] of platform) if (s.id !== '*') errs[`scopes.${i}.id`] = [`${s.resource} scopes are platform scopes and take id *`];
 
@@ -211,13 +262,20 @@ async function resolveNewKey(app: FastifyInstance, owner: KeyOwner, body: Create
   ]);
   for (const [s, i] of concrete) {
     const ok =
-      s.resource === 'site' ? sites.has(s.id) : s.resource === 'roost' ? res.roosts.has(s.id) : s.resource === 'machine' ? res.machines.has(s.id) : sites.has(s.id) || res.roosts.has(s.id) || res.machines.has(s.id);
+      s.resource === 'site'
+        ? sites.has(s.id)
+        : s.resource === 'roost'
+          ? res.roosts.has(s.id)
+          : s.resource === 'machine'
+            ? res.machines.has(s.id)
+            : sites.has(s.id) || res.roosts.has(s.id) || res.machines.has(s.id);
     if (!ok) {
       const what = anyKind(s.resource) ? 'site, roost or machine' : s.resource;
       (errs[`scopes.${i}.id`] ??= []).push(`no ${what} ${who === 'you' ? 'you can' : 'the key owner can'} access has id ${s.id}`);
     }
   }
-  if (body.primarySiteId && !sites.has(body.primarySiteId)) errs.primarySiteId = [`no site ${who === 'you' ? 'you can' : 'the key owner can'} access has this id`];
+  if (body.primarySiteId && !sites.has(body.primarySiteId))
+    errs.primarySiteId = [`no site ${who === 'you' ? 'you can' : 'the key owner can'} access has this id`];
   if (Object.keys(errs).length) throw invalid(errs);
   const primarySiteId = body.primarySiteId ?? scopes.find((s) => s.resource === 'site' && s.id !== '*')?.id ?? null;
   return { scopes, primarySiteId };
@@ -246,7 +304,12 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
    * Validates the requested scopes for `owner` (resolveNewKey; 400 validation_failed), stores a new key
    * with its digest and returns the row and the raw key, which the caller shows once.
    */
-  const issueKey = async (owner: KeyOwner, fields: CreateBody, who: 'you' | 'the key owner', createdBy: string): Promise<{ row: KeyRow; raw: string }> => {
+  const issueKey = async (
+    owner: KeyOwner,
+    fields: CreateBody,
+    who: 'you' | 'the key owner',
+    createdBy: string,
+  ): Promise<{ row: KeyRow; raw: string }> => {
     const { scopes, primarySiteId } = await resolveNewKey(app, owner, fields, who);
     const environment = fields.environment ?? 'live';
     const raw = generateApiKey(environment);
@@ -266,7 +329,9 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
     const paging = parsePaging<unknown>(q, KEY_PAGE);
     if (paging.after !== undefined && !isKeyPosition(paging.after)) {
       const param = q.page_token !== undefined ? 'page_token' : 'cursor';
-      throw new ApiError('validation_failed', `${param} is not a token this server issued`, { extras: { param, errors: { [param]: ['unrecognised page token'] } } });
+      throw new ApiError('validation_failed', `${param} is not a token this server issued`, {
+        extras: { param, errors: { [param]: ['unrecognised page token'] } },
+      });
     }
     return { pageSize: paging.pageSize, after: paging.after as [string, string] | undefined };
   };
@@ -304,7 +369,10 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
         tags: ['keys'],
         summary: "The caller's API keys, newest first (never the raw key)",
         querystring: ListQuery,
-        response: { 200: Type.Object({ keys: Type.Array(KeyView), next_page_token: Type.String(), nextPageToken: Type.String() }), ...problems(400, 401, 403) },
+        response: {
+          200: Type.Object({ keys: Type.Array(KeyView), next_page_token: Type.String(), nextPageToken: Type.String() }),
+          ...problems(400, 401, 403),
+        },
       },
     },
     async (request) => {
@@ -344,7 +412,11 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
         createdBy: user.userId,
       });
       reply.code(201).header('Cache-Control', 'no-store');
-      return { ...keyView(created), key: raw, previous: { keyId: previous.key_id, status: statusOf(previous), graceUntil: previous.grace_until as number } };
+      return {
+        ...keyView(created),
+        key: raw,
+        previous: { keyId: previous.key_id, status: statusOf(previous), graceUntil: previous.grace_until as number },
+      };
     },
   );
 
@@ -410,7 +482,8 @@ export default async function keyRoutes(root: FastifyInstance): Promise<void> {
         throw invalid({ userId: ['send exactly one of userId and email to name the key owner'] });
       }
       const owner = await findUser(db, { uid: userId, email });
-      if (!owner || owner.deleted) throw new ApiError('not_found', 'user not found', { extras: { param: userId !== undefined ? 'userId' : 'email' } });
+      if (!owner || owner.deleted)
+        throw new ApiError('not_found', 'user not found', { extras: { param: userId !== undefined ? 'userId' : 'email' } });
       const { row, raw } = await issueKey(owner, fields, 'the key owner', admin.userId);
       reply.code(201).header('Cache-Control', 'no-store');
       return { ...accountKeyView(row), key: raw };

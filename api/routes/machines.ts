@@ -12,7 +12,7 @@
  * ROOST_HEARTBEAT_STALE_SECONDS. docs/decisions/machine-commands.md, docs/decisions/machines-list.md.
  */
 import type { FastifyInstance } from 'fastify';
-import { Type, Static } from '@sinclair/typebox';
+import { Type, type Static } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
 import { newId } from '../../domain/hex';
@@ -22,9 +22,9 @@ import { enforceCapability } from '../ratelimit/limits';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import type { BlobStore } from '../../storage/blob';
 import {
-  CommandRow,
+  type CommandRow,
   MACHINE_ID_PATTERN,
-  MachineRow,
+  type MachineRow,
   createCommand,
   expirePendingCommands,
   getCommand,
@@ -201,7 +201,9 @@ const Deployment = Type.Object({
   currentVersionNumber: Type.Union([Type.Integer(), Type.Null()]),
   reportedVersionId: Type.Union([Type.String(), Type.Null()], { description: 'what the agent last reported; null before any report' }),
   reportedVersionNumber: Type.Union([Type.Integer(), Type.Null()]),
-  status: Type.Union([Type.String(), Type.Null()], { description: 'pending, downloading, assembling, committed, failed, cancelled; null before any report' }),
+  status: Type.Union([Type.String(), Type.Null()], {
+    description: 'pending, downloading, assembling, committed, failed, cancelled; null before any report',
+  }),
   inSync: Type.Boolean({ description: 'reported version is the current one and committed' }),
   error: Type.Union([Type.String(), Type.Null()]),
   ...SyncCountersProps,
@@ -212,13 +214,21 @@ const CommandCreateBody = Type.Object(
   {
     type: Type.String({ minLength: 1, maxLength: 64, description: 'reboot_machine | shutdown_machine | capture_screenshot' }),
     params: Type.Optional(
-      Type.Object({}, {
-        additionalProperties: true,
-        description: 'reboot_machine/shutdown_machine: {delaySeconds?: integer >= 0, default 0}; capture_screenshot: {monitor?: "all" | "primary" | integer >= 0, default 0}',
-      }),
+      Type.Object(
+        {},
+        {
+          additionalProperties: true,
+          description:
+            'reboot_machine/shutdown_machine: {delaySeconds?: integer >= 0, default 0}; capture_screenshot: {monitor?: "all" | "primary" | integer >= 0, default 0}',
+        },
+      ),
     ),
     timeout_seconds: Type.Optional(
-      Type.Number({ exclusiveMinimum: 0, maximum: MAX_COMMAND_TIMEOUT_SECONDS, description: `seconds before an unfinished command expires (default ${DEFAULT_COMMAND_TIMEOUT_SECONDS})` }),
+      Type.Number({
+        exclusiveMinimum: 0,
+        maximum: MAX_COMMAND_TIMEOUT_SECONDS,
+        description: `seconds before an unfinished command expires (default ${DEFAULT_COMMAND_TIMEOUT_SECONDS})`,
+      }),
     ),
     auditCorrelationId: Type.Optional(Type.String({ minLength: 1, maxLength: 128 })),
   },
@@ -269,9 +279,13 @@ export function normaliseCommandParams(type: string, params: Record<string, unkn
       return { monitor: m };
     }
     default:
-      throw new ApiError('unsupported_command_type', `command type "${type.slice(0, 64)}" is not supported; use one of ${USER_COMMAND_TYPES.join(', ')}`, {
-        extras: { param: 'type', supported: [...USER_COMMAND_TYPES] },
-      });
+      throw new ApiError(
+        'unsupported_command_type',
+        `command type "${type.slice(0, 64)}" is not supported; use one of ${USER_COMMAND_TYPES.join(', ')}`,
+        {
+          extras: { param: 'type', supported: [...USER_COMMAND_TYPES] },
+        },
+      );
   }
 }
 
@@ -328,7 +342,10 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
         tags: ['machines'],
         summary: 'Per-roost intended (currentVersionId) and reported (reportedVersionId) versions of a machine',
         params: MachineParams,
-        response: { 200: Type.Object({ siteId: Type.String(), machineId: Type.String(), deployments: Type.Array(Deployment) }), ...errorResponses },
+        response: {
+          200: Type.Object({ siteId: Type.String(), machineId: Type.String(), deployments: Type.Array(Deployment) }),
+          ...errorResponses,
+        },
       },
     },
     async (request) => {
@@ -419,7 +436,12 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
   app.get(
     '/api/sites/:siteId/machines/:machineId/commands/:commandId',
     {
-      schema: { tags: ['machines'], summary: 'Command state, polled until terminal', params: CommandParams, response: { 200: CommandState, ...errorResponses } },
+      schema: {
+        tags: ['machines'],
+        summary: 'Command state, polled until terminal',
+        params: CommandParams,
+        response: { 200: CommandState, ...errorResponses },
+      },
     },
     async (request) => {
       const { siteId, machineId, commandId } = request.params;

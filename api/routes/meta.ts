@@ -61,7 +61,9 @@ export default async function metaRoutes(app: FastifyInstance): Promise<void> {
               userId: Type.String(),
               email: Type.String(),
               role: Type.String(),
-              key: Type.Unknown({ description: 'keyId, name, keyPrefix, scopes, environment, expiresAt, lastUsedAt, isLegacy; null for a session or ID token' }),
+              key: Type.Unknown({
+                description: 'keyId, name, keyPrefix, scopes, environment, expiresAt, lastUsedAt, isLegacy; null for a session or ID token',
+              }),
               rateLimit: Type.Unknown({ description: 'tier, limitPerMinute, note (a hint, not the enforced counter)' }),
               quota: Type.Unknown({ description: 'siteId, tier, usedBytes, pendingBytes, limitBytes' }),
               primarySiteId: Type.Union([Type.String(), Type.Null()]),
@@ -72,39 +74,40 @@ export default async function metaRoutes(app: FastifyInstance): Promise<void> {
       },
     },
     async (request) => {
-    const user = requireUser(request);
-    // The key's primary site while the user can still act on it, else the user's first site by id.
-    const { rows } = await app.deps.db.query<{ site_id: string }>(
-      `SELECT site_id FROM (
+      const user = requireUser(request);
+      // The key's primary site while the user can still act on it, else the user's first site by id.
+      const { rows } = await app.deps.db.query<{ site_id: string }>(
+        `SELECT site_id FROM (
          SELECT s.site_id, 0 AS pref FROM sites s
           WHERE s.site_id = $2::text
             AND ($3 OR s.owner_uid = $1 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $1))
          UNION ALL SELECT site_id, 1 AS pref FROM sites WHERE owner_uid = $1
          UNION ALL SELECT site_id, 1 AS pref FROM site_members WHERE uid = $1
        ) c ORDER BY pref, site_id LIMIT 1`,
-      [user.userId, user.key?.primarySiteId ?? null, user.role === 'superadmin'],
-    );
-    const primarySiteId = rows[0]?.site_id ?? null;
-    const quota = primarySiteId ? await quotaSnapshot(app.deps.db, primarySiteId, quotaTiers(app.deps.cfg)) : null;
-    return {
-      userId: user.userId,
-      email: user.email,
-      role: user.role,
-      key: user.key
-        ? {
-            keyId: user.key.keyId,
-            name: user.key.name,
-            keyPrefix: user.key.keyPrefix,
-            scopes: user.key.scopes,
-            environment: user.key.environment,
-            expiresAt: user.key.expiresAt,
-            lastUsedAt: user.key.lastUsedAt,
-            isLegacy: user.key.isLegacy,
-          }
-        : null,
-      rateLimit: { tier: 'standard', limitPerMinute: 300, note: 'hint only; not the enforced counter' },
-      quota,
-      primarySiteId,
-    };
-  });
+        [user.userId, user.key?.primarySiteId ?? null, user.role === 'superadmin'],
+      );
+      const primarySiteId = rows[0]?.site_id ?? null;
+      const quota = primarySiteId ? await quotaSnapshot(app.deps.db, primarySiteId, quotaTiers(app.deps.cfg)) : null;
+      return {
+        userId: user.userId,
+        email: user.email,
+        role: user.role,
+        key: user.key
+          ? {
+              keyId: user.key.keyId,
+              name: user.key.name,
+              keyPrefix: user.key.keyPrefix,
+              scopes: user.key.scopes,
+              environment: user.key.environment,
+              expiresAt: user.key.expiresAt,
+              lastUsedAt: user.key.lastUsedAt,
+              isLegacy: user.key.isLegacy,
+            }
+          : null,
+        rateLimit: { tier: 'standard', limitPerMinute: 300, note: 'hint only; not the enforced counter' },
+        quota,
+        primarySiteId,
+      };
+    },
+  );
 }

@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { quotaSnapshot, quotaTiers } from '../../db/quota';
 import { authorizeSite } from '../plugins/auth';
 import { problems, SiteId } from './roosts';

@@ -18,14 +18,14 @@
  * 503 service_unavailable (workflow service unavailable).
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { policyView } from '../../domain/rollout-policy';
 import {
-  Rollout,
-  RolloutListPosition,
-  RolloutStage,
-  WaveCounts,
+  type Rollout,
+  type RolloutListPosition,
+  type RolloutStage,
+  type WaveCounts,
   countsByRollout,
   countsByWave,
   createRollbackRollout,
@@ -36,7 +36,7 @@ import {
 } from '../../db/rollouts';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
-import { RolloutControl, RolloutControlRefused, controlRollout, startRolloutWorkflow, workflowUiUrl } from '../temporal';
+import { type RolloutControl, RolloutControlRefused, controlRollout, startRolloutWorkflow, workflowUiUrl } from '../temporal';
 import { PolicyRecord } from './deploy';
 import { DateTime, Nullable, problems, RoostId, SiteId } from './roosts';
 
@@ -49,12 +49,16 @@ const Params = Type.Object({ roostId: RoostId, rolloutId: RolloutId });
 const RoostOnly = Type.Object({ roostId: RoostId });
 const Stage = Type.Union([Type.Literal('canary'), Type.Literal('started'), Type.Literal('completed'), Type.Literal('failed')]);
 const State = Type.Union(
-  ['running', 'paused', 'awaiting_promotion', 'waiting_window', 'completed', 'failed', 'aborted', 'rolled_back'].map((s) => Type.Literal(s)),
+  ['running', 'paused', 'awaiting_promotion', 'waiting_window', 'completed', 'failed', 'aborted', 'rolled_back'].map((s) =>
+    Type.Literal(s),
+  ),
   { description: 'control state beside the stage (docs/decisions/rollout-control.md)' },
 );
 
 const ListQuery = Type.Object({ siteId: SiteId, stage: Type.Optional(Stage), ...PagingQuery });
-const MachineStatus = Type.Union(['pending', 'dispatched', 'staged', 'activating', 'succeeded', 'failed', 'cancelled'].map((s) => Type.Literal(s)));
+const MachineStatus = Type.Union(
+  ['pending', 'dispatched', 'staged', 'activating', 'succeeded', 'failed', 'cancelled'].map((s) => Type.Literal(s)),
+);
 const DetailQuery = Type.Object({
   siteId: SiteId,
   status: Type.Optional(MachineStatus),
@@ -213,14 +217,21 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
   }
 
   /** siteId of a mutation: body or query, which must agree. @throws 400 validation_failed. */
-  function mutationSiteId(request: FastifyRequest<{ Querystring: Static<typeof ControlQuery>; Body: Static<typeof ControlBody> | undefined }>): string {
+  function mutationSiteId(
+    request: FastifyRequest<{ Querystring: Static<typeof ControlQuery>; Body: Static<typeof ControlBody> | undefined }>,
+  ): string {
     const fromBody = request.body?.siteId;
     const fromQuery = request.query.siteId;
     if (fromBody && fromQuery && fromBody !== fromQuery) {
-      throw new ApiError('validation_failed', 'siteId in the body and in the query differ', { extras: { param: 'siteId', errors: { siteId: ['differs between body and query'] } } });
+      throw new ApiError('validation_failed', 'siteId in the body and in the query differ', {
+        extras: { param: 'siteId', errors: { siteId: ['differs between body and query'] } },
+      });
     }
     const siteId = fromBody ?? fromQuery;
-    if (!siteId) throw new ApiError('validation_failed', 'siteId is required (body or query)', { extras: { param: 'siteId', errors: { siteId: ['is required'] } } });
+    if (!siteId)
+      throw new ApiError('validation_failed', 'siteId is required (body or query)', {
+        extras: { param: 'siteId', errors: { siteId: ['is required'] } },
+      });
     return siteId;
   }
 
@@ -240,11 +251,23 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
       const q = request.query;
       const paging = parsePaging<RolloutListPosition>(q, {
         ...ROLLOUT_PAGE,
-        accept: (p) => typeof p === 'object' && p !== null && typeof (p as RolloutListPosition).t === 'string' && typeof (p as RolloutListPosition).id === 'string',
+        accept: (p) =>
+          typeof p === 'object' &&
+          p !== null &&
+          typeof (p as RolloutListPosition).t === 'string' &&
+          typeof (p as RolloutListPosition).id === 'string',
       });
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
-      const page = await listRollouts(db, q.siteId, roostId, { limit: paging.pageSize, after: paging.after, stage: q.stage as RolloutStage | undefined });
-      const counts = await countsByRollout(db, q.siteId, page.rows.map((r) => r.rolloutId));
+      const page = await listRollouts(db, q.siteId, roostId, {
+        limit: paging.pageSize,
+        after: paging.after,
+        stage: q.stage as RolloutStage | undefined,
+      });
+      const counts = await countsByRollout(
+        db,
+        q.siteId,
+        page.rows.map((r) => r.rolloutId),
+      );
       const last = page.rows[page.rows.length - 1];
       return {
         rollouts: page.rows.map((r) => summary(r, counts.get(r.rolloutId))),
@@ -276,7 +299,12 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
         if (!total) total = { ...c };
         else for (const k of Object.keys(c) as (keyof WaveCounts)[]) (total[k] as number) = (total[k] ?? 0) + (c[k] ?? 0);
       }
-      const page = await listRolloutMachines(db, q.siteId, rolloutId, { limit: paging.pageSize, after: paging.after, status: q.status, wave: q.wave });
+      const page = await listRolloutMachines(db, q.siteId, rolloutId, {
+        limit: paging.pageSize,
+        after: paging.after,
+        status: q.status,
+        wave: q.wave,
+      });
       const last = page.rows[page.rows.length - 1];
       return {
         ...summary(r, total),
@@ -329,16 +357,24 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
         const siteId = mutationSiteId(request);
         const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'deploy'));
         const r = await requireRollout(siteId, roostId, rolloutId);
-        if (!r.active) throw new ApiError('conflict', `the rollout has ended (stage ${r.stage}, state ${r.state}); ${c.action} is not possible`, { extras: { state: r.state, stage: r.stage } });
+        if (!r.active)
+          throw new ApiError('conflict', `the rollout has ended (stage ${r.stage}, state ${r.state}); ${c.action} is not possible`, {
+            extras: { state: r.state, stage: r.stage },
+          });
         try {
-          await controlRollout(temporal, r.workflowId, r.rolloutId, c.action, { by: user.userId, ...(request.body?.reason ? { reason: request.body.reason } : {}) });
+          await controlRollout(temporal, r.workflowId, r.rolloutId, c.action, {
+            by: user.userId,
+            ...(request.body?.reason ? { reason: request.body.reason } : {}),
+          });
         } catch (err) {
           if (err instanceof RolloutControlRefused) {
             const now = await requireRollout(siteId, roostId, rolloutId);
             throw new ApiError('conflict', `${c.action} refused: ${err.message}`, { extras: { state: now.state, stage: now.stage } });
           }
           request.log.error({ err }, 'rollout control failed');
-          throw new ApiError('service_unavailable', 'the workflow service is unavailable; retry later', { headers: { 'Retry-After': '5' } });
+          throw new ApiError('service_unavailable', 'the workflow service is unavailable; retry later', {
+            headers: { 'Retry-After': '5' },
+          });
         }
         return summaryOf(await requireRollout(siteId, roostId, rolloutId));
       },
@@ -363,7 +399,8 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
       const siteId = mutationSiteId(request);
       const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'deploy'));
       const r = await requireRollout(siteId, roostId, rolloutId);
-      if (r.rolledBackBy) throw new ApiError('conflict', 'the rollout was already rolled back', { extras: { rollbackRolloutId: r.rolledBackBy } });
+      if (r.rolledBackBy)
+        throw new ApiError('conflict', 'the rollout was already rolled back', { extras: { rollbackRolloutId: r.rolledBackBy } });
       const out = await createRollbackRollout(db, siteId, rolloutId, user.userId);
       if (typeof out === 'string') {
         const why: Record<string, string> = {
@@ -380,12 +417,20 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
       }
       const rb = out.rollout;
       try {
-        const started = await startRolloutWorkflow(temporal, cfg, { siteId, roostId, versionId: rb.versionId, rolloutId: rb.rolloutId, workflowId: rb.workflowId });
+        const started = await startRolloutWorkflow(temporal, cfg, {
+          siteId,
+          roostId,
+          versionId: rb.versionId,
+          rolloutId: rb.rolloutId,
+          workflowId: rb.workflowId,
+        });
         reply.header('X-Roost-Workflow-Url', started.url);
       } catch (err) {
         request.log.error({ err }, 'rollback workflow start failed');
         await failUnstartedRollout(db, siteId, rb.rolloutId, 'workflow_start_failed');
-        throw new ApiError('service_unavailable', 'the rollback could not be started (workflow service unavailable); retry later', { headers: { 'Retry-After': '5' } });
+        throw new ApiError('service_unavailable', 'the rollback could not be started (workflow service unavailable); retry later', {
+          headers: { 'Retry-After': '5' },
+        });
       }
       return reply.code(202).send(await summaryOf(rb));
     },

@@ -6,11 +6,21 @@
  * Also exports the TypeBox pieces the version routes share (siteId, roostId, roost fields, Problem).
  */
 import type { FastifyInstance } from 'fastify';
-import { Static, TSchema, Type } from '@sinclair/typebox';
+import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { newId } from '../../domain/hex';
 import type { Requirement } from '../../domain/scopes';
-import { createRoost, getRoostView, listRoosts, RoostChanges, RoostView, softDeleteRoost, updateRoost, VersionSummaryRow, versionUrlOf } from '../../db/roosts';
+import {
+  createRoost,
+  getRoostView,
+  listRoosts,
+  type RoostChanges,
+  type RoostView,
+  softDeleteRoost,
+  updateRoost,
+  type VersionSummaryRow,
+  versionUrlOf,
+} from '../../db/roosts';
 import type { BlobStore } from '../../storage/blob';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement, SITE_ID_RE } from '../plugins/auth';
@@ -238,7 +248,14 @@ const POSITION_AT = /^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\
 
 /** True for a list position this server could have issued: [created_at text, roost id]. */
 function isPosition(p: unknown): p is [string, string] {
-  return Array.isArray(p) && p.length === 2 && typeof p[0] === 'string' && typeof p[1] === 'string' && POSITION_AT.test(p[0]) && /^[A-Za-z0-9_-]{1,64}$/.test(p[1]);
+  return (
+    Array.isArray(p) &&
+    p.length === 2 &&
+    typeof p[0] === 'string' &&
+    typeof p[1] === 'string' &&
+    POSITION_AT.test(p[0]) &&
+    /^[A-Za-z0-9_-]{1,64}$/.test(p[1])
+  );
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -297,10 +314,16 @@ export default async function roostRoutes(app: FastifyInstance): Promise<void> {
       const paging = parsePaging<[string, string]>(q, ROOST_PAGE);
       const tokenParam = q.page_token !== undefined ? 'page_token' : 'cursor';
       const badToken = () =>
-        new ApiError('validation_failed', `${tokenParam} is not a token this server issued`, { extras: { param: tokenParam, errors: { [tokenParam]: ['unrecognised page token'] } } });
+        new ApiError('validation_failed', `${tokenParam} is not a token this server issued`, {
+          extras: { param: tokenParam, errors: { [tokenParam]: ['unrecognised page token'] } },
+        });
       if (paging.after !== undefined && !isPosition(paging.after)) throw badToken();
       await authorizeSite(request, q.siteId, listRequirement(q.siteId));
-      const page = await listRoosts(db, q.siteId, { limit: paging.pageSize, after: paging.after, includeDeleted: q.includeDeleted === true }).catch((err) => {
+      const page = await listRoosts(db, q.siteId, {
+        limit: paging.pageSize,
+        after: paging.after,
+        includeDeleted: q.includeDeleted === true,
+      }).catch((err) => {
         // A forged position with an impossible timestamp fails the cast (SQLSTATE class 22: data exception).
         if (paging.after !== undefined && String((err as { code?: string }).code ?? '').startsWith('22')) throw badToken();
         throw err;

@@ -10,10 +10,10 @@
  *   key and discovery document (404 when an external issuer is configured).
  */
 import type { FastifyInstance } from 'fastify';
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { createSession, findSession, revokeSession, SessionRow } from '../../db/sessions';
+import { createSession, findSession, revokeSession, type SessionRow } from '../../db/sessions';
 import { discoveryDocument, localJwks, oidcSettings } from '../../stack/oidc';
 import { requireUser, userForIdToken, verifyIdToken } from '../plugins/auth';
 import { Problem } from './roosts';
@@ -113,7 +113,11 @@ export default async function sessionRoutes(root: FastifyInstance): Promise<void
       schema: {
         tags: ['identity'],
         summary: 'Sign out: end the session this request was made with, at once',
-        response: { 200: Type.Composite([SessionView, Type.Object({ revoked: Type.Literal(true), revokedAt: Type.Number() })]), 401: Problem, 403: Problem },
+        response: {
+          200: Type.Composite([SessionView, Type.Object({ revoked: Type.Literal(true), revokedAt: Type.Number() })]),
+          401: Problem,
+          403: Problem,
+        },
       },
     },
     async (request) => {

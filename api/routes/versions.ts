@@ -4,10 +4,10 @@
  * SPEC.md "Version id and version refs" (`%23` for a literal `#` in a path).
  */
 import type { FastifyInstance } from 'fastify';
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { sha256Hex } from '../../domain/hex';
-import { canonicalJson, ChunkRef, FileEntry, summarize, validateVersionBody, VersionBody } from '../../domain/version';
+import { canonicalJson, type ChunkRef, type FileEntry, summarize, validateVersionBody, type VersionBody } from '../../domain/version';
 import { parseVersionRef } from '../../domain/versionRef';
 import {
   checkExpectedCurrent,
@@ -20,10 +20,10 @@ import {
   resolveVersionIn,
   rollbackRoost,
   updateVersionDescription,
-  VersionRow,
+  type VersionRow,
   versionUrlOf,
 } from '../../db/roosts';
-import { BlobStore, versionBlobName } from '../../storage/blob';
+import { type BlobStore, versionBlobName } from '../../storage/blob';
 import { encodePageToken, PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
@@ -55,7 +55,9 @@ const VersionRecord = Type.Object({
   totalSize: Type.Number(),
   totalFiles: Type.Integer(),
   parentVersionId: Nullable(Type.String()),
-  signature: Type.String({ description: 'Ed25519 signature (base64url) of `roost-version-v1:<siteId>:<roostId>:<versionId>` (docs/decisions/signed-manifests.md)' }),
+  signature: Type.String({
+    description: 'Ed25519 signature (base64url) of `roost-version-v1:<siteId>:<roostId>:<versionId>` (docs/decisions/signed-manifests.md)',
+  }),
   signingKeyId: Type.String({ description: 'kid of the site signing key that made `signature` (GET /api/sites/{siteId}/signing-keys)' }),
 });
 type VersionRecord = Static<typeof VersionRecord>;
@@ -148,7 +150,8 @@ export function diffBodies(from: VersionBody, to: VersionBody): VersionDiff {
         toChunks: f.chunks.length,
       });
   }
-  for (const f of from.files) if (!target.has(f.path)) removed.push({ path: f.path, size: f.size, reason: 'removed', chunks: f.chunks.length });
+  for (const f of from.files)
+    if (!target.has(f.path)) removed.push({ path: f.path, size: f.size, reason: 'removed', chunks: f.chunks.length });
   const byPath = (a: { path: string }, b: { path: string }) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
   added.sort(byPath);
   removed.sort(byPath);
@@ -200,7 +203,10 @@ export function chunkTable(body: VersionBody): { refs: (ChunkRef & { fileCount: 
 // ---------------------------------------------------------------------------------------------------
 // Route schemas
 
-const VersionParams = Type.Object({ roostId: RoostParams.properties.roostId, versionRef: Type.String({ description: 'id, vrs_<hex>, 3, %233, v3, current, previous, first' }) });
+const VersionParams = Type.Object({
+  roostId: RoostParams.properties.roostId,
+  versionRef: Type.String({ description: 'id, vrs_<hex>, 3, %233, v3, current, previous, first' }),
+});
 const SiteQuery = Type.Object({ siteId: SiteId });
 
 const PublishBody = Type.Object(
@@ -208,7 +214,9 @@ const PublishBody = Type.Object(
     siteId: SiteId,
     version: Type.Unknown({ description: 'the version body (SPEC.md "Version body")' }),
     description: Type.Optional(Nullable(Description)),
-    expectedCurrentVersionId: Type.Optional(Nullable(Type.String({ pattern: '^(vrs_)?[0-9a-f]{64}$', description: 'guard: the current version id (null: no version yet)' }))),
+    expectedCurrentVersionId: Type.Optional(
+      Nullable(Type.String({ pattern: '^(vrs_)?[0-9a-f]{64}$', description: 'guard: the current version id (null: no version yet)' })),
+    ),
     name: Type.Optional(RoostName),
     targets: Type.Optional(Targets),
     extractPath: Type.Optional(ExtractPath),
@@ -301,7 +309,9 @@ function normalizeDescription(d: string | null | undefined): string | null {
 
 function badToken(query: Record<string, unknown>): ApiError {
   const param = query.page_token !== undefined ? 'page_token' : 'cursor';
-  return new ApiError('validation_failed', `${param} is not a token this server issued`, { extras: { param, errors: { [param]: ['unrecognised page token'] } } });
+  return new ApiError('validation_failed', `${param} is not a token this server issued`, {
+    extras: { param, errors: { [param]: ['unrecognised page token'] } },
+  });
 }
 
 /** Dotted-path errors for chunks whose recorded size differs from the size the body references. */
@@ -311,7 +321,8 @@ function conflictErrors(body: VersionBody, conflicts: Map<string, number>): Reco
   body.files.forEach((f, i) =>
     f.chunks.forEach((c, j) => {
       const stored = conflicts.get(c.hash);
-      if (stored !== undefined && n++ < MAX_MISSING_CHUNKS) errors[`version.files.${i}.chunks.${j}.size`] = [`chunk ${c.hash} is stored with ${stored} bytes`];
+      if (stored !== undefined && n++ < MAX_MISSING_CHUNKS)
+        errors[`version.files.${i}.chunks.${j}.size`] = [`chunk ${c.hash} is stored with ${stored} bytes`];
     }),
   );
   return errors;
@@ -362,12 +373,18 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const bodyErrors = validateVersionBody(b.version, 'version');
       if (bodyErrors) {
         const first = Object.keys(bodyErrors)[0];
-        throw new ApiError('validation_failed', `version body is invalid: ${first} ${bodyErrors[first][0]}`, { extras: { param: first, errors: bodyErrors } });
+        throw new ApiError('validation_failed', `version body is invalid: ${first} ${bodyErrors[first][0]}`, {
+          extras: { param: first, errors: bodyErrors },
+        });
       }
       const version = b.version as VersionBody;
       const table = chunkTable(version);
-      if (table.errors) throw new ApiError('validation_failed', 'version body references a chunk with two sizes', { extras: { errors: table.errors } });
-      const expected = b.expectedCurrentVersionId === undefined || b.expectedCurrentVersionId === null ? b.expectedCurrentVersionId : b.expectedCurrentVersionId.replace(/^vrs_/, '');
+      if (table.errors)
+        throw new ApiError('validation_failed', 'version body references a chunk with two sizes', { extras: { errors: table.errors } });
+      const expected =
+        b.expectedCurrentVersionId === undefined || b.expectedCurrentVersionId === null
+          ? b.expectedCurrentVersionId
+          : b.expectedCurrentVersionId.replace(/^vrs_/, '');
 
       const roost = await requireRoost(db, siteId, roostId);
       checkExpectedCurrent(roost, expected);
@@ -376,16 +393,22 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const versionId = sha256Hex(canonical);
       const blobName = versionBlobName(siteId, roostId, versionId);
       if (!(await getVersion(db, siteId, roostId, versionId))) {
-        const { missing, conflicts } = await findMissingChunks(db, blob, siteId, table.refs, (found) => recordChunks(db, siteId, found, quotaTiers(app.deps.cfg)));
+        const { missing, conflicts } = await findMissingChunks(db, blob, siteId, table.refs, (found) =>
+          recordChunks(db, siteId, found, quotaTiers(app.deps.cfg)),
+        );
         if (conflicts.size) {
           throw new ApiError('validation_failed', 'version body references chunks with a size other than their stored size', {
             extras: { errors: conflictErrors(version, conflicts) },
           });
         }
         if (missing.length) {
-          throw new ApiError('precondition_failed', `${missing.length} referenced chunk${missing.length > 1 ? 's are' : ' is'} not stored for this site; upload them, then publish again`, {
-            extras: { missingChunks: missing.slice(0, MAX_MISSING_CHUNKS), missingCount: missing.length },
-          });
+          throw new ApiError(
+            'precondition_failed',
+            `${missing.length} referenced chunk${missing.length > 1 ? 's are' : ' is'} not stored for this site; upload them, then publish again`,
+            {
+              extras: { missingChunks: missing.slice(0, MAX_MISSING_CHUNKS), missingCount: missing.length },
+            },
+          );
         }
         await blob.put('versions', blobName, Buffer.from(canonical, 'utf8'), 'application/json');
       }
@@ -490,7 +513,9 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const prefix = q.prefix ?? '';
       const matching = prefix ? stored.files.filter((f) => f.path.startsWith(prefix)) : stored.files;
       const offset = paging.after ?? 0;
-      const page = matching.slice(offset, offset + paging.pageSize).map((f) => ({ path: f.path, size: f.size, chunks: f.chunks.map((c) => ({ hash: c.hash, size: c.size })) }));
+      const page = matching
+        .slice(offset, offset + paging.pageSize)
+        .map((f) => ({ path: f.path, size: f.size, chunks: f.chunks.map((c) => ({ hash: c.hash, size: c.size })) }));
       const next = offset + page.length;
       const token = next < matching.length ? encodePageToken(next) : '';
       return {
@@ -561,11 +586,15 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
         });
       }
       if (b.description === undefined) {
-        throw new ApiError('validation_failed', 'description is required (null clears it)', { extras: { param: 'description', errors: { description: ['is required'] } } });
+        throw new ApiError('validation_failed', 'description is required (null clears it)', {
+          extras: { param: 'description', errors: { description: ['is required'] } },
+        });
       }
       await authorizeSite(request, b.siteId, roostRequirement(b.siteId, roostId, 'write'));
       const ref = parseVersionRef(versionRef, 'versionRef');
-      const [row] = await signed(b.siteId, [await updateVersionDescription(db, b.siteId, roostId, ref, normalizeDescription(b.description))]);
+      const [row] = await signed(b.siteId, [
+        await updateVersionDescription(db, b.siteId, roostId, ref, normalizeDescription(b.description)),
+      ]);
       return { ...versionRecord(row, blob), roostId, siteId: b.siteId, updatedAt: row.updated_at.toISOString() };
     },
   );

@@ -17,7 +17,7 @@
  * bucket. Delivery URL rules: docs/decisions/webhook-urls.md.
  */
 import type { FastifyInstance } from 'fastify';
-import { Static, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
 import { newId, randomToken } from '../../domain/hex';
@@ -25,9 +25,9 @@ import { seal } from '../../domain/seal';
 import { checkWebhookUrl, signPayload } from '../../domain/webhook-signature';
 import type { EventType } from '../../db/events';
 import {
-  AttemptRow,
+  type AttemptRow,
   DELIVERY_ID_RE,
-  DeliveryRow,
+  type DeliveryRow,
   deleteWebhook,
   getDelivery,
   getWebhook,
@@ -41,7 +41,7 @@ import {
   updateWebhook,
   WEBHOOK_ID_RE,
   webhookAad,
-  WebhookRow,
+  type WebhookRow,
 } from '../../db/webhooks';
 import { deliveryHeaders, deliveryWorkflowId, nonPublicAddressesOf, postWebhook, startDeliveryWorkflow } from '../../activities/webhooks';
 import { secretKey } from '../../stack/secrets';
@@ -96,7 +96,11 @@ const DeliveryId = Type.String({ pattern: DELIVERY_ID_RE.source, description: 'd
 const Timestamp = Type.String({ format: 'date-time' });
 const NullableTimestamp = Type.Union([Timestamp, Type.Null()]);
 
-const Url = Type.String({ minLength: 1, maxLength: 2048, description: 'https URL receiving the deliveries (http and private addresses only with ROOST_WEBHOOK_ALLOW_PRIVATE)' });
+const Url = Type.String({
+  minLength: 1,
+  maxLength: 2048,
+  description: 'https URL receiving the deliveries (http and private addresses only with ROOST_WEBHOOK_ALLOW_PRIVATE)',
+});
 const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '\\S', description: 'label' });
 const Events = Type.Array(Type.String({ minLength: 1, maxLength: 100 }), {
   minItems: 1,
@@ -127,7 +131,11 @@ const PATCH_FIELDS = new Set(['url', 'name', 'events', 'enabled', 'paused']);
 const RotateBody = Type.Object(
   {
     graceHours: Type.Optional(
-      Type.Integer({ minimum: 0, maximum: MAX_GRACE_HOURS, description: `hours the previous secret keeps signing (default ${DEFAULT_GRACE_HOURS}; 0 ends it now)` }),
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_GRACE_HOURS,
+        description: `hours the previous secret keeps signing (default ${DEFAULT_GRACE_HOURS}; 0 ends it now)`,
+      }),
     ),
   },
   { additionalProperties: false },
@@ -145,7 +153,9 @@ const WebhookProps = {
   createdBy: Type.String({ description: 'user id' }),
   updatedAt: Timestamp,
   lastTriggered: Type.Union([Timestamp, Type.Null()], { description: 'start of the latest delivery attempt' }),
-  lastStatus: Type.Union([Type.Literal('succeeded'), Type.Literal('failed'), Type.Null()], { description: 'outcome of the latest finished delivery' }),
+  lastStatus: Type.Union([Type.Literal('succeeded'), Type.Literal('failed'), Type.Null()], {
+    description: 'outcome of the latest finished delivery',
+  }),
   lastResponseCode: Type.Union([Type.Integer(), Type.Null()], { description: 'HTTP status of the latest attempt (null: no response)' }),
   failCount: Type.Integer({ description: 'consecutive failed deliveries (reset by a success or by unpausing)' }),
   secretRotatedAt: NullableTimestamp,
@@ -190,7 +200,9 @@ const ProbeBody = Type.Object(
     url: Url,
     event: Type.String({ minLength: 1, maxLength: 100, description: 'an event of the catalog' }),
     payload: Type.Record(Type.String(), Type.Unknown(), { description: 'sent as the envelope data' }),
-    signingSecret: Type.Optional(Type.String({ minLength: 8, maxLength: 256, description: 'secret to sign with; default: a fresh one, returned in the response' })),
+    signingSecret: Type.Optional(
+      Type.String({ minLength: 8, maxLength: 256, description: 'secret to sign with; default: a fresh one, returned in the response' }),
+    ),
   },
   { additionalProperties: false },
 );
@@ -211,7 +223,8 @@ const ProbeResult = Type.Object({
 const iso = (d: Date | null) => (d === null ? null : d.toISOString());
 
 function webhookView(r: WebhookRow): WebhookView {
-  const graceOpen = r.previous_secret_sealed !== null && r.previous_secret_expires_at !== null && r.previous_secret_expires_at.getTime() > Date.now();
+  const graceOpen =
+    r.previous_secret_sealed !== null && r.previous_secret_expires_at !== null && r.previous_secret_expires_at.getTime() > Date.now();
   return {
     webhookId: r.webhook_id,
     siteId: r.site_id,
@@ -280,7 +293,10 @@ function checkEvents(events: string[], param = 'events', single = false): string
     else if (!catalog.has(e)) errs[at] = [`unknown event ${e}; accepted: ${WEBHOOK_EVENTS.join(', ')}`];
   });
   const keys = Object.keys(errs);
-  if (keys.length) throw new ApiError('validation_failed', `${keys.length === 1 ? errs[keys[0]][0] : `${keys.length} event names are not accepted`}`, { extras: { param: keys[0], errors: errs } });
+  if (keys.length)
+    throw new ApiError('validation_failed', `${keys.length === 1 ? errs[keys[0]][0] : `${keys.length} event names are not accepted`}`, {
+      extras: { param: keys[0], errors: errs },
+    });
   return [...new Set(events)];
 }
 
@@ -298,9 +314,13 @@ async function checkUrl(raw: string, allowPrivate: boolean, param = 'url'): Prom
   if (!allowPrivate) {
     const bad = await nonPublicAddressesOf(r.host);
     if (bad.length) {
-      throw new ApiError('url_not_allowed', `${param} host ${r.host} resolves to a loopback, private or link-local address (${bad[0]}); deliveries go to public addresses only`, {
-        extras: { param },
-      });
+      throw new ApiError(
+        'url_not_allowed',
+        `${param} host ${r.host} resolves to a loopback, private or link-local address (${bad[0]}); deliveries go to public addresses only`,
+        {
+          extras: { param },
+        },
+      );
     }
   }
   return r.url;
@@ -379,7 +399,10 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
       const rows = await listWebhooks(db, siteId, { after: paging.after as [string, string] | undefined, limit: paging.pageSize });
       const page = rows.slice(0, paging.pageSize);
       const last = page[page.length - 1];
-      return { webhooks: page.map(webhookView), ...pageTokens(rows.length > paging.pageSize && last ? [last.created_at_text, last.webhook_id] : undefined) };
+      return {
+        webhooks: page.map(webhookView),
+        ...pageTokens(rows.length > paging.pageSize && last ? [last.created_at_text, last.webhook_id] : undefined),
+      };
     },
   );
 
@@ -418,7 +441,9 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
       const body = request.body as Static<typeof PatchBody> & Record<string, unknown>;
       rejectForeignFields(body, PATCH_FIELDS);
       if (Object.keys(body).length === 0) {
-        throw new ApiError('validation_failed', 'send at least one of url, name, events, enabled, paused', { extras: { errors: { '': ['nothing to change'] } } });
+        throw new ApiError('validation_failed', 'send at least one of url, name, events, enabled, paused', {
+          extras: { errors: { '': ['nothing to change'] } },
+        });
       }
       await found(siteId, webhookId);
       const changes = {
@@ -443,7 +468,10 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
         tags: ['webhooks'],
         summary: 'Delete a webhook subscription with its delivery history (pending deliveries stop)',
         params: WebhookParams,
-        response: { 200: Type.Object({ webhookId: Type.String(), siteId: Type.String(), deleted: Type.Literal(true) }), ...problems(409, 422, 429) },
+        response: {
+          200: Type.Object({ webhookId: Type.String(), siteId: Type.String(), deleted: Type.Literal(true) }),
+          ...problems(409, 422, 429),
+        },
       },
     },
     async (request) => {
@@ -508,7 +536,10 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
       await authorizeSite(request, siteId, read(siteId));
       const paging = parsePaging(request.query as Record<string, unknown>, { ...DELIVERY_PAGE, accept: isDeliveryPosition });
       await found(siteId, webhookId);
-      const { rows, attempts } = await listDeliveries(db, siteId, webhookId, { after: paging.after as [string, string] | undefined, limit: paging.pageSize });
+      const { rows, attempts } = await listDeliveries(db, siteId, webhookId, {
+        after: paging.after as [string, string] | undefined,
+        limit: paging.pageSize,
+      });
       const page = rows.slice(0, paging.pageSize);
       const last = page[page.length - 1];
       return {
@@ -527,7 +558,12 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
         summary: 'Deliver a finished delivery again (a new delivery run; its attempts are appended)',
         params: DeliveryParams,
         response: {
-          202: Type.Object({ deliveryId: Type.String(), webhookId: Type.String(), status: Type.Literal('pending'), workflowId: Type.String() }),
+          202: Type.Object({
+            deliveryId: Type.String(),
+            webhookId: Type.String(),
+            status: Type.Literal('pending'),
+            workflowId: Type.String(),
+          }),
           ...problems(409, 422, 429),
         },
       },
@@ -540,11 +576,13 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
       if (!delivery || delivery.webhook_id !== webhookId) throw new ApiError('not_found', 'delivery not found');
       if (!webhook.enabled) throw new ApiError('conflict', 'the subscription is disabled; enable it before retrying deliveries');
       const workflowId = deliveryWorkflowId(deliveryId);
-      if (delivery.status === 'pending') throw new ApiError('conflict', 'this delivery is still being attempted; retry it once it has finished');
+      if (delivery.status === 'pending')
+        throw new ApiError('conflict', 'this delivery is still being attempted; retry it once it has finished');
       await enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
       const reopened = await reopenDelivery(db, siteId, webhookId, deliveryId);
       if (reopened === 'not_found') throw new ApiError('not_found', 'delivery not found');
-      if (reopened === 'in_progress') throw new ApiError('conflict', 'this delivery is still being attempted; retry it once it has finished');
+      if (reopened === 'in_progress')
+        throw new ApiError('conflict', 'this delivery is still being attempted; retry it once it has finished');
       // The previous run wrote its outcome (the delivery is no longer pending), so a run still open is only
       // returning: replace it.
       await startDeliveryWorkflow(app.deps.temporal, cfg.ROOST_TASK_QUEUE, { siteId, deliveryId, manual: true }, 'replace-finished');
@@ -575,7 +613,10 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
       const id = newId('prb');
       const occurredAt = new Date().toISOString();
       const raw = JSON.stringify({ id, event, occurredAt, siteId, data: body.payload });
-      if (Buffer.byteLength(raw) > MAX_PROBE_PAYLOAD_BYTES) throw new ApiError('payload_too_large', `the probe envelope must be at most ${MAX_PROBE_PAYLOAD_BYTES} bytes`, { extras: { param: 'payload' } });
+      if (Buffer.byteLength(raw) > MAX_PROBE_PAYLOAD_BYTES)
+        throw new ApiError('payload_too_large', `the probe envelope must be at most ${MAX_PROBE_PAYLOAD_BYTES} bytes`, {
+          extras: { param: 'payload' },
+        });
       const generated = body.signingSecret === undefined ? newSecret() : undefined;
       const secret = body.signingSecret ?? (generated as string);
       const t = Math.floor(Date.now() / 1000);

@@ -23,7 +23,10 @@ export function registerAdmin(program: Command): void {
     .requiredOption('--email <email>', 'superadmin email')
     .option('--timezone <iana>', 'site timezone (IANA)', 'UTC')
     .option('--json', 'print {"siteId","userId","apiKey"}')
-    .addHelpText('after', '\nThe site is named with the global --site <name> option: roost admin bootstrap --site acme --email ops@acme.test')
+    .addHelpText(
+      'after',
+      '\nThe site is named with the global --site <name> option: roost admin bootstrap --site acme --email ops@acme.test',
+    )
     .action(async (local: { email: string; timezone: string; json?: boolean }, cmd: Command) => {
       // `--site` is the program's global option (site id elsewhere); here it names the site.
       const opts = { ...local, site: cmd.optsWithGlobals<{ site?: string }>().site };

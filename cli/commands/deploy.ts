@@ -13,10 +13,10 @@
  * (GET …/rollouts, GET …/rollouts/{id}, POST …/rollouts/{id}/{action} with an Idempotency-Key).
  */
 import fs from 'node:fs';
-import { Command } from 'commander';
+import { type Command } from 'commander';
 import pLimit from 'p-limit';
-import { ClientError, RoostClient, seg } from '../client';
-import { CommandContext, commandContext, idList, positiveInt, table, withJson } from '../context';
+import { ClientError, type RoostClient, seg } from '../client';
+import { type CommandContext, commandContext, idList, positiveInt, table, withJson } from '../context';
 import { createProgress } from '../progress';
 
 /** Rollout record (SPEC.md "Rollout"). */
@@ -53,13 +53,21 @@ export interface WatchOutcome {
 const TERMINAL = new Set(['committed', 'failed', 'cancelled', 'not_found']);
 
 /** One poll of a machine: its per-roost deployment row for `roostId`. */
-async function pollMachine(client: RoostClient, siteId: string, roostId: string, versionId: string, machineId: string, wave: 'canary' | 'fleet'): Promise<MachineProgress> {
+async function pollMachine(
+  client: RoostClient,
+  siteId: string,
+  roostId: string,
+  versionId: string,
+  machineId: string,
+  wave: 'canary' | 'fleet',
+): Promise<MachineProgress> {
   let res: { deployments?: Array<Record<string, unknown>> };
   try {
     res = await client.get(`/api/sites/${seg(siteId)}/machines/${seg(machineId)}/deployments`);
   } catch (err) {
     // A target id no machine ever enrolled under will never report: count it as finished, not committed.
-    if (err instanceof ClientError && err.code === 'not_found') return { machineId, wave, status: 'not_found', reportedVersionId: null, error: 'machine not found' };
+    if (err instanceof ClientError && err.code === 'not_found')
+      return { machineId, wave, status: 'not_found', reportedVersionId: null, error: 'machine not found' };
     throw err;
   }
   const row = (res.deployments ?? []).find((d) => d.roostId === roostId);
@@ -78,18 +86,28 @@ export async function watchRollout(
   rollout: Rollout,
   opts: { intervalMs: number; timeoutMs: number; onTick?: (machines: MachineProgress[]) => void },
 ): Promise<WatchOutcome> {
-  const targets = [...rollout.canary.map((m) => ({ m, wave: 'canary' as const })), ...rollout.fleet.map((m) => ({ m, wave: 'fleet' as const }))];
+  const targets = [
+    ...rollout.canary.map((m) => ({ m, wave: 'canary' as const })),
+    ...rollout.fleet.map((m) => ({ m, wave: 'fleet' as const })),
+  ];
   const deadline = Date.now() + opts.timeoutMs;
   const limit = pLimit(8);
   for (;;) {
-    const machines = await Promise.all(targets.map((t) => limit(() => pollMachine(client, rollout.siteId, rollout.roostId, rollout.versionId, t.m, t.wave))));
+    const machines = await Promise.all(
+      targets.map((t) => limit(() => pollMachine(client, rollout.siteId, rollout.roostId, rollout.versionId, t.m, t.wave))),
+    );
     opts.onTick?.(machines);
     if (machines.every((m) => TERMINAL.has(m.status))) {
       return { outcome: machines.every((m) => m.status === 'committed') ? 'committed' : 'failed', machines };
     }
     // A failed canary stops the rollout before the fleet wave: nothing more will move.
     const canary = machines.filter((m) => m.wave === 'canary');
-    if (canary.length > 0 && canary.every((m) => TERMINAL.has(m.status)) && canary.some((m) => m.status !== 'committed') && machines.filter((m) => m.wave === 'fleet').every((m) => m.status === 'waiting')) {
+    if (
+      canary.length > 0 &&
+      canary.every((m) => TERMINAL.has(m.status)) &&
+      canary.some((m) => m.status !== 'committed') &&
+      machines.filter((m) => m.wave === 'fleet').every((m) => m.status === 'waiting')
+    ) {
       return { outcome: 'failed', machines };
     }
     if (Date.now() >= deadline) return { outcome: 'timeout', machines };
@@ -122,7 +140,15 @@ export function registerDeploy(program: Command): void {
     async (
       roostId: string,
       versionRef: string | undefined,
-      opts: { machines?: string[]; scheduleAt?: string; dryRun?: boolean; policy?: string; watch?: boolean; interval: number; timeout: number },
+      opts: {
+        machines?: string[];
+        scheduleAt?: string;
+        dryRun?: boolean;
+        policy?: string;
+        watch?: boolean;
+        interval: number;
+        timeout: number;
+      },
       cmd: Command,
     ) => {
       const ctx = commandContext(cmd);
@@ -151,7 +177,9 @@ export function registerDeploy(program: Command): void {
         }
         if (watched.outcome !== 'committed') {
           const notCommitted = watched.machines.filter((m) => m.status !== 'committed').length;
-          process.stderr.write(`error: rollout_${watched.outcome}: ${notCommitted} of ${total} machine(s) did not commit version ${rollout.versionId}\n`);
+          process.stderr.write(
+            `error: rollout_${watched.outcome}: ${notCommitted} of ${total} machine(s) did not commit version ${rollout.versionId}\n`,
+          );
           process.exitCode = 1;
         }
       }
@@ -166,7 +194,12 @@ export function registerDeploy(program: Command): void {
         ];
         if (watched) {
           lines.push('', `outcome: ${watched.outcome}`);
-          lines.push(table(['MACHINE', 'WAVE', 'STATUS', 'ERROR'], watched.machines.map((m) => [m.machineId, m.wave, m.status, m.error])));
+          lines.push(
+            table(
+              ['MACHINE', 'WAVE', 'STATUS', 'ERROR'],
+              watched.machines.map((m) => [m.machineId, m.wave, m.status, m.error]),
+            ),
+          );
         }
         process.stdout.write(lines.join('\n') + '\n');
       });
@@ -197,33 +230,55 @@ export function registerRolloutControl(program: Command): void {
       .argument('[rolloutId]', 'rollout id (all actions but list)')
       .option('--reason <text>', 'kept in the rollout history (control actions)')
       .option('--stage <stage>', 'list: only rollouts in this stage'),
-  ).action(async (action: string, roostId: string, rolloutId: string | undefined, opts: { reason?: string; stage?: string }, cmd: Command) => {
-    const ctx = commandContext(cmd);
-    const client = ctx.client();
-    const siteId = ctx.siteId();
-    if (!(ROLLOUT_ACTIONS as readonly string[]).includes(action)) throw new Error(`unknown action ${action}; use one of ${ROLLOUT_ACTIONS.join(', ')}`);
-    if (action === 'list') {
-      const res = await client.get<{ rollouts: Array<Record<string, unknown>> }>(`/api/roosts/${seg(roostId)}/rollouts`, { siteId, ...(opts.stage ? { stage: opts.stage } : {}) });
-      ctx.emit(res, () =>
+  ).action(
+    async (action: string, roostId: string, rolloutId: string | undefined, opts: { reason?: string; stage?: string }, cmd: Command) => {
+      const ctx = commandContext(cmd);
+      const client = ctx.client();
+      const siteId = ctx.siteId();
+      if (!(ROLLOUT_ACTIONS as readonly string[]).includes(action))
+        throw new Error(`unknown action ${action}; use one of ${ROLLOUT_ACTIONS.join(', ')}`);
+      if (action === 'list') {
+        const res = await client.get<{ rollouts: Array<Record<string, unknown>> }>(`/api/roosts/${seg(roostId)}/rollouts`, {
+          siteId,
+          ...(opts.stage ? { stage: opts.stage } : {}),
+        });
+        ctx.emit(res, () =>
+          process.stdout.write(
+            table(
+              ['ROLLOUT', 'VERSION', 'STAGE', 'STATE', 'OK', 'FAILED', 'CREATED'],
+              res.rollouts.map((r) => [
+                String(r.rolloutId),
+                String(r.versionId).slice(0, 12),
+                String(r.stage),
+                String(r.state),
+                Number(r.succeeded),
+                Number(r.failed),
+                String(r.createdAt),
+              ]),
+            ) + '\n',
+          ),
+        );
+        return;
+      }
+      if (!rolloutId) throw new Error(`${action} needs a rollout id`);
+      const base = `/api/roosts/${seg(roostId)}/rollouts/${seg(rolloutId)}`;
+      const r =
+        action === 'show'
+          ? await client.get<Record<string, unknown>>(base, { siteId })
+          : await client.post<Record<string, unknown>>(
+              `${base}/${action}`,
+              { siteId, ...(opts.reason ? { reason: opts.reason } : {}) },
+              { idempotencyKey: true },
+            );
+      ctx.emit(r, () =>
         process.stdout.write(
-          table(
-            ['ROLLOUT', 'VERSION', 'STAGE', 'STATE', 'OK', 'FAILED', 'CREATED'],
-            res.rollouts.map((r) => [String(r.rolloutId), String(r.versionId).slice(0, 12), String(r.stage), String(r.state), Number(r.succeeded), Number(r.failed), String(r.createdAt)]),
-          ) + '\n',
+          [
+            `rollout ${String(r.rolloutId)} (${String(r.versionId).slice(0, 12)})`,
+            `  stage ${String(r.stage)}, state ${String(r.state)}`,
+            `  workflow ${String(r.workflowUrl)}`,
+          ].join('\n') + '\n',
         ),
       );
-      return;
-    }
-    if (!rolloutId) throw new Error(`${action} needs a rollout id`);
-    const base = `/api/roosts/${seg(roostId)}/rollouts/${seg(rolloutId)}`;
-    const r =
-      action === 'show'
-        ? await client.get<Record<string, unknown>>(base, { siteId })
-        : await client.post<Record<string, unknown>>(`${base}/${action}`, { siteId, ...(opts.reason ? { reason: opts.reason } : {}) }, { idempotencyKey: true });
-    ctx.emit(r, () =>
-      process.stdout.write(
-        [`rollout ${String(r.rolloutId)} (${String(r.versionId).slice(0, 12)})`, `  stage ${String(r.stage)}, state ${String(r.state)}`, `  workflow ${String(r.workflowUrl)}`].join('\n') + '\n',
-      ),
-    );
-  });
+    },
+  );
 }

@@ -2,7 +2,7 @@
  * `roost diff <roostId> <against> [versionRef]`: what changes going from `against` (the base) to
  * `versionRef` (the target, default current), per SPEC.md GET /api/roosts/{roostId}/versions/{versionRef}/diff.
  */
-import { Command } from 'commander';
+import { type Command } from 'commander';
 import { seg } from '../client';
 import { commandContext, formatBytes, withJson } from '../context';
 
@@ -32,7 +32,9 @@ export function registerDiff(program: Command): void {
       .argument('[versionRef]', 'target version ref', 'current'),
   ).action(async (roostId: string, against: string, target: string, _opts: unknown, cmd: Command) => {
     const ctx = commandContext(cmd);
-    const d = await ctx.client().get<DiffResponse>(`/api/roosts/${seg(roostId)}/versions/${seg(target)}/diff`, { siteId: ctx.siteId(), against });
+    const d = await ctx
+      .client()
+      .get<DiffResponse>(`/api/roosts/${seg(roostId)}/versions/${seg(target)}/diff`, { siteId: ctx.siteId(), against });
     ctx.emit(d, () => {
       const s = d.summary;
       const sign = s.netBytesDelta >= 0 ? '+' : '-';

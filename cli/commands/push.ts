@@ -4,7 +4,7 @@
  * --json prints the PushResult without the body (versionId, versionNumber, chunk and byte counts,
  * timings per stage, skipped entries).
  */
-import { Command } from 'commander';
+import { type Command } from 'commander';
 import { commandContext, formatBytes, positiveInt, withJson } from '../context';
 import { createProgress } from '../progress';
 import { push } from '../push';
@@ -19,39 +19,42 @@ export function registerPush(program: Command): void {
       .option('-d, --description <text>', 'version description (max 500 chars)')
       .option('--expect-current <versionId>', 'publish only if the current version is still this id (else version_stale)')
       .option('-c, --concurrency <n>', 'chunk uploads in flight', positiveInt('--concurrency'), 4),
-  ).action(async (roostId: string, dir: string, opts: { description?: string; expectCurrent?: string; concurrency: number }, cmd: Command) => {
-    const ctx = commandContext(cmd);
-    const progress = createProgress(ctx);
-    let result;
-    try {
-      result = await push({
-        client: ctx.client(),
-        siteId: ctx.siteId(),
-        roostId,
-        dir,
-        concurrency: opts.concurrency,
-        description: opts.description,
-        expectedCurrentVersionId: opts.expectCurrent,
-        onProgress: (p) => progress.update({ stage: p.stage, done: p.done, total: p.total, bytes: p.stage === 'hash' || p.stage === 'upload' }),
+  ).action(
+    async (roostId: string, dir: string, opts: { description?: string; expectCurrent?: string; concurrency: number }, cmd: Command) => {
+      const ctx = commandContext(cmd);
+      const progress = createProgress(ctx);
+      let result;
+      try {
+        result = await push({
+          client: ctx.client(),
+          siteId: ctx.siteId(),
+          roostId,
+          dir,
+          concurrency: opts.concurrency,
+          description: opts.description,
+          expectedCurrentVersionId: opts.expectCurrent,
+          onProgress: (p) =>
+            progress.update({ stage: p.stage, done: p.done, total: p.total, bytes: p.stage === 'hash' || p.stage === 'upload' }),
+        });
+      } finally {
+        progress.stop();
+      }
+      for (const s of result.skipped) ctx.info(`skipped ${s.path} (${s.reason})`);
+      const { body: _body, ...summary } = result;
+      ctx.emit(summary, () => {
+        const t = result.timings;
+        process.stdout.write(
+          [
+            `published ${roostId} version ${result.versionNumber} (${result.versionId})`,
+            `  files ${result.filesTotal}, ${formatBytes(result.bytesTotal)}`,
+            `  chunks ${result.chunksTotal}: ${result.chunksUploaded} uploaded (${formatBytes(result.bytesUploaded)}), ${result.chunksSkipped} already stored`,
+            `  took hash ${t.hash} ms, check ${t.check} ms, upload ${t.upload} ms, publish ${t.publish} ms`,
+            result.replayed ? '  (the server replayed an earlier identical publish)' : '',
+          ]
+            .filter(Boolean)
+            .join('\n') + '\n',
+        );
       });
-    } finally {
-      progress.stop();
-    }
-    for (const s of result.skipped) ctx.info(`skipped ${s.path} (${s.reason})`);
-    const { body: _body, ...summary } = result;
-    ctx.emit(summary, () => {
-      const t = result.timings;
-      process.stdout.write(
-        [
-          `published ${roostId} version ${result.versionNumber} (${result.versionId})`,
-          `  files ${result.filesTotal}, ${formatBytes(result.bytesTotal)}`,
-          `  chunks ${result.chunksTotal}: ${result.chunksUploaded} uploaded (${formatBytes(result.bytesUploaded)}), ${result.chunksSkipped} already stored`,
-          `  took hash ${t.hash} ms, check ${t.check} ms, upload ${t.upload} ms, publish ${t.publish} ms`,
-          result.replayed ? '  (the server replayed an earlier identical publish)' : '',
-        ]
-          .filter(Boolean)
-          .join('\n') + '\n',
-      );
-    });
-  });
+    },
+  );
 }

@@ -3,7 +3,7 @@
  * /api/roosts/{roostId}/rollback; default target `previous`; no bytes move, no new version).
  * One Idempotency-Key per invocation, reused across retries.
  */
-import { Command } from 'commander';
+import { type Command } from 'commander';
 import { seg } from '../client';
 import { commandContext, withJson } from '../context';
 
@@ -29,7 +29,9 @@ export function registerRollback(program: Command): void {
     if (opts.to !== undefined) body.targetVersion = opts.to;
     const res = await ctx.client().post<RollbackResponse>(`/api/roosts/${seg(roostId)}/rollback`, body, { idempotencyKey: true });
     ctx.emit(res, () => {
-      process.stdout.write(`${roostId} now at version ${res.currentVersionNumber} (${res.currentVersionId}); was ${res.previousVersionId ?? '-'}\n`);
+      process.stdout.write(
+        `${roostId} now at version ${res.currentVersionNumber} (${res.currentVersionId}); was ${res.previousVersionId ?? '-'}\n`,
+      );
     });
   });
 }

@@ -3,7 +3,7 @@
  * GET /api/roosts/{roostId}). The create body is not shown by the spec; the API (api/routes/roosts.ts)
  * takes siteId, name, targets and extractPath and assigns the roost id itself.
  */
-import { Command } from 'commander';
+import { type Command } from 'commander';
 import { seg } from '../client';
 import { commandContext, formatBytes, idList, positiveInt, table, withJson } from '../context';
 import { collectPages } from './versions';
@@ -82,21 +82,21 @@ export function registerRoosts(program: Command): void {
     });
   });
 
-  withJson(
-    roosts.command('show').description('show one roost').argument('<roostId>', 'roost id'),
-  ).action(async (roostId: string, _opts: unknown, cmd: Command) => {
-    const ctx = commandContext(cmd);
-    const r = await ctx.client().get<RoostRecord>(`/api/roosts/${seg(roostId)}`, { siteId: ctx.siteId() });
-    ctx.emit(r, () => {
-      process.stdout.write(
-        [
-          `${r.roostId} (${r.name})`,
-          `  current   ${r.currentVersionNumber ?? '-'} ${r.currentVersionId ?? ''}`,
-          `  files     ${r.totalFiles ?? 0}, ${formatBytes(r.totalSize ?? 0)}`,
-          `  targets   ${(r.targets ?? []).join(', ') || '-'}`,
-          `  extract   ${r.extractPath || '-'}`,
-        ].join('\n') + '\n',
-      );
-    });
-  });
+  withJson(roosts.command('show').description('show one roost').argument('<roostId>', 'roost id')).action(
+    async (roostId: string, _opts: unknown, cmd: Command) => {
+      const ctx = commandContext(cmd);
+      const r = await ctx.client().get<RoostRecord>(`/api/roosts/${seg(roostId)}`, { siteId: ctx.siteId() });
+      ctx.emit(r, () => {
+        process.stdout.write(
+          [
+            `${r.roostId} (${r.name})`,
+            `  current   ${r.currentVersionNumber ?? '-'} ${r.currentVersionId ?? ''}`,
+            `  files     ${r.totalFiles ?? 0}, ${formatBytes(r.totalSize ?? 0)}`,
+            `  targets   ${(r.targets ?? []).join(', ') || '-'}`,
+            `  extract   ${r.extractPath || '-'}`,
+          ].join('\n') + '\n',
+        );
+      });
+    },
+  );
 }

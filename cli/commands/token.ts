@@ -30,20 +30,25 @@ export function registerToken(admin: Command): void {
     .option('--json', 'print {"idToken","expiresAt","userId","email","issuer"}')
     .action(async (opts: { email: string; ttl: string; json?: boolean }) => {
       const ttl = Number(opts.ttl);
-      if (!Number.isInteger(ttl) || ttl < 1 || ttl > MAX_TOKEN_TTL_MINUTES) throw new UsageError(`--ttl must be a whole number of minutes from 1 to ${MAX_TOKEN_TTL_MINUTES}`);
+      if (!Number.isInteger(ttl) || ttl < 1 || ttl > MAX_TOKEN_TTL_MINUTES)
+        throw new UsageError(`--ttl must be a whole number of minutes from 1 to ${MAX_TOKEN_TTL_MINUTES}`);
       const cfg = loadConfig();
       const settings = oidcSettings(cfg);
       if (settings.jwks.kind !== 'local') {
-        throw new UsageError(`this configuration trusts the external issuer ${settings.issuer}; get ID tokens from it (unset ROOST_OIDC_ISSUER for the local issuer)`);
+        throw new UsageError(
+          `this configuration trusts the external issuer ${settings.issuer}; get ID tokens from it (unset ROOST_OIDC_ISSUER for the local issuer)`,
+        );
       }
       if (cfg.embedded.postgres) await ensurePostgres(cfg);
       const pool = createPool(cfg.databaseUrl, 2);
       try {
         await migrate(pool);
         const user = await findUser(pool, { email: opts.email });
-        if (!user || user.deleted) throw new UsageError(`no user with email ${opts.email} (create one with: roost admin bootstrap --site <name> --email <email>)`);
+        if (!user || user.deleted)
+          throw new UsageError(`no user with email ${opts.email} (create one with: roost admin bootstrap --site <name> --email <email>)`);
         const { idToken, expiresAt } = await signLocalIdToken(cfg, { sub: user.uid, email: user.email, ttlSeconds: ttl * 60 });
-        if (opts.json) process.stdout.write(JSON.stringify({ idToken, expiresAt, userId: user.uid, email: user.email, issuer: settings.issuer }) + '\n');
+        if (opts.json)
+          process.stdout.write(JSON.stringify({ idToken, expiresAt, userId: user.uid, email: user.email, issuer: settings.issuer }) + '\n');
         else process.stdout.write(`${idToken}\n`);
       } finally {
         await pool.end();

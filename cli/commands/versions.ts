@@ -3,7 +3,7 @@
  * versions": GET /api/roosts/{roostId}/versions, …/versions/{versionRef}, …/files).
  * Refs take every form of SPEC.md "Version id and version refs" (id, 3, #3, v3, current, previous, first).
  */
-import { Command } from 'commander';
+import { type Command } from 'commander';
 import type { RoostClient } from '../client';
 import { seg } from '../client';
 import { commandContext, formatBytes, positiveInt, table, withJson } from '../context';
@@ -39,7 +39,13 @@ export async function collectPages<T>(fetchPage: (token: string | undefined) => 
 }
 
 /** One page of a roost's versions, newest first as the server orders them. */
-export async function listVersions(client: RoostClient, siteId: string, roostId: string, pageSize?: number, pageToken?: string): Promise<Page<VersionRecord>> {
+export async function listVersions(
+  client: RoostClient,
+  siteId: string,
+  roostId: string,
+  pageSize?: number,
+  pageToken?: string,
+): Promise<Page<VersionRecord>> {
   const res = await client.get<{ versions: VersionRecord[]; next_page_token?: string }>(`/api/roosts/${seg(roostId)}/versions`, {
     siteId,
     page_size: pageSize,
@@ -49,7 +55,13 @@ export async function listVersions(client: RoostClient, siteId: string, roostId:
 }
 
 /** Every file entry of a version (paged at 500, the spec's maximum). */
-export async function listAllFiles(client: RoostClient, siteId: string, roostId: string, ref: string, prefix?: string): Promise<Array<{ path: string; size: number; chunks: unknown[] }>> {
+export async function listAllFiles(
+  client: RoostClient,
+  siteId: string,
+  roostId: string,
+  ref: string,
+  prefix?: string,
+): Promise<Array<{ path: string; size: number; chunks: unknown[] }>> {
   const all = await collectPages(async (token) => {
     const res = await client.get<{ files: Array<{ path: string; size: number; chunks: unknown[] }>; next_page_token?: string }>(
       `/api/roosts/${seg(roostId)}/versions/${seg(ref)}/files`,
@@ -85,7 +97,14 @@ export function registerVersions(program: Command): void {
       process.stdout.write(
         table(
           ['#', 'VERSION', 'CREATED', 'FILES', 'SIZE', 'DESCRIPTION'],
-          page.items.map((v) => [v.versionNumber, shortId(v.versionId), v.createdAt, v.totalFiles, formatBytes(v.totalSize), v.description]),
+          page.items.map((v) => [
+            v.versionNumber,
+            shortId(v.versionId),
+            v.createdAt,
+            v.totalFiles,
+            formatBytes(v.totalSize),
+            v.description,
+          ]),
         ) + '\n',
       );
       if (page.next) process.stdout.write(`more: --page-token ${page.next}\n`);
@@ -117,7 +136,12 @@ export function registerVersions(program: Command): void {
       ];
       if (files) {
         lines.push('');
-        lines.push(table(['SIZE', 'CHUNKS', 'PATH'], files.map((f) => [formatBytes(f.size), f.chunks.length, f.path])));
+        lines.push(
+          table(
+            ['SIZE', 'CHUNKS', 'PATH'],
+            files.map((f) => [formatBytes(f.size), f.chunks.length, f.path]),
+          ),
+        );
       }
       process.stdout.write(lines.join('\n') + '\n');
     });

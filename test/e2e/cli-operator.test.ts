@@ -22,7 +22,10 @@ describe('roost admin bootstrap', () => {
   it('creates a site, a superadmin and a key once, and returns the same on a second run', async () => {
     const site = `cli-site-${randomBytes(3).toString('hex')}`;
     const run = () => {
-      const r = spawnSync(process.execPath, [BIN, 'admin', 'bootstrap', '--site', site, '--email', `${site}@example.test`, '--json'], { env: env(), encoding: 'utf8' });
+      const r = spawnSync(process.execPath, [BIN, 'admin', 'bootstrap', '--site', site, '--email', `${site}@example.test`, '--json'], {
+        env: env(),
+        encoding: 'utf8',
+      });
       expect(r.status).toBe(0);
       return JSON.parse(r.stdout) as { siteId: string; userId: string; apiKey: string };
     };
@@ -93,7 +96,11 @@ describe('roost stack', () => {
     } finally {
       // This task queue is the test's own: leave nothing behind on the shared dev server.
       await relay.terminate('test over').catch(() => undefined);
-      for (const spec of sweepSchedules(cfg)) await temporal.schedule.getHandle(sweepScheduleId(spec.name, taskQueue)).delete().catch(() => undefined);
+      for (const spec of sweepSchedules(cfg))
+        await temporal.schedule
+          .getHandle(sweepScheduleId(spec.name, taskQueue))
+          .delete()
+          .catch(() => undefined);
       await connection.close();
     }
   });

@@ -43,7 +43,10 @@ describe('the demo walk-through', () => {
       ROOST_BACKGROUND_WORKFLOWS: 'false',
     };
     const cli = path.join(__dirname, '..', '..', 'bin', 'roost.js');
-    const child = spawn(process.execPath, [cli, 'demo', '--dir', dir, '--machines', '4', '--timeout', '3600', '--json'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [cli, 'demo', '--dir', dir, '--machines', '4', '--timeout', '3600', '--json'], {
+      env,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));

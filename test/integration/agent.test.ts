@@ -7,9 +7,9 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
-import { CHUNK_SIZE, computeVersionId, summarize, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
+import { CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import type { Scope } from '../../domain/scopes';
 import { Agent } from '../../agent/agent';
@@ -43,7 +43,13 @@ async function enrol(machineId: string, opts: { siteId?: string; secret?: string
     method: 'POST',
     url: '/api/agent/enrol',
     key: null,
-    body: { siteId: opts.siteId ?? h.siteId, enrolmentSecret: opts.secret ?? secret, machineId, hostname: `${machineId}.local`, agentVersion: '1.2.3' },
+    body: {
+      siteId: opts.siteId ?? h.siteId,
+      enrolmentSecret: opts.secret ?? secret,
+      machineId,
+      hostname: `${machineId}.local`,
+      agentVersion: '1.2.3',
+    },
   });
   expect(res.statusCode).toBe(201);
   return res.json().agentToken;
@@ -54,7 +60,12 @@ function agentReq(token: string, method: string, url: string, body?: unknown) {
 }
 
 /** Queues a command row for a machine directly (what a rollout does for sync_pull). */
-async function insertCommand(machineId: string, type: string, params: Record<string, unknown>, opts: { siteId?: string; expiresInMs?: number } = {}): Promise<string> {
+async function insertCommand(
+  machineId: string,
+  type: string,
+  params: Record<string, unknown>,
+  opts: { siteId?: string; expiresInMs?: number } = {},
+): Promise<string> {
   const commandId = newId('cmd');
   await h.deps.db.query(
     `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, expires_at)
@@ -77,7 +88,11 @@ async function ensureRoost(roostId: string, extractPath = 'C:\\Roost\\app', site
  * (4 MiB) in blob storage and the chunks table, the body blob, the version row, the current pointer.
  * `bodyText` overrides the stored body bytes (to test tampering).
  */
-async function publish(roostId: string, files: Record<string, Buffer>, opts: { siteId?: string; bodyText?: string } = {}): Promise<{ versionId: string; body: VersionBody }> {
+async function publish(
+  roostId: string,
+  files: Record<string, Buffer>,
+  opts: { siteId?: string; bodyText?: string } = {},
+): Promise<{ versionId: string; body: VersionBody }> {
   const siteId = opts.siteId ?? h.siteId;
   await ensureRoost(roostId, undefined, siteId);
   const entries: VersionBody['files'] = [];
@@ -88,7 +103,11 @@ async function publish(roostId: string, files: Record<string, Buffer>, opts: { s
       const hash = sha256Hex(part);
       chunks.push({ hash, size: part.length });
       await h.deps.blob.put('chunks', chunkBlobName(siteId, hash), Buffer.from(part), 'application/octet-stream');
-      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT (site_id, hash) DO NOTHING', [siteId, hash, part.length]);
+      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT (site_id, hash) DO NOTHING', [
+        siteId,
+        hash,
+        part.length,
+      ]);
     }
     entries.push({ path: p, size: data.length, chunks });
   }
@@ -106,11 +125,10 @@ async function publish(roostId: string, files: Record<string, Buffer>, opts: { s
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
     [siteId, roostId, versionId, rows[0].version_counter, blobName, totalSize, totalFiles, rows[0].current_version_id, h.userId],
   );
-  await h.deps.db.query('UPDATE roosts SET current_version_id = $3, previous_version_id = current_version_id WHERE site_id = $1 AND roost_id = $2', [
-    siteId,
-    roostId,
-    versionId,
-  ]);
+  await h.deps.db.query(
+    'UPDATE roosts SET current_version_id = $3, previous_version_id = current_version_id WHERE site_id = $1 AND roost_id = $2',
+    [siteId, roostId, versionId],
+  );
   return { versionId, body };
 }
 
@@ -124,12 +142,20 @@ async function writeTree(dir: string, files: Record<string, Buffer>): Promise<vo
 }
 
 async function targetState(machineId: string, roostId: string) {
-  const { rows } = await h.deps.db.query('SELECT * FROM roost_target_states WHERE site_id = $1 AND machine_id = $2 AND roost_id = $3', [h.siteId, machineId, roostId]);
+  const { rows } = await h.deps.db.query('SELECT * FROM roost_target_states WHERE site_id = $1 AND machine_id = $2 AND roost_id = $3', [
+    h.siteId,
+    machineId,
+    roostId,
+  ]);
   return rows[0];
 }
 
 async function commandRow(machineId: string, commandId: string) {
-  const { rows } = await h.deps.db.query('SELECT * FROM commands WHERE site_id = $1 AND machine_id = $2 AND command_id = $3', [h.siteId, machineId, commandId]);
+  const { rows } = await h.deps.db.query('SELECT * FROM commands WHERE site_id = $1 AND machine_id = $2 AND command_id = $3', [
+    h.siteId,
+    machineId,
+    commandId,
+  ]);
   return rows[0];
 }
 
@@ -167,7 +193,12 @@ describe('POST /api/sites/{siteId}/enrolment-secret', () => {
 
   it('hides another site (404), rejects a malformed site id (400) and a missing credential (401)', async () => {
     const other = await h.other();
-    const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true });
+    const res = await h.request({
+      method: 'POST',
+      url: `/api/sites/${h.siteId}/enrolment-secret`,
+      key: other.apiKey,
+      idempotencyKey: true,
+    });
     expect(res.statusCode).toBe(404);
     expect(res.json().code).toBe('not_found');
     const bad = await h.request({ method: 'POST', url: '/api/sites/bad%20site!/enrolment-secret' });
@@ -182,12 +213,15 @@ describe('POST /api/agent/enrol', () => {
   it('issues a sat_ token bound to site and machine, stores its digest, marks the machine online', async () => {
     const token = await enrol('enrol-1');
     expect(token).toMatch(/^sat_[A-Za-z0-9_-]{43}$/);
-    const { rows } = await h.deps.db.query('SELECT agent_token_hash, online, hostname, agent_version FROM machines WHERE site_id = $1 AND machine_id = $2', [
-      h.siteId,
-      'enrol-1',
-    ]);
+    const { rows } = await h.deps.db.query(
+      'SELECT agent_token_hash, online, hostname, agent_version FROM machines WHERE site_id = $1 AND machine_id = $2',
+      [h.siteId, 'enrol-1'],
+    );
     expect(rows[0]).toMatchObject({ agent_token_hash: sha256Hex(token), online: true, hostname: 'enrol-1.local', agent_version: '1.2.3' });
-    const ev = await h.deps.db.query(`SELECT data FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = 'enrol-1'`, [h.siteId]);
+    const ev = await h.deps.db.query(
+      `SELECT data FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = 'enrol-1'`,
+      [h.siteId],
+    );
     expect(ev.rows).toHaveLength(1);
     expect(ev.rows[0].data.siteId).toBe(h.siteId);
   });
@@ -206,7 +240,12 @@ describe('POST /api/agent/enrol', () => {
       { siteId: h.siteId, enrolmentSecret: 'nope' },
       { siteId: 'site_doesnotexist', enrolmentSecret: secret },
     ]) {
-      const res = await h.request({ method: 'POST', url: '/api/agent/enrol', key: null, body: { ...body, machineId: 'x-1', hostname: 'h', agentVersion: '1' } });
+      const res = await h.request({
+        method: 'POST',
+        url: '/api/agent/enrol',
+        key: null,
+        body: { ...body, machineId: 'x-1', hostname: 'h', agentVersion: '1' },
+      });
       expect(res.statusCode).toBe(401);
       expect(res.json()).toMatchObject({ code: 'unauthorized', detail: 'unknown site or wrong enrolment secret' });
     }
@@ -270,17 +309,27 @@ describe('POST /api/agent/heartbeat', () => {
     });
     // Fields left out keep their value; a heartbeat may have no body at all.
     expect((await agentReq(token, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
-    expect((await h.app.inject({ method: 'POST', url: '/api/agent/heartbeat', headers: { authorization: `Bearer ${token}` } })).statusCode).toBe(200);
-    const again = await h.deps.db.query('SELECT agent_version, metrics FROM machines WHERE site_id = $1 AND machine_id = $2', [h.siteId, 'hb-1']);
+    expect(
+      (await h.app.inject({ method: 'POST', url: '/api/agent/heartbeat', headers: { authorization: `Bearer ${token}` } })).statusCode,
+    ).toBe(200);
+    const again = await h.deps.db.query('SELECT agent_version, metrics FROM machines WHERE site_id = $1 AND machine_id = $2', [
+      h.siteId,
+      'hb-1',
+    ]);
     expect(again.rows[0]).toMatchObject({ agent_version: '2.0.0', metrics: { schemaVersion: 2, cpus: [1, 2] } });
   });
 
   it('records machine.online when heartbeats resume after going stale', async () => {
     const token = await enrol('hb-2');
-    await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 hour' WHERE site_id = $1 AND machine_id = 'hb-2'`, [h.siteId]);
+    await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 hour' WHERE site_id = $1 AND machine_id = 'hb-2'`, [
+      h.siteId,
+    ]);
     expect((await agentReq(token, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
     expect((await agentReq(token, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
-    const ev = await h.deps.db.query(`SELECT 1 FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = 'hb-2'`, [h.siteId]);
+    const ev = await h.deps.db.query(
+      `SELECT 1 FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = 'hb-2'`,
+      [h.siteId],
+    );
     expect(ev.rows).toHaveLength(2); // enrol + resume, not one per heartbeat
   });
 
@@ -317,18 +366,27 @@ describe('GET /api/agent/commands and POST /api/agent/commands/{id}', () => {
     expect((await agentReq(token, 'GET', '/api/agent/commands?wait=0')).json().commands).toEqual([]);
     // …until the redelivery window passed with the command still pending.
     await h.deps.db.query(`UPDATE commands SET delivered_at = now() - INTERVAL '2 minutes' WHERE command_id = $1`, [c2]);
-    expect((await agentReq(token, 'GET', '/api/agent/commands?wait=0')).json().commands.map((c: { commandId: string }) => c.commandId)).toEqual([c2]);
+    expect(
+      (await agentReq(token, 'GET', '/api/agent/commands?wait=0')).json().commands.map((c: { commandId: string }) => c.commandId),
+    ).toEqual([c2]);
   });
 
   it('long-polls: a command queued while the agent waits is returned', async () => {
     const token = await enrol('cmd-2');
     const poll = agentReq(token, 'GET', '/api/agent/commands?wait=20');
     await new Promise((r) => setTimeout(r, 600));
-    const created = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/machines/cmd-2/commands`, idempotencyKey: true, body: { type: 'reboot_machine' } });
+    const created = await h.request({
+      method: 'POST',
+      url: `/api/sites/${h.siteId}/machines/cmd-2/commands`,
+      idempotencyKey: true,
+      body: { type: 'reboot_machine' },
+    });
     expect(created.statusCode).toBe(202);
     const res = await poll;
     expect(res.statusCode).toBe(200);
-    expect(res.json().commands).toEqual([expect.objectContaining({ commandId: created.json().commandId, type: 'reboot_machine', params: { delaySeconds: 0 } })]);
+    expect(res.json().commands).toEqual([
+      expect.objectContaining({ commandId: created.json().commandId, type: 'reboot_machine', params: { delaySeconds: 0 } }),
+    ]);
   });
 
   it('returns an empty list when nothing arrives within wait, and validates wait', async () => {
@@ -372,13 +430,23 @@ describe('GET /api/agent/commands and POST /api/agent/commands/{id}', () => {
       result: null,
     });
     const k = await insertCommand('cmd-5', 'reboot_machine', {});
-    expect((await agentReq(token, 'POST', `/api/agent/commands/${k}`, { status: 'cancelled' })).json()).toMatchObject({ status: 'cancelled', result: 'cancelled' });
+    expect((await agentReq(token, 'POST', `/api/agent/commands/${k}`, { status: 'cancelled' })).json()).toMatchObject({
+      status: 'cancelled',
+      result: 'cancelled',
+    });
   });
 
   it('rejects bad statuses and values, and commands of other machines or sites', async () => {
     const token = await enrol('cmd-6');
     const c = await insertCommand('cmd-6', 'reboot_machine', {});
-    for (const body of [{ status: 'pending' }, { status: 'Bad Status' }, { status: 'completed', progress: 101 }, { status: 'completed', result: 'yes' }, {}, { status: 'completed', extra: 1 }]) {
+    for (const body of [
+      { status: 'pending' },
+      { status: 'Bad Status' },
+      { status: 'completed', progress: 101 },
+      { status: 'completed', result: 'yes' },
+      {},
+      { status: 'completed', extra: 1 },
+    ]) {
       const res = await agentReq(token, 'POST', `/api/agent/commands/${c}`, body);
       expect(res.statusCode).toBe(400);
       expect(res.json().code).toBe('validation_failed');
@@ -389,7 +457,9 @@ describe('GET /api/agent/commands and POST /api/agent/commands/{id}', () => {
     expect((await agentReq(token, 'POST', '/api/agent/commands/cmd_unknown', { status: 'completed' })).statusCode).toBe(404);
     // An agent of another site cannot see this site's command, even for the same machine id.
     const other = await h.other();
-    const otherSecret = (await h.request({ method: 'POST', url: `/api/sites/${other.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true })).json().enrolmentSecret;
+    const otherSecret = (
+      await h.request({ method: 'POST', url: `/api/sites/${other.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true })
+    ).json().enrolmentSecret;
     const otherToken = await enrol('cmd-6', { siteId: other.siteId, secret: otherSecret });
     expect((await agentReq(otherToken, 'POST', `/api/agent/commands/${c}`, { status: 'completed' })).statusCode).toBe(404);
     expect((await agentReq(otherToken, 'GET', '/api/agent/commands?wait=0')).json().commands).toEqual([]);
@@ -425,7 +495,9 @@ describe('GET /api/agent/roosts/{roostId}/versions/{versionId}', () => {
     expect(vnf.json().code).toBe('version_not_found');
     expect((await agentReq(token, 'GET', '/api/agent/roosts/roost-ver2/versions/current')).statusCode).toBe(400);
     const other = await h.other();
-    const otherSecret = (await h.request({ method: 'POST', url: `/api/sites/${other.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true })).json().enrolmentSecret;
+    const otherSecret = (
+      await h.request({ method: 'POST', url: `/api/sites/${other.siteId}/enrolment-secret`, key: other.apiKey, idempotencyKey: true })
+    ).json().enrolmentSecret;
     const otherToken = await enrol('ver-2', { siteId: other.siteId, secret: otherSecret });
     expect((await agentReq(otherToken, 'GET', `/api/agent/roosts/roost-ver2/versions/${versionId}`)).statusCode).toBe(404);
     expect((await h.request({ method: 'GET', url: `/api/agent/roosts/roost-ver2/versions/${versionId}` })).statusCode).toBe(401); // API key, not agent
@@ -437,15 +509,40 @@ describe('PUT /api/agent/roosts/{roostId}/state', () => {
     const token = await enrol('st-1');
     const { versionId } = await publish('roost-st', { 'a.txt': Buffer.from('state') });
     const url = '/api/agent/roosts/roost-st/state';
-    const r1 = await agentReq(token, 'PUT', url, { reportedVersionId: versionId, status: 'downloading', ...COUNTERS, chunks_total: 3, chunks_fetched: 1, bytes_fetched: 100 });
+    const r1 = await agentReq(token, 'PUT', url, {
+      reportedVersionId: versionId,
+      status: 'downloading',
+      ...COUNTERS,
+      chunks_total: 3,
+      chunks_fetched: 1,
+      bytes_fetched: 100,
+    });
     expect(r1.statusCode).toBe(200);
-    expect(r1.json()).toMatchObject({ roostId: 'roost-st', machineId: 'st-1', status: 'downloading', chunks_total: 3, chunks_fetched: 1, bytes_fetched: 100, error: null });
+    expect(r1.json()).toMatchObject({
+      roostId: 'roost-st',
+      machineId: 'st-1',
+      status: 'downloading',
+      chunks_total: 3,
+      chunks_fetched: 1,
+      bytes_fetched: 100,
+      error: null,
+    });
     const r2 = await agentReq(token, 'PUT', url, { reportedVersionId: versionId, status: 'failed', error: 'x'.repeat(5000), ...COUNTERS });
     expect(r2.statusCode).toBe(200);
     expect(r2.json().error.length).toBeLessThanOrEqual(2000);
-    const r3 = await agentReq(token, 'PUT', url, { reportedVersionId: versionId, status: 'committed', error: 'ignored', ...COUNTERS, files_total: 1, files_assembled: 1 });
+    const r3 = await agentReq(token, 'PUT', url, {
+      reportedVersionId: versionId,
+      status: 'committed',
+      error: 'ignored',
+      ...COUNTERS,
+      files_total: 1,
+      files_assembled: 1,
+    });
     expect(r3.json()).toMatchObject({ status: 'committed', error: null, files_total: 1, bytes_fetched: 0 });
-    const { rows } = await h.deps.db.query('SELECT count(*)::INT AS n FROM roost_target_states WHERE site_id = $1 AND machine_id = $2', [h.siteId, 'st-1']);
+    const { rows } = await h.deps.db.query('SELECT count(*)::INT AS n FROM roost_target_states WHERE site_id = $1 AND machine_id = $2', [
+      h.siteId,
+      'st-1',
+    ]);
     expect(rows[0].n).toBe(1);
   });
 
@@ -467,7 +564,11 @@ describe('PUT /api/agent/roosts/{roostId}/state', () => {
       expect(res.json().code).toBe('validation_failed');
       expect(Object.keys(res.json().errors)).toContain(field);
     }
-    const nf = await agentReq(token, 'PUT', '/api/agent/roosts/unknown-roost/state', { reportedVersionId: versionId, status: 'pending', ...COUNTERS });
+    const nf = await agentReq(token, 'PUT', '/api/agent/roosts/unknown-roost/state', {
+      reportedVersionId: versionId,
+      status: 'pending',
+      ...COUNTERS,
+    });
     expect(nf.statusCode).toBe(404);
     expect(nf.json().code).toBe('not_found');
     const vnf = await agentReq(token, 'PUT', url, { reportedVersionId: 'c'.repeat(64), status: 'pending', ...COUNTERS });
@@ -482,9 +583,19 @@ describe('PUT /api/agent/commands/{id}/screenshot', () => {
     const token = await enrol('shot-1');
     const c = await insertCommand('shot-1', 'capture_screenshot', { monitor: 'all' });
     const png = Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), randomBytes(32)]);
-    const notPng = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${c}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: Buffer.from('GIF89a....') });
+    const notPng = await h.app.inject({
+      method: 'PUT',
+      url: `/api/agent/commands/${c}/screenshot`,
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' },
+      payload: Buffer.from('GIF89a....'),
+    });
     expect(notPng.statusCode).toBe(400);
-    const up = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${c}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: png });
+    const up = await h.app.inject({
+      method: 'PUT',
+      url: `/api/agent/commands/${c}/screenshot`,
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' },
+      payload: png,
+    });
     expect(up.statusCode).toBe(200);
     expect(up.json()).toEqual({ commandId: c, bytes: png.length });
     await agentReq(token, 'POST', `/api/agent/commands/${c}`, { status: 'completed' });
@@ -493,10 +604,20 @@ describe('PUT /api/agent/commands/{id}/screenshot', () => {
     const got = await fetch(state.json().screenshotUrl);
     expect(Buffer.from(await got.arrayBuffer()).equals(png)).toBe(true);
     // Closed command or a command of another type: refused.
-    const late = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${c}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: png });
+    const late = await h.app.inject({
+      method: 'PUT',
+      url: `/api/agent/commands/${c}/screenshot`,
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' },
+      payload: png,
+    });
     expect(late.statusCode).toBe(409);
     const reboot = await insertCommand('shot-1', 'reboot_machine', {});
-    const wrong = await h.app.inject({ method: 'PUT', url: `/api/agent/commands/${reboot}/screenshot`, headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' }, payload: png });
+    const wrong = await h.app.inject({
+      method: 'PUT',
+      url: `/api/agent/commands/${reboot}/screenshot`,
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'image/png' },
+      payload: png,
+    });
     expect(wrong.statusCode).toBe(404);
   });
 });
@@ -535,12 +656,28 @@ describe('reference agent end to end', () => {
     ver1 = (await publish(ROOST, v1)).versionId;
     ver2 = (await publish(ROOST, v2)).versionId;
     rootDir = path.join(tmpRoot, 'machine-e2e');
-    agent = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-1', rootDir, heartbeatMs: 0, pollWaitSeconds: 5, progressIntervalMs: 1000 });
+    agent = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'e2e-1',
+      rootDir,
+      heartbeatMs: 0,
+      pollWaitSeconds: 5,
+      progressIntervalMs: 1000,
+    });
     await agent.start();
   });
   afterAll(async () => agent.stop());
 
-  const syncParams = (versionId: string, versionNumber: number) => ({ roostId: ROOST, versionId, versionNumber, rolloutId: null, extractRoot: 'C:\\Roost\\app', attempt: 1 });
+  const syncParams = (versionId: string, versionNumber: number) => ({
+    roostId: ROOST,
+    versionId,
+    versionNumber,
+    rolloutId: null,
+    extractRoot: 'C:\\Roost\\app',
+    attempt: 1,
+  });
 
   it('commits the exact tree of a version', async () => {
     const c = await insertCommand('e2e-1', 'sync_pull', syncParams(ver1, 1));
@@ -587,11 +724,25 @@ describe('reference agent end to end', () => {
       chunks_fetched: 2,
     });
     const deps = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/deployments` });
-    expect(deps.json().deployments[0]).toMatchObject({ reportedVersionId: ver2, currentVersionId: ver2, inSync: true, reportedVersionNumber: 2 });
+    expect(deps.json().deployments[0]).toMatchObject({
+      reportedVersionId: ver2,
+      currentVersionId: ver2,
+      inSync: true,
+      reportedVersionNumber: 2,
+    });
   });
 
   it('refetches chunks whose first download is corrupted', async () => {
-    const a2 = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-2', rootDir: path.join(tmpRoot, 'machine-e2e-2'), heartbeatMs: 0, pollWaitSeconds: 5, corruptFirstDownloadRate: 1 });
+    const a2 = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'e2e-2',
+      rootDir: path.join(tmpRoot, 'machine-e2e-2'),
+      heartbeatMs: 0,
+      pollWaitSeconds: 5,
+      corruptFirstDownloadRate: 1,
+    });
     await a2.start();
     try {
       const c = await insertCommand('e2e-2', 'sync_pull', syncParams(ver2, 2));
@@ -609,7 +760,18 @@ describe('reference agent end to end', () => {
   });
 
   it('refuses a version body that does not hash to its id, and extract roots that escape', async () => {
-    const tampered = await publish('roost-tamper', { 'x.txt': Buffer.from('real') }, { bodyText: JSON.stringify({ schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: {}, files: [{ path: 'x.txt', size: 4, chunks: [] }] }) });
+    const tampered = await publish(
+      'roost-tamper',
+      { 'x.txt': Buffer.from('real') },
+      {
+        bodyText: JSON.stringify({
+          schemaVersion: 2,
+          mediaType: VERSION_MEDIA_TYPE,
+          config: {},
+          files: [{ path: 'x.txt', size: 4, chunks: [] }],
+        }),
+      },
+    );
     const c1 = await insertCommand('e2e-1', 'sync_pull', { roostId: 'roost-tamper', versionId: tampered.versionId, extractRoot: 'tamper' });
     const o1 = await agent.waitForCommand(c1);
     expect(o1.status).toBe('failed');
@@ -625,7 +787,16 @@ describe('reference agent end to end', () => {
   });
 
   it('fails on purpose for failMachines and reports failed', async () => {
-    const a3 = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-3', rootDir: path.join(tmpRoot, 'machine-e2e-3'), heartbeatMs: 0, pollWaitSeconds: 5, failMachines: ['e2e-3'] });
+    const a3 = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'e2e-3',
+      rootDir: path.join(tmpRoot, 'machine-e2e-3'),
+      heartbeatMs: 0,
+      pollWaitSeconds: 5,
+      failMachines: ['e2e-3'],
+    });
     await a3.start();
     try {
       const c = await insertCommand('e2e-3', 'sync_pull', syncParams(ver1, 1));
@@ -638,14 +809,26 @@ describe('reference agent end to end', () => {
   });
 
   it('stops a sync when the server cancelled its command meanwhile and reports cancelled', async () => {
-    const a4 = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-4', rootDir: path.join(tmpRoot, 'machine-e2e-4'), heartbeatMs: 0, pollWaitSeconds: 5, syncDelayMs: 1500 });
+    const a4 = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'e2e-4',
+      rootDir: path.join(tmpRoot, 'machine-e2e-4'),
+      heartbeatMs: 0,
+      pollWaitSeconds: 5,
+      syncDelayMs: 1500,
+    });
     await a4.start();
     try {
       const c = await insertCommand('e2e-4', 'sync_pull', syncParams(ver1, 1));
       const done = a4.waitForCommand(c);
       // Wait until the agent took it (intermediate status), then cancel it server-side.
       for (let i = 0; i < 200 && (await commandRow('e2e-4', c)).status !== 'downloading'; i++) await new Promise((r) => setTimeout(r, 50));
-      await h.deps.db.query(`UPDATE commands SET status = 'cancelled', result = 'cancelled', completed_at = now() WHERE site_id = $1 AND machine_id = 'e2e-4' AND command_id = $2`, [h.siteId, c]);
+      await h.deps.db.query(
+        `UPDATE commands SET status = 'cancelled', result = 'cancelled', completed_at = now() WHERE site_id = $1 AND machine_id = 'e2e-4' AND command_id = $2`,
+        [h.siteId, c],
+      );
       const o = await done;
       expect(o.status).toBe('cancelled');
       expect(await targetState('e2e-4', ROOST)).toMatchObject({ status: 'cancelled', reported_version_id: ver1 });
@@ -659,8 +842,17 @@ describe('reference agent end to end', () => {
 
   it('acknowledges reboot, shutdown and screenshot commands queued through the API', async () => {
     const ids: string[] = [];
-    for (const body of [{ type: 'reboot_machine', params: { delaySeconds: 10 } }, { type: 'shutdown_machine' }, { type: 'capture_screenshot', params: { monitor: 'primary' } }]) {
-      const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/machines/e2e-1/commands`, idempotencyKey: idemKey(), body });
+    for (const body of [
+      { type: 'reboot_machine', params: { delaySeconds: 10 } },
+      { type: 'shutdown_machine' },
+      { type: 'capture_screenshot', params: { monitor: 'primary' } },
+    ]) {
+      const res = await h.request({
+        method: 'POST',
+        url: `/api/sites/${h.siteId}/machines/e2e-1/commands`,
+        idempotencyKey: idemKey(),
+        body,
+      });
       expect(res.statusCode).toBe(202);
       ids.push(res.json().commandId);
     }
@@ -672,24 +864,55 @@ describe('reference agent end to end', () => {
     const shot = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/commands/${ids[2]}` });
     const png = await fetch(shot.json().screenshotUrl);
     expect(png.status).toBe(200);
-    expect(Buffer.from(await png.arrayBuffer()).subarray(1, 4).toString()).toBe('PNG');
+    expect(
+      Buffer.from(await png.arrayBuffer())
+        .subarray(1, 4)
+        .toString(),
+    ).toBe('PNG');
   });
 
   it('reuses its persisted token on restart and re-enrols when it was rotated', async () => {
     const dir = path.join(tmpRoot, 'machine-e2e-5');
-    const a = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-5', rootDir: dir, heartbeatMs: 0, pollWaitSeconds: 1 });
+    const a = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'e2e-5',
+      rootDir: dir,
+      heartbeatMs: 0,
+      pollWaitSeconds: 1,
+    });
     await a.start();
     const first = a.token;
     await a.stop();
-    const b = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-5', rootDir: dir, heartbeatMs: 0, pollWaitSeconds: 1 });
+    const b = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'e2e-5',
+      rootDir: dir,
+      heartbeatMs: 0,
+      pollWaitSeconds: 1,
+    });
     await b.start();
     expect(b.token).toBe(first);
     await b.stop();
     await enrol('e2e-5'); // someone else rotated the token
-    const c = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'e2e-5', rootDir: dir, heartbeatMs: 0, pollWaitSeconds: 1 });
+    const c = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'e2e-5',
+      rootDir: dir,
+      heartbeatMs: 0,
+      pollWaitSeconds: 1,
+    });
     await c.start();
     expect(c.token).not.toBe(first);
-    const { rows } = await h.deps.db.query('SELECT agent_token_hash FROM machines WHERE site_id = $1 AND machine_id = $2', [h.siteId, 'e2e-5']);
+    const { rows } = await h.deps.db.query('SELECT agent_token_hash FROM machines WHERE site_id = $1 AND machine_id = $2', [
+      h.siteId,
+      'e2e-5',
+    ]);
     expect(rows[0].agent_token_hash).toBe(sha256Hex(c.token!));
     await c.stop();
   });

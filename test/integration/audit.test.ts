@@ -7,10 +7,10 @@
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { randomBytes } from 'node:crypto';
 import { buildApp } from '../../api/app';
-import { appendAudit, StoredAuditRecord } from '../../db/audit';
+import { appendAudit, type StoredAuditRecord } from '../../db/audit';
 import { hashSetDigest } from '../../domain/audit';
 import { sha256Hex } from '../../domain/hex';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { insertKey, makeUser, addMember, sessionFor } from '../support/identity';
 
 let h: Harness;
@@ -37,7 +37,13 @@ async function call(
 ): Promise<LightMyRequestResponse> {
   const headers: Record<string, string> = { ...(opts.headers ?? {}) };
   if (opts.key) headers.authorization = `Bearer ${opts.key}`;
-  return app.inject({ method: opts.method as any, url: opts.url, headers, payload: opts.body as any, remoteAddress: opts.ip ?? '127.0.0.1' });
+  return app.inject({
+    method: opts.method as any,
+    url: opts.url,
+    headers,
+    payload: opts.body as any,
+    remoteAddress: opts.ip ?? '127.0.0.1',
+  });
 }
 
 /** The site's chain straight from the database, oldest first. */
@@ -46,13 +52,28 @@ async function chainOf(siteId: string): Promise<(StoredAuditRecord & { seq: numb
     'SELECT hash, previous_hash, seq, kind, actor, attributes, occurred_at FROM audit_records WHERE site_id = $1 ORDER BY seq',
     [siteId],
   );
-  return rows.map((r: any) => ({ siteId, hash: r.hash, previousHash: r.previous_hash, seq: Number(r.seq), kind: r.kind, actor: r.actor, attributes: r.attributes, occurredAt: r.occurred_at.toISOString() }));
+  return rows.map((r: any) => ({
+    siteId,
+    hash: r.hash,
+    previousHash: r.previous_hash,
+    seq: Number(r.seq),
+    kind: r.kind,
+    actor: r.actor,
+    attributes: r.attributes,
+    occurredAt: r.occurred_at.toISOString(),
+  }));
 }
 
 const kinds = async (siteId: string) => (await chainOf(siteId)).map((r) => r.kind);
 
 async function createRoost(s: Site, key: string = s.apiKey, ip?: string): Promise<string> {
-  const res = await call({ method: 'POST', url: '/api/roosts', key, body: { siteId: s.siteId, name: `r-${randomBytes(3).toString('hex')}` }, ip });
+  const res = await call({
+    method: 'POST',
+    url: '/api/roosts',
+    key,
+    body: { siteId: s.siteId, name: `r-${randomBytes(3).toString('hex')}` },
+    ip,
+  });
   expect(res.statusCode).toBe(201);
   return res.json().roostId;
 }
@@ -113,7 +134,13 @@ describe('recording', () => {
       await call({ method: 'POST', url: '/api/roosts', key: s.apiKey, body: { siteId: s.siteId } }),
       await call({ method: 'POST', url: '/api/roosts', key: readOnly.raw, body: { siteId: s.siteId, name: 'x' }, ip: '10.9.9.9' }),
       await call({ method: 'POST', url: '/api/roosts', key: other.apiKey, body: { siteId: s.siteId, name: 'x' }, ip: '10.9.9.8' }),
-      await call({ method: 'POST', url: '/api/chunks/upload-urls', key: readOnly.raw, body: { siteId: s.siteId, hashes: [fakeHash()] }, ip: '10.9.9.9' }),
+      await call({
+        method: 'POST',
+        url: '/api/chunks/upload-urls',
+        key: readOnly.raw,
+        body: { siteId: s.siteId, hashes: [fakeHash()] },
+        ip: '10.9.9.9',
+      }),
     ];
     expect(refused.map((r) => r.statusCode)).toEqual([400, 403, 404, 403]);
     expect(await chainOf(s.siteId)).toEqual(before);
@@ -124,8 +151,18 @@ describe('recording', () => {
   it('records an idempotent replay with the replay flag, and never the secret of the response', async () => {
     const s = await freshSite();
     const key = idemKey();
-    const first = await call({ method: 'POST', url: `/api/sites/${s.siteId}/enrolment-secret`, key: s.apiKey, headers: { 'idempotency-key': key } });
-    const again = await call({ method: 'POST', url: `/api/sites/${s.siteId}/enrolment-secret`, key: s.apiKey, headers: { 'idempotency-key': key } });
+    const first = await call({
+      method: 'POST',
+      url: `/api/sites/${s.siteId}/enrolment-secret`,
+      key: s.apiKey,
+      headers: { 'idempotency-key': key },
+    });
+    const again = await call({
+      method: 'POST',
+      url: `/api/sites/${s.siteId}/enrolment-secret`,
+      key: s.apiKey,
+      headers: { 'idempotency-key': key },
+    });
     expect([first.statusCode, again.statusCode, again.headers['idempotent-replayed']]).toEqual([201, 201, 'true']);
     const chain = (await chainOf(s.siteId)).filter((r) => r.kind === 'enrolment_secret_rotated');
     expect(chain.map((r) => r.attributes.idempotentReplay)).toEqual([false, true]);
@@ -142,17 +179,35 @@ describe('recording', () => {
     expect(upRes.statusCode).toBe(200);
     const held = fakeHash();
     await hold(s.siteId, held);
-    const down = await call({ method: 'POST', url: '/api/chunks/download-urls', key: s.apiKey, body: { siteId: s.siteId, hashes: [held, fakeHash()] } });
+    const down = await call({
+      method: 'POST',
+      url: '/api/chunks/download-urls',
+      key: s.apiKey,
+      body: { siteId: s.siteId, hashes: [held, fakeHash()] },
+    });
     expect(down.statusCode).toBe(200);
     const downGet = await call({ method: 'GET', url: `/api/chunks/download-urls?siteId=${s.siteId}&hash=${held}`, key: s.apiKey });
     expect(downGet.statusCode).toBe(200);
     // Agent-token calls are not audited.
     const agentToken = `sat_${randomBytes(32).toString('base64url')}`;
-    await h.deps.db.query('INSERT INTO machines (site_id, machine_id, agent_token_hash) VALUES ($1, $2, $3)', [s.siteId, `mach-${randomBytes(3).toString('hex')}`, sha256Hex(agentToken)]);
-    expect((await call({ method: 'POST', url: '/api/chunks/download-urls', key: agentToken, body: { siteId: s.siteId, hashes: [held] } })).statusCode).toBe(200);
+    await h.deps.db.query('INSERT INTO machines (site_id, machine_id, agent_token_hash) VALUES ($1, $2, $3)', [
+      s.siteId,
+      `mach-${randomBytes(3).toString('hex')}`,
+      sha256Hex(agentToken),
+    ]);
+    expect(
+      (await call({ method: 'POST', url: '/api/chunks/download-urls', key: agentToken, body: { siteId: s.siteId, hashes: [held] } }))
+        .statusCode,
+    ).toBe(200);
     // Nothing issued, nothing recorded; a chunk check is a read.
-    expect((await call({ method: 'POST', url: '/api/chunks/download-urls', key: s.apiKey, body: { siteId: s.siteId, hashes: [fakeHash()] } })).statusCode).toBe(200);
-    expect((await call({ method: 'POST', url: '/api/chunks/check', key: s.apiKey, body: { siteId: s.siteId, hashes: [fakeHash()] } })).statusCode).toBe(200);
+    expect(
+      (await call({ method: 'POST', url: '/api/chunks/download-urls', key: s.apiKey, body: { siteId: s.siteId, hashes: [fakeHash()] } }))
+        .statusCode,
+    ).toBe(200);
+    expect(
+      (await call({ method: 'POST', url: '/api/chunks/check', key: s.apiKey, body: { siteId: s.siteId, hashes: [fakeHash()] } }))
+        .statusCode,
+    ).toBe(200);
 
     const signed = (await chainOf(s.siteId)).filter((r) => r.kind === 'signed_url_issued');
     expect(signed.map((r) => [r.attributes.purpose, r.attributes.count, r.attributes.hashesDigest, r.attributes.method])).toEqual([
@@ -168,9 +223,12 @@ describe('recording', () => {
 
 describe('api_key_used sampling and the api_key.used event', () => {
   const events = async (siteId: string, keyId: string) =>
-    (await h.deps.db.query(`SELECT data FROM events WHERE site_id = $1 AND type = 'api_key.used' AND data->>'keyId' = $2 ORDER BY occurred_at`, [siteId, keyId])).rows.map(
-      (r: any) => r.data,
-    );
+    (
+      await h.deps.db.query(
+        `SELECT data FROM events WHERE site_id = $1 AND type = 'api_key.used' AND data->>'keyId' = $2 ORDER BY occurred_at`,
+        [siteId, keyId],
+      )
+    ).rows.map((r: any) => r.data);
 
   it('samples once per key and address, emits the event once per new address, and agrees across API processes', async () => {
     const s = await freshSite();
@@ -189,11 +247,22 @@ describe('api_key_used sampling and the api_key.used event', () => {
       [`apiKey:${k.keyId}`, '10.1.0.1', true],
       [`apiKey:${k.keyId}`, '10.1.0.2', true],
     ]);
-    expect(used[0].attributes).toMatchObject({ keyId: k.keyId, userAgent: 'audit-test/1.0', route: '/api/sites/:siteId/quota', method: 'GET' });
+    expect(used[0].attributes).toMatchObject({
+      keyId: k.keyId,
+      userAgent: 'audit-test/1.0',
+      route: '/api/sites/:siteId/quota',
+      method: 'GET',
+    });
     const ev = await events(s.siteId, k.keyId);
     expect(ev).toHaveLength(2);
     expect(Object.keys(ev[0]).sort()).toEqual(['firstUseFromIp', 'ip', 'keyId', 'keyPrefix', 'userAgent']);
-    expect(ev[0]).toEqual({ keyId: k.keyId, keyPrefix: k.raw.slice(0, ev[0].keyPrefix.length), ip: '10.1.0.1', userAgent: 'audit-test/1.0', firstUseFromIp: true });
+    expect(ev[0]).toEqual({
+      keyId: k.keyId,
+      keyPrefix: k.raw.slice(0, ev[0].keyPrefix.length),
+      ip: '10.1.0.1',
+      userAgent: 'audit-test/1.0',
+      firstUseFromIp: true,
+    });
     expect(ev[1].ip).toBe('10.1.0.2');
 
     // A second API process over the same database: the table, not the cache, decides.
@@ -264,7 +333,13 @@ describe('GET /api/sites/{siteId}/audit-log', () => {
     const body = res.json();
     expect(body.next_page_token).toBe('');
     expect(body.nextPageToken).toBe('');
-    expect(body.records.map((r: any) => r.kind)).toEqual(['roost_created', 'roost_created', 'roost_created', 'roost_created', 'api_key_used']);
+    expect(body.records.map((r: any) => r.kind)).toEqual([
+      'roost_created',
+      'roost_created',
+      'roost_created',
+      'roost_created',
+      'api_key_used',
+    ]);
     expect(body.records.map((r: any) => r.sequence)).toEqual([5, 4, 3, 2, 1]);
     const [newest, next] = body.records;
     expect(Object.keys(newest).sort()).toEqual(['actor', 'attributes', 'hash', 'kind', 'occurredAt', 'previousHash', 'sequence', 'siteId']);
@@ -308,7 +383,14 @@ describe('GET /api/sites/{siteId}/audit-log', () => {
   });
 
   it('rejects bad since, page_size and page_token with validation_failed', async () => {
-    for (const q of ['?since=yesterday', '?since=2026-02-30', '?since=2026-01-01T25:00:00Z', '?page_size=0', '?page_size=201', '?page_token=garbage']) {
+    for (const q of [
+      '?since=yesterday',
+      '?since=2026-02-30',
+      '?since=2026-01-01T25:00:00Z',
+      '?page_size=0',
+      '?page_size=201',
+      '?page_token=garbage',
+    ]) {
       const res = await list(q, sessionUser.token);
       expect({ q, status: res.statusCode, code: res.json().code }).toEqual({ q, status: 400, code: 'validation_failed' });
     }
@@ -322,7 +404,10 @@ describe('GET /api/sites/{siteId}/audit-log', () => {
     expect([res.statusCode, res.json().code]).toEqual([404, 'not_found']);
     const member = await makeUser(h.deps.db);
     await addMember(h.deps.db, s.siteId, member.uid);
-    const writeOnly = await insertKey(h.deps.db, { uid: member.uid, scopes: [{ resource: 'site', id: s.siteId, permissions: ['write', 'admin'] }] });
+    const writeOnly = await insertKey(h.deps.db, {
+      uid: member.uid,
+      scopes: [{ resource: 'site', id: s.siteId, permissions: ['write', 'admin'] }],
+    });
     const lacking = await list('', writeOnly.raw);
     expect(lacking.statusCode).toBe(403);
     expect(lacking.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'site', id: s.siteId, permission: 'read' } });
@@ -335,7 +420,8 @@ describe('GET /api/sites/{siteId}/audit-log/{recordHash}', () => {
     const s = await freshSite();
     await createRoost(s);
     const [genesis, second] = await chainOf(s.siteId);
-    const get = (hash: string, key: string | null = s.apiKey) => call({ method: 'GET', url: `/api/sites/${s.siteId}/audit-log/${hash}`, key });
+    const get = (hash: string, key: string | null = s.apiKey) =>
+      call({ method: 'GET', url: `/api/sites/${s.siteId}/audit-log/${hash}`, key });
 
     const g = await get(genesis.hash);
     expect(g.statusCode).toBe(200);
@@ -365,7 +451,9 @@ describe('GET /api/sites/{siteId}/audit-log/{recordHash}', () => {
     const otherRoost = await createRoost(other);
     expect(otherRoost).toBeTruthy();
     const [otherGenesis] = await chainOf(other.siteId);
-    expect((await call({ method: 'GET', url: `/api/sites/${s.siteId}/audit-log/${otherGenesis.hash}`, key: h.apiKey })).statusCode).toBe(404);
+    expect((await call({ method: 'GET', url: `/api/sites/${s.siteId}/audit-log/${otherGenesis.hash}`, key: h.apiKey })).statusCode).toBe(
+      404,
+    );
   });
 
   it('detects a record tampered with in the database; its successor still names the original hash', async () => {
@@ -374,20 +462,43 @@ describe('GET /api/sites/{siteId}/audit-log/{recordHash}', () => {
     const chain = await chainOf(s.siteId);
     expect(chain).toHaveLength(4);
     const [, before, target, after] = chain;
-    await h.deps.db.query(`UPDATE audit_records SET attributes = jsonb_set(attributes, '{status}', '200') WHERE site_id = $1 AND hash = $2`, [s.siteId, target.hash]);
+    await h.deps.db.query(
+      `UPDATE audit_records SET attributes = jsonb_set(attributes, '{status}', '200') WHERE site_id = $1 AND hash = $2`,
+      [s.siteId, target.hash],
+    );
 
-    const get = async (hash: string) => (await call({ method: 'GET', url: `/api/sites/${s.siteId}/audit-log/${hash}`, key: s.apiKey })).json();
+    const get = async (hash: string) =>
+      (await call({ method: 'GET', url: `/api/sites/${s.siteId}/audit-log/${hash}`, key: s.apiKey })).json();
     const t = await get(target.hash);
     expect(t.attributes.status).toBe(200);
-    expect(t.verification).toEqual({ hashValid: false, linkageValid: true, isGenesis: false, predecessorPresent: true, reason: 'hash_mismatch', ok: false });
+    expect(t.verification).toEqual({
+      hashValid: false,
+      linkageValid: true,
+      isGenesis: false,
+      predecessorPresent: true,
+      reason: 'hash_mismatch',
+      ok: false,
+    });
     const a = await get(after.hash);
     expect(a.previousHash).toBe(target.hash);
-    expect(a.verification).toEqual({ hashValid: true, linkageValid: false, isGenesis: false, predecessorPresent: true, reason: 'predecessor_tampered', ok: false });
+    expect(a.verification).toEqual({
+      hashValid: true,
+      linkageValid: false,
+      isGenesis: false,
+      predecessorPresent: true,
+      reason: 'predecessor_tampered',
+      ok: false,
+    });
     expect((await get(before.hash)).verification.ok).toBe(true);
 
     // Rewriting the claimed hash too breaks the successor's link instead.
     await h.deps.db.query('UPDATE audit_records SET hash = $3 WHERE site_id = $1 AND hash = $2', [s.siteId, target.hash, 'f'.repeat(64)]);
-    expect((await get(after.hash)).verification).toMatchObject({ predecessorPresent: false, linkageValid: false, reason: 'predecessor_missing', ok: false });
+    expect((await get(after.hash)).verification).toMatchObject({
+      predecessorPresent: false,
+      linkageValid: false,
+      reason: 'predecessor_missing',
+      ok: false,
+    });
   });
 });
 
@@ -395,7 +506,9 @@ describe('concurrent appends', () => {
   it('keeps 50 concurrent appends to one site one unbroken chain', async () => {
     const s = await freshSite();
     const appended = await Promise.all(
-      Array.from({ length: 50 }, (_, i) => appendAudit(h.deps.db, s.siteId, { kind: 'concurrency_test', actor: `user:${s.userId}`, attributes: { i } })),
+      Array.from({ length: 50 }, (_, i) =>
+        appendAudit(h.deps.db, s.siteId, { kind: 'concurrency_test', actor: `user:${s.userId}`, attributes: { i } }),
+      ),
     );
     expect(new Set(appended.map((r) => r.hash)).size).toBe(50);
     const chain = await chainOf(s.siteId);

@@ -13,8 +13,8 @@
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { newId, sha256Hex } from '../../domain/hex';
-import { PERMISSIONS, RESOURCES, Requirement, Scope } from '../../domain/scopes';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { PERMISSIONS, RESOURCES, type Requirement, type Scope } from '../../domain/scopes';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { addMember, insertKey, makeUser } from '../support/identity';
 
 let h: Harness;
@@ -52,20 +52,28 @@ interface Row {
   req: (siteId: string) => { url: string; body?: unknown };
 }
 
-const site = (permission: Requirement['permission']) => (s: string): Requirement[] => [{ resource: 'site', id: s, permission }];
+const site =
+  (permission: Requirement['permission']) =>
+  (s: string): Requirement[] => [{ resource: 'site', id: s, permission }];
 /** Site-wide routes that also accept the permission on every resource of a kind (`roost=*`, `machine=*`). */
-const siteOrAny = (resource: Requirement['resource'], permission: Requirement['permission']) => (s: string): Requirement[] => [
-  { resource: 'site', id: s, permission },
-  { resource, id: '*', permission },
-];
-const roost = (permission: Requirement['permission']) => (s: string): Requirement[] => [
-  { resource: 'roost', id: ROOST, permission },
-  { resource: 'site', id: s, permission },
-];
-const machine = (permission: Requirement['permission']) => (s: string): Requirement[] => [
-  { resource: 'machine', id: MACHINE, permission },
-  { resource: 'site', id: s, permission },
-];
+const siteOrAny =
+  (resource: Requirement['resource'], permission: Requirement['permission']) =>
+  (s: string): Requirement[] => [
+    { resource: 'site', id: s, permission },
+    { resource, id: '*', permission },
+  ];
+const roost =
+  (permission: Requirement['permission']) =>
+  (s: string): Requirement[] => [
+    { resource: 'roost', id: ROOST, permission },
+    { resource: 'site', id: s, permission },
+  ];
+const machine =
+  (permission: Requirement['permission']) =>
+  (s: string): Requirement[] => [
+    { resource: 'machine', id: MACHINE, permission },
+    { resource: 'site', id: s, permission },
+  ];
 
 const MATRIX: Row[] = [
   // ---- public
@@ -73,12 +81,23 @@ const MATRIX: Row[] = [
   { route: 'GET /healthz', what: { kind: 'public', status: 200 }, req: () => ({ url: '/healthz' }) },
   { route: 'GET /api/openapi.json', what: { kind: 'public', status: 200 }, req: () => ({ url: '/api/openapi.json' }) },
   { route: 'GET /.well-known/jwks.json', what: { kind: 'public', status: 200 }, req: () => ({ url: '/.well-known/jwks.json' }) },
-  { route: 'GET /.well-known/openid-configuration', what: { kind: 'public', status: 200 }, req: () => ({ url: '/.well-known/openid-configuration' }) },
-  { route: 'POST /api/auth/session', what: { kind: 'public', status: 401, code: 'unauthorized' }, req: () => ({ url: '/api/auth/session', body: { idToken: 'e30.e30.e30' } }) },
+  {
+    route: 'GET /.well-known/openid-configuration',
+    what: { kind: 'public', status: 200 },
+    req: () => ({ url: '/.well-known/openid-configuration' }),
+  },
+  {
+    route: 'POST /api/auth/session',
+    what: { kind: 'public', status: 401, code: 'unauthorized' },
+    req: () => ({ url: '/api/auth/session', body: { idToken: 'e30.e30.e30' } }),
+  },
   {
     route: 'POST /api/agent/enrol',
     what: { kind: 'public', status: 401, code: 'unauthorized' },
-    req: (s) => ({ url: '/api/agent/enrol', body: { siteId: s, enrolmentSecret: 'ses_wrong', machineId: 'mach-new', hostname: 'h', agentVersion: '1.0.0' } }),
+    req: (s) => ({
+      url: '/api/agent/enrol',
+      body: { siteId: s, enrolmentSecret: 'ses_wrong', machineId: 'mach-new', hostname: 'h', agentVersion: '1.0.0' },
+    }),
   },
   // ---- identity
   { route: 'GET /api/whoami', what: { kind: 'self' }, req: () => ({ url: '/api/whoami' }) },
@@ -89,62 +108,160 @@ const MATRIX: Row[] = [
   { route: 'POST /api/keys/:keyId/rotate', what: { kind: 'interactive' }, req: () => ({ url: `/api/keys/${keyOfMain()}/rotate` }) },
   { route: 'DELETE /api/keys/:keyId', what: { kind: 'interactive' }, req: () => ({ url: `/api/keys/${keyOfMain()}` }) },
   { route: 'GET /api/account/api-keys', what: { kind: 'interactive' }, req: () => ({ url: '/api/account/api-keys' }) },
-  { route: 'POST /api/account/api-keys', what: { kind: 'interactive' }, req: () => ({ url: '/api/account/api-keys', body: { userId: member.uid, name: 'm', preset: 'admin' } }) },
-  { route: 'DELETE /api/account/api-keys/:keyId', what: { kind: 'interactive' }, req: () => ({ url: `/api/account/api-keys/${keyOfMain()}` }) },
+  {
+    route: 'POST /api/account/api-keys',
+    what: { kind: 'interactive' },
+    req: () => ({ url: '/api/account/api-keys', body: { userId: member.uid, name: 'm', preset: 'admin' } }),
+  },
+  {
+    route: 'DELETE /api/account/api-keys/:keyId',
+    what: { kind: 'interactive' },
+    req: () => ({ url: `/api/account/api-keys/${keyOfMain()}` }),
+  },
   // ---- roosts and versions
-  { route: 'POST /api/roosts', what: { kind: 'site', needs: siteOrAny('roost', 'write') }, req: (s) => ({ url: '/api/roosts', body: { siteId: s, name: 'matrix' } }) },
+  {
+    route: 'POST /api/roosts',
+    what: { kind: 'site', needs: siteOrAny('roost', 'write') },
+    req: (s) => ({ url: '/api/roosts', body: { siteId: s, name: 'matrix' } }),
+  },
   { route: 'GET /api/roosts', what: { kind: 'site', needs: siteOrAny('roost', 'read') }, req: (s) => ({ url: `/api/roosts?siteId=${s}` }) },
-  { route: 'GET /api/roosts/:roostId', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}?siteId=${s}` }) },
-  { route: 'PATCH /api/roosts/:roostId', what: { kind: 'site', needs: roost('write') }, req: (s) => ({ url: `/api/roosts/${ROOST}`, body: { siteId: s, name: 'renamed' } }) },
-  { route: 'DELETE /api/roosts/:roostId', what: { kind: 'site', needs: roost('write') }, req: (s) => ({ url: `/api/roosts/${ROOST}?siteId=${s}` }) },
-  { route: 'POST /api/roosts/:roostId/versions', what: { kind: 'site', needs: roost('write') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions`, body: { siteId: s, version: {} } }) },
-  { route: 'GET /api/roosts/:roostId/versions', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions?siteId=${s}` }) },
-  { route: 'GET /api/roosts/:roostId/versions/:versionRef', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest?siteId=${s}` }) },
+  {
+    route: 'GET /api/roosts/:roostId',
+    what: { kind: 'site', needs: roost('read') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}?siteId=${s}` }),
+  },
+  {
+    route: 'PATCH /api/roosts/:roostId',
+    what: { kind: 'site', needs: roost('write') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}`, body: { siteId: s, name: 'renamed' } }),
+  },
+  {
+    route: 'DELETE /api/roosts/:roostId',
+    what: { kind: 'site', needs: roost('write') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}?siteId=${s}` }),
+  },
+  {
+    route: 'POST /api/roosts/:roostId/versions',
+    what: { kind: 'site', needs: roost('write') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/versions`, body: { siteId: s, version: {} } }),
+  },
+  {
+    route: 'GET /api/roosts/:roostId/versions',
+    what: { kind: 'site', needs: roost('read') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/versions?siteId=${s}` }),
+  },
+  {
+    route: 'GET /api/roosts/:roostId/versions/:versionRef',
+    what: { kind: 'site', needs: roost('read') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest?siteId=${s}` }),
+  },
   {
     route: 'PATCH /api/roosts/:roostId/versions/:versionRef',
     what: { kind: 'site', needs: roost('write') },
     req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest`, body: { siteId: s, description: 'x' } }),
   },
-  { route: 'GET /api/roosts/:roostId/versions/:versionRef/files', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest/files?siteId=${s}` }) },
+  {
+    route: 'GET /api/roosts/:roostId/versions/:versionRef/files',
+    what: { kind: 'site', needs: roost('read') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest/files?siteId=${s}` }),
+  },
   {
     route: 'GET /api/roosts/:roostId/versions/:versionRef/diff',
     what: { kind: 'site', needs: roost('read') },
     req: (s) => ({ url: `/api/roosts/${ROOST}/versions/latest/diff?siteId=${s}&against=previous` }),
   },
-  { route: 'POST /api/roosts/:roostId/rollback', what: { kind: 'site', needs: roost('rollback') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollback`, body: { siteId: s } }) },
-  { route: 'POST /api/roosts/:roostId/deploy', what: { kind: 'site', needs: roost('deploy') }, req: (s) => ({ url: `/api/roosts/${ROOST}/deploy`, body: { siteId: s } }) },
-  { route: 'GET /api/roosts/:roostId/rollouts', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts?siteId=${s}` }) },
-  { route: 'GET /api/roosts/:roostId/rollouts/:rolloutId', what: { kind: 'site', needs: roost('read') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts/rol_matrix?siteId=${s}` }) },
-  ...(['pause', 'resume', 'promote', 'abort', 'rollback'] as const).map(
-    (a): Row => ({ route: `POST /api/roosts/:roostId/rollouts/:rolloutId/${a}`, what: { kind: 'site', needs: roost('deploy') }, req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts/rol_matrix/${a}`, body: { siteId: s } }) }),
-  ),
+  {
+    route: 'POST /api/roosts/:roostId/rollback',
+    what: { kind: 'site', needs: roost('rollback') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/rollback`, body: { siteId: s } }),
+  },
+  {
+    route: 'POST /api/roosts/:roostId/deploy',
+    what: { kind: 'site', needs: roost('deploy') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/deploy`, body: { siteId: s } }),
+  },
+  {
+    route: 'GET /api/roosts/:roostId/rollouts',
+    what: { kind: 'site', needs: roost('read') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts?siteId=${s}` }),
+  },
+  {
+    route: 'GET /api/roosts/:roostId/rollouts/:rolloutId',
+    what: { kind: 'site', needs: roost('read') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts/rol_matrix?siteId=${s}` }),
+  },
+  ...(['pause', 'resume', 'promote', 'abort', 'rollback'] as const).map((a): Row => ({
+    route: `POST /api/roosts/:roostId/rollouts/:rolloutId/${a}`,
+    what: { kind: 'site', needs: roost('deploy') },
+    req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts/rol_matrix/${a}`, body: { siteId: s } }),
+  })),
   // ---- chunks
-  { route: 'POST /api/chunks/check', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: '/api/chunks/check', body: { siteId: s, hashes: [HASH] } }) },
-  { route: 'POST /api/chunks/upload-urls', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: '/api/chunks/upload-urls', body: { siteId: s, hashes: [HASH] } }) },
+  {
+    route: 'POST /api/chunks/check',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({ url: '/api/chunks/check', body: { siteId: s, hashes: [HASH] } }),
+  },
+  {
+    route: 'POST /api/chunks/upload-urls',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({ url: '/api/chunks/upload-urls', body: { siteId: s, hashes: [HASH] } }),
+  },
   {
     route: 'POST /api/chunks/download-urls',
     what: { kind: 'site', needs: site('read'), agentAllowed: true },
     req: (s) => ({ url: '/api/chunks/download-urls', body: { siteId: s, hashes: [HASH] } }),
   },
-  { route: 'GET /api/chunks/download-urls', what: { kind: 'site', needs: site('read'), agentAllowed: true }, req: (s) => ({ url: `/api/chunks/download-urls?siteId=${s}&hash=${HASH}` }) },
-  { route: 'POST /api/chunks/:digest/mount', what: { kind: 'site', needs: site('write') }, req: (s) => ({ url: `/api/chunks/${HASH}/mount`, body: { siteId: s, from: ROOST, to: 'rst_other' } }) },
-  { route: 'GET /api/chunks/:digest/referrers', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/chunks/${HASH}/referrers?siteId=${s}` }) },
+  {
+    route: 'GET /api/chunks/download-urls',
+    what: { kind: 'site', needs: site('read'), agentAllowed: true },
+    req: (s) => ({ url: `/api/chunks/download-urls?siteId=${s}&hash=${HASH}` }),
+  },
+  {
+    route: 'POST /api/chunks/:digest/mount',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({ url: `/api/chunks/${HASH}/mount`, body: { siteId: s, from: ROOST, to: 'rst_other' } }),
+  },
+  {
+    route: 'GET /api/chunks/:digest/referrers',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/chunks/${HASH}/referrers?siteId=${s}` }),
+  },
   // ---- webhooks (api/routes/webhooks.ts: reads site read, mutations and the probe site admin)
   {
     route: 'POST /api/sites/:siteId/webhooks',
     what: { kind: 'site', needs: site('admin') },
     req: (s) => ({ url: `/api/sites/${s}/webhooks`, body: { url: 'https://example.com/hook', name: 'm', events: ['version.published'] } }),
   },
-  { route: 'GET /api/sites/:siteId/webhooks', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/webhooks` }) },
-  { route: 'GET /api/sites/:siteId/webhooks/:webhookId', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}` }) },
-  { route: 'PATCH /api/sites/:siteId/webhooks/:webhookId', what: { kind: 'site', needs: site('admin') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}`, body: { name: 'x' } }) },
-  { route: 'DELETE /api/sites/:siteId/webhooks/:webhookId', what: { kind: 'site', needs: site('admin') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}` }) },
+  {
+    route: 'GET /api/sites/:siteId/webhooks',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/webhooks/:webhookId',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}` }),
+  },
+  {
+    route: 'PATCH /api/sites/:siteId/webhooks/:webhookId',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}`, body: { name: 'x' } }),
+  },
+  {
+    route: 'DELETE /api/sites/:siteId/webhooks/:webhookId',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}` }),
+  },
   {
     route: 'POST /api/sites/:siteId/webhooks/:webhookId/rotate-secret',
     what: { kind: 'site', needs: site('admin') },
     req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}/rotate-secret`, body: {} }),
   },
-  { route: 'GET /api/sites/:siteId/webhooks/:webhookId/deliveries', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}/deliveries` }) },
+  {
+    route: 'GET /api/sites/:siteId/webhooks/:webhookId/deliveries',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/webhooks/${WEBHOOK}/deliveries` }),
+  },
   {
     route: 'POST /api/sites/:siteId/webhooks/:webhookId/deliveries/:deliveryId/retry',
     what: { kind: 'site', needs: site('admin') },
@@ -153,18 +270,49 @@ const MATRIX: Row[] = [
   {
     route: 'POST /api/webhooks/probe',
     what: { kind: 'site', needs: site('admin') },
-    req: (s) => ({ url: `/api/webhooks/probe?siteId=${s}`, body: { url: 'https://example.com/hook', event: 'version.published', payload: {} } }),
+    req: (s) => ({
+      url: `/api/webhooks/probe?siteId=${s}`,
+      body: { url: 'https://example.com/hook', event: 'version.published', payload: {} },
+    }),
   },
   // ---- sites, machines, quota
-  { route: 'POST /api/sites/:siteId/enrolment-secret', what: { kind: 'site', needs: site('admin') }, req: (s) => ({ url: `/api/sites/${s}/enrolment-secret` }) },
+  {
+    route: 'POST /api/sites/:siteId/enrolment-secret',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}/enrolment-secret` }),
+  },
   { route: 'GET /api/sites/:siteId/quota', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/quota` }) },
-  { route: 'GET /api/sites/:siteId/signing-keys', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/signing-keys` }) },
-  { route: 'GET /api/sites/:siteId/audit-log', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/audit-log` }) },
-  { route: 'GET /api/sites/:siteId/audit-log/:recordHash', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}/audit-log/${HASH}` }) },
+  {
+    route: 'GET /api/sites/:siteId/signing-keys',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/signing-keys` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/audit-log',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/audit-log` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/audit-log/:recordHash',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/audit-log/${HASH}` }),
+  },
   { route: 'GET /api/events/stream', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/events/stream?siteId=${s}` }) },
-  { route: 'GET /api/sites/:siteId/machines', what: { kind: 'site', needs: siteOrAny('machine', 'read') }, req: (s) => ({ url: `/api/sites/${s}/machines` }) },
-  { route: 'GET /api/sites/:siteId/machines/:machineId', what: { kind: 'site', needs: machine('read') }, req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}` }) },
-  { route: 'GET /api/sites/:siteId/machines/:machineId/deployments', what: { kind: 'site', needs: machine('read') }, req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/deployments` }) },
+  {
+    route: 'GET /api/sites/:siteId/machines',
+    what: { kind: 'site', needs: siteOrAny('machine', 'read') },
+    req: (s) => ({ url: `/api/sites/${s}/machines` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/machines/:machineId',
+    what: { kind: 'site', needs: machine('read') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/machines/:machineId/deployments',
+    what: { kind: 'site', needs: machine('read') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/deployments` }),
+  },
   {
     route: 'POST /api/sites/:siteId/machines/:machineId/commands',
     what: { kind: 'site', needs: machine('write') },
@@ -179,10 +327,26 @@ const MATRIX: Row[] = [
   { route: 'POST /api/agent/heartbeat', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/heartbeat', body: {} }) },
   { route: 'GET /api/agent/commands', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/commands' }) },
   { route: 'GET /api/agent/signing-keys', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/signing-keys' }) },
-  { route: 'POST /api/agent/commands/:commandId', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/commands/${COMMAND}`, body: { status: 'completed' } }) },
-  { route: 'PUT /api/agent/commands/:commandId/screenshot', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/commands/${COMMAND}/screenshot` }) },
-  { route: 'GET /api/agent/roosts/:roostId/versions/:versionId', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/roosts/${ROOST}/versions/${VERSION_ID}` }) },
-  { route: 'PUT /api/agent/roosts/:roostId/state', what: { kind: 'agent' }, req: () => ({ url: `/api/agent/roosts/${ROOST}/state`, body: { reportedVersionId: VERSION_ID, status: 'pending' } }) },
+  {
+    route: 'POST /api/agent/commands/:commandId',
+    what: { kind: 'agent' },
+    req: () => ({ url: `/api/agent/commands/${COMMAND}`, body: { status: 'completed' } }),
+  },
+  {
+    route: 'PUT /api/agent/commands/:commandId/screenshot',
+    what: { kind: 'agent' },
+    req: () => ({ url: `/api/agent/commands/${COMMAND}/screenshot` }),
+  },
+  {
+    route: 'GET /api/agent/roosts/:roostId/versions/:versionId',
+    what: { kind: 'agent' },
+    req: () => ({ url: `/api/agent/roosts/${ROOST}/versions/${VERSION_ID}` }),
+  },
+  {
+    route: 'PUT /api/agent/roosts/:roostId/state',
+    what: { kind: 'agent' },
+    req: () => ({ url: `/api/agent/roosts/${ROOST}/state`, body: { reportedVersionId: VERSION_ID, status: 'pending' } }),
+  },
 ];
 
 /** The API reference page's own routes (static assets and the rendered document) are public. */
@@ -264,7 +428,11 @@ async function lackingKey(needs: Requirement[]): Promise<string> {
 
 async function agentFor(siteId: string): Promise<string> {
   const token = `sat_${randomBytes(32).toString('base64url')}`;
-  await h.deps.db.query('INSERT INTO machines (site_id, machine_id, agent_token_hash) VALUES ($1, $2, $3)', [siteId, newId('mach'), sha256Hex(token)]);
+  await h.deps.db.query('INSERT INTO machines (site_id, machine_id, agent_token_hash) VALUES ($1, $2, $3)', [
+    siteId,
+    newId('mach'),
+    sha256Hex(token),
+  ]);
   return token;
 }
 
@@ -301,16 +469,26 @@ describe('authorisation matrix', () => {
   it('has a row for every registered route (and no row for a route that does not exist)', () => {
     const registered = registeredRoutes(h.app).filter((r) => !r.split(' ')[1].startsWith(DOCS_PREFIX));
     const listed = MATRIX.map((r) => r.route).sort();
-    expect({ missing: registered.filter((r) => !listed.includes(r)), stale: listed.filter((r) => !registered.includes(r)) }).toEqual({ missing: [], stale: [] });
+    expect({ missing: registered.filter((r) => !listed.includes(r)), stale: listed.filter((r) => !registered.includes(r)) }).toEqual({
+      missing: [],
+      stale: [],
+    });
   });
 
   it('serves the API reference page without a credential', async () => {
     const docs = registeredRoutes(h.app).filter((r) => r.startsWith(`GET ${DOCS_PREFIX}`));
     expect(docs.length).toBeGreaterThan(0);
     for (const r of docs) {
-      const url = r.split(' ')[1].replace('*', 'index.html').replace(/:[A-Za-z]+/g, 'x');
+      const url = r
+        .split(' ')[1]
+        .replace('*', 'index.html')
+        .replace(/:[A-Za-z]+/g, 'x');
       const res = await h.request({ method: 'GET', url, key: null });
-      expect({ route: r, unauthorized: res.statusCode === 401 || res.statusCode === 403, serverError: res.statusCode >= 500 }).toEqual({ route: r, unauthorized: false, serverError: false });
+      expect({ route: r, unauthorized: res.statusCode === 401 || res.statusCode === 403, serverError: res.statusCode >= 500 }).toEqual({
+        route: r,
+        unauthorized: false,
+        serverError: false,
+      });
     }
   });
 

@@ -3,7 +3,7 @@
  * URLs with real bytes through Azurite, cross-roost mount, referrers, and tenant isolation.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
 import { mountEntryId, versionEntryId } from '../../db/chunks';
 import type { Scope } from '../../domain/scopes';
@@ -47,10 +47,13 @@ async function agentToken(siteId: string): Promise<string> {
 }
 
 async function roost(siteId: string, roostId = newId('rst'), deleted = false): Promise<string> {
-  await h.deps.db.query(
-    `INSERT INTO roosts (site_id, roost_id, name, created_by, deleted_at) VALUES ($1, $2, $3, $4, $5)`,
-    [siteId, roostId, `roost ${roostId}`, h.userId, deleted ? new Date() : null],
-  );
+  await h.deps.db.query(`INSERT INTO roosts (site_id, roost_id, name, created_by, deleted_at) VALUES ($1, $2, $3, $4, $5)`, [
+    siteId,
+    roostId,
+    `roost ${roostId}`,
+    h.userId,
+    deleted ? new Date() : null,
+  ]);
   return roostId;
 }
 
@@ -119,11 +122,17 @@ describe('POST /api/chunks/check', () => {
   });
 
   it('rejects an empty list, a missing list and malformed hashes with their index', async () => {
-    expect(expectProblem(await post('/api/chunks/check', { siteId: h.siteId, hashes: [] }), 400, 'validation_failed').errors).toHaveProperty('hashes');
+    expect(
+      expectProblem(await post('/api/chunks/check', { siteId: h.siteId, hashes: [] }), 400, 'validation_failed').errors,
+    ).toHaveProperty('hashes');
     expect(expectProblem(await post('/api/chunks/check', { siteId: h.siteId }), 400, 'validation_failed').errors).toHaveProperty('hashes');
     const good = fakeHash();
     for (const bad of [good.toUpperCase(), `sha256:${good}`, good.slice(1), 42]) {
-      const body = expectProblem(await post('/api/chunks/check', { siteId: h.siteId, hashes: [good, good, bad] }), 400, 'validation_failed');
+      const body = expectProblem(
+        await post('/api/chunks/check', { siteId: h.siteId, hashes: [good, good, bad] }),
+        400,
+        'validation_failed',
+      );
       expect(Object.keys(body.errors)).toEqual(['hashes.2']);
     }
   });
@@ -131,7 +140,9 @@ describe('POST /api/chunks/check', () => {
   it('rejects a missing or malformed siteId', async () => {
     const hashes = [fakeHash()];
     expect(expectProblem(await post('/api/chunks/check', { hashes }), 400, 'validation_failed').errors).toHaveProperty('siteId');
-    expect(expectProblem(await post('/api/chunks/check', { siteId: 'no such/site', hashes }), 400, 'validation_failed').errors).toHaveProperty('siteId');
+    expect(
+      expectProblem(await post('/api/chunks/check', { siteId: 'no such/site', hashes }), 400, 'validation_failed').errors,
+    ).toHaveProperty('siteId');
   });
 
   it('hides unknown and foreign sites (404) and needs a credential (401)', async () => {
@@ -150,7 +161,7 @@ describe('POST /api/chunks/check', () => {
     expect((await post('/api/chunks/check', { siteId: h.siteId, hashes: [fakeHash()] }, writer)).statusCode).toBe(200);
   });
 
-  it('never reports another site\'s chunks as held', async () => {
+  it("never reports another site's chunks as held", async () => {
     const onlyA = fakeHash();
     await hold(h.siteId, onlyA);
     const res = await post('/api/chunks/check', { siteId: b.siteId, hashes: [onlyA] }, b.apiKey);
@@ -218,19 +229,38 @@ describe('signed upload and download URLs', () => {
 
   it('upload-urls ignores Idempotency-Key (no replay) and validates like check', async () => {
     const key = idemKey();
-    const first = await h.request({ method: 'POST', url: '/api/chunks/upload-urls', body: { siteId: h.siteId, hashes: [fakeHash()] }, idempotencyKey: key });
-    const second = await h.request({ method: 'POST', url: '/api/chunks/upload-urls', body: { siteId: h.siteId, hashes: [fakeHash()] }, idempotencyKey: key });
+    const first = await h.request({
+      method: 'POST',
+      url: '/api/chunks/upload-urls',
+      body: { siteId: h.siteId, hashes: [fakeHash()] },
+      idempotencyKey: key,
+    });
+    const second = await h.request({
+      method: 'POST',
+      url: '/api/chunks/upload-urls',
+      body: { siteId: h.siteId, hashes: [fakeHash()] },
+      idempotencyKey: key,
+    });
     expect(first.statusCode).toBe(200);
     expect(second.statusCode).toBe(200);
     expect(second.headers['idempotent-replayed']).toBeUndefined();
     expect(Object.keys(second.json().urls)).not.toEqual(Object.keys(first.json().urls));
 
-    expectProblem(await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: Array.from({ length: 1001 }, fakeHash) }), 400, 'validation_failed');
+    expectProblem(
+      await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: Array.from({ length: 1001 }, fakeHash) }),
+      400,
+      'validation_failed',
+    );
     expectProblem(await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: [] }), 400, 'validation_failed');
-    expect(expectProblem(await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: ['xyz'] }), 400, 'validation_failed').errors).toHaveProperty(['hashes.0']);
+    expect(
+      expectProblem(await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: ['xyz'] }), 400, 'validation_failed').errors,
+    ).toHaveProperty(['hashes.0']);
     expectProblem(await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: [fakeHash()] }, b.apiKey), 404, 'not_found');
     const reader = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
-    expect(expectProblem(await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: [fakeHash()] }, reader), 403, 'scope_insufficient').required).toEqual({
+    expect(
+      expectProblem(await post('/api/chunks/upload-urls', { siteId: h.siteId, hashes: [fakeHash()] }, reader), 403, 'scope_insufficient')
+        .required,
+    ).toEqual({
       resource: 'site',
       id: h.siteId,
       permission: 'write',
@@ -257,7 +287,13 @@ describe('signed upload and download URLs', () => {
     expect(Object.keys(res.json().urls).sort()).toEqual([x, y].sort());
     const one = await h.request({ method: 'GET', url: `/api/chunks/download-urls?siteId=${h.siteId}&hash=${x}` });
     expect(Object.keys(one.json().urls)).toEqual([x]);
-    expect(expectProblem(await h.request({ method: 'GET', url: `/api/chunks/download-urls?siteId=${h.siteId}&hash=${x}&hash=nope` }), 400, 'validation_failed').errors).toHaveProperty(['querystring.hash.1']);
+    expect(
+      expectProblem(
+        await h.request({ method: 'GET', url: `/api/chunks/download-urls?siteId=${h.siteId}&hash=${x}&hash=nope` }),
+        400,
+        'validation_failed',
+      ).errors,
+    ).toHaveProperty(['querystring.hash.1']);
     expectProblem(await h.request({ method: 'GET', url: `/api/chunks/download-urls?siteId=${h.siteId}` }), 400, 'validation_failed');
     expectProblem(await h.request({ method: 'GET', url: `/api/chunks/download-urls?hash=${x}` }), 400, 'validation_failed');
   });
@@ -278,11 +314,19 @@ describe('signed upload and download URLs', () => {
 
     const theirs = await agentToken(b.siteId);
     expectProblem(await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: [c.hash] }, theirs), 404, 'not_found');
-    expectProblem(await h.request({ method: 'GET', url: `/api/chunks/download-urls?siteId=${h.siteId}&hash=${c.hash}`, key: theirs }), 404, 'not_found');
-    expectProblem(await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: [c.hash] }, `sat_${randomToken(32)}`), 401, 'unauthorized');
+    expectProblem(
+      await h.request({ method: 'GET', url: `/api/chunks/download-urls?siteId=${h.siteId}&hash=${c.hash}`, key: theirs }),
+      404,
+      'not_found',
+    );
+    expectProblem(
+      await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: [c.hash] }, `sat_${randomToken(32)}`),
+      401,
+      'unauthorized',
+    );
   });
 
-  it('keeps one site\'s chunks from another site', async () => {
+  it("keeps one site's chunks from another site", async () => {
     const onlyA = fakeHash();
     await hold(h.siteId, onlyA);
     expectProblem(await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: [onlyA] }, b.apiKey), 404, 'not_found');
@@ -290,16 +334,27 @@ describe('signed upload and download URLs', () => {
     expect(own.statusCode).toBe(200);
     expect(own.json()).toMatchObject({ urls: {}, missing: [onlyA] });
     const agentB = await agentToken(b.siteId);
-    expect((await post('/api/chunks/download-urls', { siteId: b.siteId, hashes: [onlyA] }, agentB)).json()).toMatchObject({ urls: {}, missing: [onlyA] });
+    expect((await post('/api/chunks/download-urls', { siteId: b.siteId, hashes: [onlyA] }, agentB)).json()).toMatchObject({
+      urls: {},
+      missing: [onlyA],
+    });
   });
 
   it('download-urls needs site read exactly', async () => {
     const writer = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['write'] }]);
-    const body = expectProblem(await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: [fakeHash()] }, writer), 403, 'scope_insufficient');
+    const body = expectProblem(
+      await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: [fakeHash()] }, writer),
+      403,
+      'scope_insufficient',
+    );
     expect(body.required).toEqual({ resource: 'site', id: h.siteId, permission: 'read' });
     const reader = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
     expect((await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: [fakeHash()] }, reader)).statusCode).toBe(200);
-    expectProblem(await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: Array.from({ length: 1001 }, fakeHash) }), 400, 'validation_failed');
+    expectProblem(
+      await post('/api/chunks/download-urls', { siteId: h.siteId, hashes: Array.from({ length: 1001 }, fakeHash) }),
+      400,
+      'validation_failed',
+    );
   });
 });
 
@@ -317,7 +372,12 @@ describe('POST /api/chunks/{digest}/mount', () => {
   });
 
   const mountRows = async (d: string) =>
-    (await h.deps.db.query('SELECT entry_id, source, roost_id, from_roost_id, to_roost_id, created_by FROM chunk_referrers WHERE site_id = $1 AND hash = $2', [h.siteId, d])).rows;
+    (
+      await h.deps.db.query(
+        'SELECT entry_id, source, roost_id, from_roost_id, to_roost_id, created_by FROM chunk_referrers WHERE site_id = $1 AND hash = $2',
+        [h.siteId, d],
+      )
+    ).rows;
 
   it('records one referrer entry with a deterministic id and is retry-safe', async () => {
     const expected = { digest, siteId: h.siteId, from, to, mounted: true, zeroByte: true };
@@ -353,28 +413,41 @@ describe('POST /api/chunks/{digest}/mount', () => {
   });
 
   it('rejects from equal to to, missing fields and conflicting body and query', async () => {
-    expect(expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from, to: from }), 400, 'validation_failed').errors).toHaveProperty('to');
+    expect(
+      expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from, to: from }), 400, 'validation_failed').errors,
+    ).toHaveProperty('to');
     const missing = expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId }), 400, 'validation_failed');
     expect(Object.keys(missing.errors).sort()).toEqual(['from', 'to']);
-    expect(expectProblem(await h.request({ method: 'POST', url: `/api/chunks/${digest}/mount` }), 400, 'validation_failed').errors).toHaveProperty('siteId');
+    expect(
+      expectProblem(await h.request({ method: 'POST', url: `/api/chunks/${digest}/mount` }), 400, 'validation_failed').errors,
+    ).toHaveProperty('siteId');
     const clash = await h.request({ method: 'POST', url: `/api/chunks/${digest}/mount?to=${from}`, body: { siteId: h.siteId, from, to } });
     expect(expectProblem(clash, 400, 'validation_failed').errors).toHaveProperty('to');
     expectProblem(await post(`/api/chunks/${digest.toUpperCase()}/mount`, { siteId: h.siteId, from, to }), 400, 'validation_failed');
     expectProblem(await post(`/api/chunks/abc/mount`, { siteId: h.siteId, from, to }), 400, 'validation_failed');
     expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: 'bad site', from, to }), 400, 'validation_failed');
-    expect(expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from: 'no/such roost', to }), 400, 'validation_failed').errors).toHaveProperty('from');
+    expect(
+      expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from: 'no/such roost', to }), 400, 'validation_failed')
+        .errors,
+    ).toHaveProperty('from');
     expect(await mountRows(digest)).toHaveLength(1);
   });
 
   it('404s a missing or tombstoned roost, a chunk the site does not hold, and a foreign site', async () => {
     const d = fakeHash();
     await hold(h.siteId, d);
-    expect(expectProblem(await post(`/api/chunks/${d}/mount`, { siteId: h.siteId, from: 'rst_nope', to }), 404, 'not_found').param).toBe('from');
-    expect(expectProblem(await post(`/api/chunks/${d}/mount`, { siteId: h.siteId, from, to: 'rst_nope' }), 404, 'not_found').param).toBe('to');
+    expect(expectProblem(await post(`/api/chunks/${d}/mount`, { siteId: h.siteId, from: 'rst_nope', to }), 404, 'not_found').param).toBe(
+      'from',
+    );
+    expect(expectProblem(await post(`/api/chunks/${d}/mount`, { siteId: h.siteId, from, to: 'rst_nope' }), 404, 'not_found').param).toBe(
+      'to',
+    );
     const gone = await roost(h.siteId, undefined, true);
     expectProblem(await post(`/api/chunks/${d}/mount`, { siteId: h.siteId, from, to: gone }), 404, 'not_found');
     const notHeld = fakeHash();
-    expect(expectProblem(await post(`/api/chunks/${notHeld}/mount`, { siteId: h.siteId, from, to }), 404, 'not_found').param).toBe('digest');
+    expect(expectProblem(await post(`/api/chunks/${notHeld}/mount`, { siteId: h.siteId, from, to }), 404, 'not_found').param).toBe(
+      'digest',
+    );
 
     // Site B holds the chunk and has roosts of the same ids: it still cannot mount into site A.
     await hold(b.siteId, d);
@@ -387,10 +460,18 @@ describe('POST /api/chunks/{digest}/mount', () => {
 
   it('needs site write exactly', async () => {
     const reader = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['read', 'admin'] }]);
-    const body = expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from: to, to: from }, reader), 403, 'scope_insufficient');
+    const body = expectProblem(
+      await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from: to, to: from }, reader),
+      403,
+      'scope_insufficient',
+    );
     expect(body.required).toEqual({ resource: 'site', id: h.siteId, permission: 'write' });
     const roostWriter = await scopedKey([{ resource: 'roost', id: '*', permissions: ['write'] }]);
-    expectProblem(await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from: to, to: from }, roostWriter), 403, 'scope_insufficient');
+    expectProblem(
+      await post(`/api/chunks/${digest}/mount`, { siteId: h.siteId, from: to, to: from }, roostWriter),
+      403,
+      'scope_insufficient',
+    );
     expect(await mountRows(digest)).toHaveLength(1);
   });
 
@@ -405,7 +486,12 @@ describe('POST /api/chunks/{digest}/mount', () => {
     expect(replay.statusCode).toBe(201);
     expect(replay.headers['idempotent-replayed']).toBe('true');
     expect(replay.json()).toEqual(first.json());
-    const other = await h.request({ method: 'POST', url: `/api/chunks/${d}/mount`, body: { ...body, from: to, to: from }, idempotencyKey: key });
+    const other = await h.request({
+      method: 'POST',
+      url: `/api/chunks/${d}/mount`,
+      body: { ...body, from: to, to: from },
+      idempotencyKey: key,
+    });
     expectProblem(other, 422, 'idempotency_key_mismatch');
     expect(await mountRows(d)).toHaveLength(1);
   });
@@ -415,8 +501,21 @@ describe('POST /api/chunks/{digest}/mount', () => {
 
 describe('GET /api/chunks/{digest}/referrers', () => {
   const ENTRY_KEYS = [
-    'entryId', 'source', 'roostId', 'fromRoostId', 'toRoostId', 'versionId', 'versionNumber', 'fileCount', 'pathCount',
-    'totalBytes', 'referencedAt', 'createdAt', 'createdBy', 'mountedAt', 'mountedBy',
+    'entryId',
+    'source',
+    'roostId',
+    'fromRoostId',
+    'toRoostId',
+    'versionId',
+    'versionNumber',
+    'fileCount',
+    'pathCount',
+    'totalBytes',
+    'referencedAt',
+    'createdAt',
+    'createdBy',
+    'mountedAt',
+    'mountedBy',
   ].sort();
   let digest: string;
   let r1: string;
@@ -463,7 +562,15 @@ describe('GET /api/chunks/{digest}/referrers', () => {
       mountedBy: null,
     });
     expect(e1.referencedAt).toBe(e1.createdAt);
-    expect(e2).toMatchObject({ source: 'version', roostId: r1, versionId: v2, versionNumber: 2, fileCount: null, pathCount: null, totalBytes: 2000 });
+    expect(e2).toMatchObject({
+      source: 'version',
+      roostId: r1,
+      versionId: v2,
+      versionNumber: 2,
+      fileCount: null,
+      pathCount: null,
+      totalBytes: 2000,
+    });
     expect(m).toMatchObject({
       entryId: mountEntryId(digest, h.siteId, r1, r2),
       source: 'mount',
@@ -485,12 +592,18 @@ describe('GET /api/chunks/{digest}/referrers', () => {
 
   it('pages with page_size/page_token and with the limit/cursor aliases', async () => {
     const all = (await h.request({ method: 'GET', url: url() })).json().referrers.map((e: { entryId: string }) => e.entryId);
-    for (const [sizeName, tokenName] of [['page_size', 'page_token'], ['limit', 'cursor']]) {
+    for (const [sizeName, tokenName] of [
+      ['page_size', 'page_token'],
+      ['limit', 'cursor'],
+    ]) {
       const seen: string[] = [];
       let token = '';
       let pages = 0;
       do {
-        const res = await h.request({ method: 'GET', url: url(`&${sizeName}=2${token ? `&${tokenName}=${encodeURIComponent(token)}` : ''}`) });
+        const res = await h.request({
+          method: 'GET',
+          url: url(`&${sizeName}=2${token ? `&${tokenName}=${encodeURIComponent(token)}` : ''}`),
+        });
         expect(res.statusCode).toBe(200);
         const body = res.json();
         expect(body.referrers.length).toBeLessThanOrEqual(2);
@@ -512,18 +625,27 @@ describe('GET /api/chunks/{digest}/referrers', () => {
       expectProblem(await h.request({ method: 'GET', url: url(q) }), 400, 'validation_failed');
     }
     const wellEncodedButForeign = Buffer.from(JSON.stringify({ p: { offset: 3 } })).toString('base64url');
-    expect(expectProblem(await h.request({ method: 'GET', url: url(`&page_token=${wellEncodedButForeign}`) }), 400, 'validation_failed').param).toBe('page_token');
+    expect(
+      expectProblem(await h.request({ method: 'GET', url: url(`&page_token=${wellEncodedButForeign}`) }), 400, 'validation_failed').param,
+    ).toBe('page_token');
   });
 
   it('404s a digest the site does not hold and a foreign or unknown site; 400s a malformed digest or siteId', async () => {
-    expect(expectProblem(await h.request({ method: 'GET', url: `/api/chunks/${fakeHash()}/referrers?siteId=${h.siteId}` }), 404, 'not_found').param).toBe('digest');
+    expect(
+      expectProblem(await h.request({ method: 'GET', url: `/api/chunks/${fakeHash()}/referrers?siteId=${h.siteId}` }), 404, 'not_found')
+        .param,
+    ).toBe('digest');
     expectProblem(await h.request({ method: 'GET', url: url(), key: b.apiKey }), 404, 'not_found');
     await hold(b.siteId, digest);
     const bView = await h.request({ method: 'GET', url: `/api/chunks/${digest}/referrers?siteId=${b.siteId}`, key: b.apiKey });
     expect(bView.statusCode).toBe(200);
     expect(bView.json().referrers).toEqual([]);
     expectProblem(await h.request({ method: 'GET', url: `/api/chunks/${digest}/referrers?siteId=site_unknown` }), 404, 'not_found');
-    expectProblem(await h.request({ method: 'GET', url: `/api/chunks/${digest.slice(2)}/referrers?siteId=${h.siteId}` }), 400, 'validation_failed');
+    expectProblem(
+      await h.request({ method: 'GET', url: `/api/chunks/${digest.slice(2)}/referrers?siteId=${h.siteId}` }),
+      400,
+      'validation_failed',
+    );
     expectProblem(await h.request({ method: 'GET', url: `/api/chunks/${digest}/referrers` }), 400, 'validation_failed');
     expectProblem(await h.request({ method: 'GET', url: `/api/chunks/${digest}/referrers?siteId=a%20b` }), 400, 'validation_failed');
   });

@@ -9,9 +9,9 @@ import { buildApp } from '../../api/app';
 import { describeWorkflow, rolloutWorkflowId } from '../../api/temporal';
 import { splitWaves } from '../../db/rollouts';
 import { closeWorkerConnections } from '../../worker/worker';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import {
-  TestWorker,
+  type TestWorker,
   enrolMachineRows,
   machineIds,
   publishFiles,
@@ -39,20 +39,27 @@ afterAll(async () => {
   await h?.close();
 });
 
-async function deploy(roostId: string, body: Record<string, unknown> = {}, opts: { key?: string | null; idempotencyKey?: string | false } = {}) {
+async function deploy(
+  roostId: string,
+  body: Record<string, unknown> = {},
+  opts: { key?: string | null; idempotencyKey?: string | false } = {},
+) {
   const res = await h.request({
     method: 'POST',
     url: `/api/roosts/${roostId}/deploy`,
     body: { siteId: h.siteId, ...body },
     key: opts.key,
-    idempotencyKey: opts.idempotencyKey === false ? undefined : opts.idempotencyKey ?? idemKey(),
+    idempotencyKey: opts.idempotencyKey === false ? undefined : (opts.idempotencyKey ?? idemKey()),
   });
   if (res.statusCode === 202) workflows.add(rolloutWorkflowId(h.siteId, roostId, res.json().versionId));
   return res;
 }
 
 async function rolloutCount(roostId: string): Promise<number> {
-  const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM rollouts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roostId]);
+  const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM rollouts WHERE site_id = $1 AND roost_id = $2', [
+    h.siteId,
+    roostId,
+  ]);
   return rows[0].n;
 }
 
@@ -73,7 +80,20 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     expect(res.statusCode).toBe(202);
     const r = res.json();
     expect(Object.keys(r).sort()).toEqual(
-      ['alreadyRunning', 'canary', 'dryRun', 'extractRoot', 'fleet', 'roostId', 'rolloutId', 'scheduleAt', 'siteId', 'stage', 'versionId', 'versionUrl'].sort(),
+      [
+        'alreadyRunning',
+        'canary',
+        'dryRun',
+        'extractRoot',
+        'fleet',
+        'roostId',
+        'rolloutId',
+        'scheduleAt',
+        'siteId',
+        'stage',
+        'versionId',
+        'versionUrl',
+      ].sort(),
     );
     expect(r).toMatchObject({
       versionId: roost.versionId,
@@ -86,7 +106,9 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
       scheduleAt: null,
     });
     expect(r.rolloutId).toMatch(/^rol_[0-9a-f]{24}$/);
-    expect(r.versionUrl).toMatch(new RegExp(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roost.roostId}/versions/${roost.versionId}\\.json$`));
+    expect(r.versionUrl).toMatch(
+      new RegExp(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roost.roostId}/versions/${roost.versionId}\\.json$`),
+    );
     // ceil(10 %) of 20 targets, chosen by hash of rolloutId + machineId; the fleet keeps target order.
     expect(r.canary).toHaveLength(2);
     expect({ canary: r.canary, fleet: r.fleet }).toEqual(splitWaves(r.rolloutId, ids));
@@ -95,7 +117,15 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     const workflowId = rolloutWorkflowId(h.siteId, roost.roostId, roost.versionId);
     expect(res.headers['x-roost-workflow-url']).toContain(`/workflows/${encodeURIComponent(workflowId)}/`);
     const { rows } = await h.deps.db.query('SELECT * FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, r.rolloutId]);
-    expect(rows[0]).toMatchObject({ stage: 'canary', active: true, workflow_id: workflowId, created_by: h.userId, canary: r.canary, fleet: r.fleet, schedule_at: null });
+    expect(rows[0]).toMatchObject({
+      stage: 'canary',
+      active: true,
+      workflow_id: workflowId,
+      created_by: h.userId,
+      canary: r.canary,
+      fleet: r.fleet,
+      schedule_at: null,
+    });
     const { rows: waves } = await h.deps.db.query(
       `SELECT wave, count(*)::int AS n FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 GROUP BY wave ORDER BY wave`,
       [h.siteId, r.rolloutId],
@@ -106,10 +136,17 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     ]);
     const desc = await h.deps.temporal.workflow.getHandle(workflowId).describe();
     expect(desc.memo).toEqual({ rolloutId: r.rolloutId });
-    expect(desc.searchAttributes).toMatchObject({ RoostSiteId: [h.siteId], RoostRoostId: [roost.roostId], RoostVersionId: [roost.versionId] });
+    expect(desc.searchAttributes).toMatchObject({
+      RoostSiteId: [h.siteId],
+      RoostRoostId: [roost.roostId],
+      RoostVersionId: [roost.versionId],
+    });
     // The workflow really runs: the canary gets its sync_pull commands.
     await waitForEvent(workflowId, (e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'watchWave');
-    const { rows: cmds } = await h.deps.db.query(`SELECT machine_id, type FROM commands WHERE site_id = $1 AND rollout_id = $2 ORDER BY machine_id`, [h.siteId, r.rolloutId]);
+    const { rows: cmds } = await h.deps.db.query(
+      `SELECT machine_id, type FROM commands WHERE site_id = $1 AND rollout_id = $2 ORDER BY machine_id`,
+      [h.siteId, r.rolloutId],
+    );
     expect(cmds).toEqual([...r.canary].sort().map((m: string) => ({ machine_id: m, type: 'sync_pull' })));
   });
 
@@ -184,15 +221,24 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     expect(res.statusCode).toBe(202);
     const r = res.json();
     expect(r).toMatchObject({ stage: 'canary', scheduleAt: at.toISOString(), alreadyRunning: false });
-    const { rows } = await h.deps.db.query('SELECT schedule_at FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, r.rolloutId]);
+    const { rows } = await h.deps.db.query('SELECT schedule_at FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
+      h.siteId,
+      r.rolloutId,
+    ]);
     expect(rows[0].schedule_at.toISOString()).toBe(at.toISOString());
     const timer = await waitForEvent(rolloutWorkflowId(h.siteId, roost.roostId, roost.versionId), (e) => e.timerStartedEventAttributes);
     const seconds = Number(timer.timerStartedEventAttributes.startToFireTimeout.seconds);
     expect(seconds).toBeGreaterThan(60);
     expect(seconds).toBeLessThanOrEqual(120);
-    const { rows: cmds } = await h.deps.db.query('SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2', [h.siteId, r.rolloutId]);
+    const { rows: cmds } = await h.deps.db.query('SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2', [
+      h.siteId,
+      r.rolloutId,
+    ]);
     expect(cmds[0].n).toBe(0);
-    const { rows: started } = await h.deps.db.query(`SELECT count(*)::int AS n FROM events WHERE site_id = $1 AND data->>'rolloutId' = $2`, [h.siteId, r.rolloutId]);
+    const { rows: started } = await h.deps.db.query(
+      `SELECT count(*)::int AS n FROM events WHERE site_id = $1 AND data->>'rolloutId' = $2`,
+      [h.siteId, r.rolloutId],
+    );
     expect(started[0].n).toBe(0);
 
     for (const offset of [30_000, -3_600_000]) {
@@ -208,7 +254,10 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     const readOnly = await scopedKey(h, [{ resource: 'roost', id: roost.roostId, permissions: ['read', 'write', 'rollback'] }]);
     const denied = await deploy(roost.roostId, {}, { key: readOnly });
     expect(denied.statusCode).toBe(403);
-    expect(denied.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'roost', id: roost.roostId, permission: 'deploy' } });
+    expect(denied.json()).toMatchObject({
+      code: 'scope_insufficient',
+      required: { resource: 'roost', id: roost.roostId, permission: 'deploy' },
+    });
     const otherRoost = await scopedKey(h, [{ resource: 'roost', id: 'rst_000000000000000000000000', permissions: ['deploy'] }]);
     expect((await deploy(roost.roostId, {}, { key: otherRoost })).statusCode).toBe(403);
     expect(await rolloutCount(roost.roostId)).toBe(0);
@@ -224,7 +273,13 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     const foreign = await deploy(roost.roostId, {}, { key: other.apiKey });
     expect(foreign.statusCode).toBe(404);
     expect(foreign.json().code).toBe('not_found');
-    const crossed = await h.request({ method: 'POST', url: `/api/roosts/${roost.roostId}/deploy`, body: { siteId: other.siteId }, idempotencyKey: true, key: other.apiKey });
+    const crossed = await h.request({
+      method: 'POST',
+      url: `/api/roosts/${roost.roostId}/deploy`,
+      body: { siteId: other.siteId },
+      idempotencyKey: true,
+      key: other.apiKey,
+    });
     expect(crossed.statusCode).toBe(404);
     const missing = await deploy('rst_000000000000000000000000');
     expect(missing.statusCode).toBe(404);
@@ -268,7 +323,12 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     await enrolMachineRows(h, ['foreign-1'], other.siteId);
     const res = await deploy(roost.roostId, { machines: [ids[0], 'ghost-1', 'foreign-1'] });
     expect(res.statusCode).toBe(400);
-    expect(res.json()).toMatchObject({ code: 'validation_failed', param: 'machines', unknownMachines: ['ghost-1', 'foreign-1'], unknownCount: 2 });
+    expect(res.json()).toMatchObject({
+      code: 'validation_failed',
+      param: 'machines',
+      unknownMachines: ['ghost-1', 'foreign-1'],
+      unknownCount: 2,
+    });
     expect(res.json().errors.machines[0]).toContain('ghost-1');
     expect(await rolloutCount(roost.roostId)).toBe(0);
   });
@@ -276,9 +336,14 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
   it('answers 409 conflict for a deleted roost, no current version, a missing version body, or unusable targets', async () => {
     const deleted = await seedRoost(h, { targets: ids.slice(0, 2) });
     await h.deps.db.query('UPDATE roosts SET deleted_at = now() WHERE site_id = $1 AND roost_id = $2', [h.siteId, deleted.roostId]);
-    const empty = (await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'never published', targets: ids.slice(0, 2) } })).json();
+    const empty = (
+      await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'never published', targets: ids.slice(0, 2) } })
+    ).json();
     const bodyless = await seedRoost(h, { targets: ids.slice(0, 2) });
-    const { rows } = await h.deps.db.query('SELECT blob_name FROM roost_versions WHERE site_id = $1 AND roost_id = $2', [h.siteId, bodyless.roostId]);
+    const { rows } = await h.deps.db.query('SELECT blob_name FROM roost_versions WHERE site_id = $1 AND roost_id = $2', [
+      h.siteId,
+      bodyless.roostId,
+    ]);
     await h.deps.blob.delete('versions', rows[0].blob_name);
     const ghosts = await seedRoost(h, { targets: [ids[0], 'ghost-2'] });
     const untargeted = await seedRoost(h, { targets: [] });
@@ -293,7 +358,10 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
   it('answers 503 and leaves no active rollout when the workflow cannot start; a retry then deploys', async () => {
     const roost = await seedRoost(h, { targets: ids.slice(0, 2) });
     const connection = Connection.lazy({ address: '127.0.0.1:1', interceptors: [] });
-    const broken = await buildApp({ ...h.deps, temporal: new Client({ connection, namespace: h.deps.cfg.TEMPORAL_NAMESPACE }) }, { logger: false });
+    const broken = await buildApp(
+      { ...h.deps, temporal: new Client({ connection, namespace: h.deps.cfg.TEMPORAL_NAMESPACE }) },
+      { logger: false },
+    );
     try {
       await broken.ready();
       const res = await broken.inject({
@@ -309,7 +377,10 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
       await broken.close();
       await connection.close().catch(() => undefined);
     }
-    const { rows } = await h.deps.db.query('SELECT stage, active, abort_reason FROM rollouts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roost.roostId]);
+    const { rows } = await h.deps.db.query('SELECT stage, active, abort_reason FROM rollouts WHERE site_id = $1 AND roost_id = $2', [
+      h.siteId,
+      roost.roostId,
+    ]);
     expect(rows).toEqual([{ stage: 'failed', active: false, abort_reason: 'workflow_start_failed' }]);
     const retry = await deploy(roost.roostId);
     expect(retry.statusCode).toBe(202);

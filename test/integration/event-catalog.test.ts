@@ -16,9 +16,19 @@ import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName } from '../../storage/blob';
 import { announceKeyExpiry, condemnChunk, finishReclaim, markMachineOffline, recordVerifyResult } from '../../db/sweeps';
 import { closeWorkerConnections } from '../../worker/worker';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
-import { TestWorker, dbFleet, deployRoute, enrolMachineRows, machineIds, publishFiles, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';
+import {
+  type TestWorker,
+  dbFleet,
+  deployRoute,
+  enrolMachineRows,
+  machineIds,
+  publishFiles,
+  seedRoost,
+  startTestWorker,
+  terminateAll,
+} from './rollout-fixtures';
 
 /** JSON type of a data field: one of these, or several joined by `|`. */
 type Json = 'string' | 'integer' | 'number' | 'boolean' | 'null';
@@ -41,11 +51,23 @@ const CATALOG: Record<EventType, Fields> = {
       createdBy: 'string',
     },
   },
-  'version.rolled_back': { required: { roostId: 'string', siteId: 'string', fromVersion: 'string', toVersion: 'string', triggeredBy: 'string' } },
+  'version.rolled_back': {
+    required: { roostId: 'string', siteId: 'string', fromVersion: 'string', toVersion: 'string', triggeredBy: 'string' },
+  },
   'deployment.started': { required: { rolloutId: 'string', roostId: 'string', siteId: 'string', stage: 'string' } },
-  'deployment.completed': { required: { rolloutId: 'string', roostId: 'string', siteId: 'string', stage: 'string', succeeded: 'integer', failed: 'integer' } },
+  'deployment.completed': {
+    required: { rolloutId: 'string', roostId: 'string', siteId: 'string', stage: 'string', succeeded: 'integer', failed: 'integer' },
+  },
   'deployment.failed': {
-    required: { rolloutId: 'string', roostId: 'string', siteId: 'string', stage: 'string', abortReason: 'string', succeeded: 'integer', failed: 'integer' },
+    required: {
+      rolloutId: 'string',
+      roostId: 'string',
+      siteId: 'string',
+      stage: 'string',
+      abortReason: 'string',
+      succeeded: 'integer',
+      failed: 'integer',
+    },
   },
   'machine.online': { required: { machineId: 'string', siteId: 'string', lastHeartbeat: 'string' } },
   'machine.offline': { required: { machineId: 'string', siteId: 'string', lastHeartbeat: 'string|null' } },
@@ -53,7 +75,10 @@ const CATALOG: Record<EventType, Fields> = {
   'chunk.verify_failed': { required: { siteId: 'string', hash: 'string', expectedDigest: 'string', actualDigest: 'string|null' } },
   'quota.warning': { required: { siteId: 'string', tier: 'string', threshold: 'number', usedBytes: 'integer', limitBytes: 'integer' } },
   // "a blockedAt timestamp may also appear"
-  'quota.exceeded': { required: { siteId: 'string', tier: 'string', usedBytes: 'integer', limitBytes: 'integer' }, optional: { blockedAt: 'string' } },
+  'quota.exceeded': {
+    required: { siteId: 'string', tier: 'string', usedBytes: 'integer', limitBytes: 'integer' },
+    optional: { blockedAt: 'string' },
+  },
   'api_key.used': { required: { keyId: 'string', keyPrefix: 'string', ip: 'string', userAgent: 'string|null', firstUseFromIp: 'boolean' } },
   'api_key.expired': { required: { keyId: 'string', keyPrefix: 'string', name: 'string', expiresAt: 'integer' } },
 };
@@ -143,7 +168,8 @@ async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>
 
 /** The version body as published (fetched back through the API). */
 async function storedBody(versionId: string): Promise<unknown> {
-  const roost = (await h.deps.db.query('SELECT roost_id FROM roost_versions WHERE site_id = $1 AND version_id = $2', [h.siteId, versionId])).rows[0].roost_id;
+  const roost = (await h.deps.db.query('SELECT roost_id FROM roost_versions WHERE site_id = $1 AND version_id = $2', [h.siteId, versionId]))
+    .rows[0].roost_id;
   const res = await h.request({ method: 'GET', url: `/api/roosts/${roost}/versions/${versionId}?siteId=${h.siteId}` });
   expect(res.statusCode).toBe(200);
   return res.json().version;
@@ -153,20 +179,48 @@ describe('events recorded by the routes', () => {
   it('version.published and version.rolled_back (rollback route and re-publishing an older version)', async () => {
     const seeded = await seedRoost(h);
     const published = await one(h.siteId, 'version.published', { versionId: seeded.versionId });
-    const { rows: v } = await h.deps.db.query('SELECT created_at FROM roost_versions WHERE site_id = $1 AND version_id = $2', [h.siteId, seeded.versionId]);
+    const { rows: v } = await h.deps.db.query('SELECT created_at FROM roost_versions WHERE site_id = $1 AND version_id = $2', [
+      h.siteId,
+      seeded.versionId,
+    ]);
     expect(published.occurred_at).toEqual(v[0].created_at);
-    expect(published.data).toMatchObject({ roostId: seeded.roostId, siteId: h.siteId, versionNumber: 1, totalFiles: 2, createdBy: h.userId });
+    expect(published.data).toMatchObject({
+      roostId: seeded.roostId,
+      siteId: h.siteId,
+      versionNumber: 1,
+      totalFiles: 2,
+      createdBy: h.userId,
+    });
 
     const v2 = await publishFiles(h, seeded.roostId, { 'second.txt': 'two\n' });
-    const rb = await h.request({ method: 'POST', url: `/api/roosts/${seeded.roostId}/rollback`, body: { siteId: h.siteId }, idempotencyKey: true });
+    const rb = await h.request({
+      method: 'POST',
+      url: `/api/roosts/${seeded.roostId}/rollback`,
+      body: { siteId: h.siteId },
+      idempotencyKey: true,
+    });
     expect(rb.statusCode).toBe(200);
     const rolled = await one(h.siteId, 'version.rolled_back', { roostId: seeded.roostId });
-    expect(rolled.data).toEqual({ roostId: seeded.roostId, siteId: h.siteId, fromVersion: v2.versionId, toVersion: seeded.versionId, triggeredBy: h.userId });
-    const { rows: r } = await h.deps.db.query('SELECT updated_at FROM roosts WHERE site_id = $1 AND roost_id = $2', [h.siteId, seeded.roostId]);
+    expect(rolled.data).toEqual({
+      roostId: seeded.roostId,
+      siteId: h.siteId,
+      fromVersion: v2.versionId,
+      toVersion: seeded.versionId,
+      triggeredBy: h.userId,
+    });
+    const { rows: r } = await h.deps.db.query('SELECT updated_at FROM roosts WHERE site_id = $1 AND roost_id = $2', [
+      h.siteId,
+      seeded.roostId,
+    ]);
     expect(rolled.occurred_at).toEqual(r[0].updated_at);
 
     // A refused rollback (target is current) records nothing.
-    const noop = await h.request({ method: 'POST', url: `/api/roosts/${seeded.roostId}/rollback`, body: { siteId: h.siteId, targetVersion: seeded.versionId }, idempotencyKey: true });
+    const noop = await h.request({
+      method: 'POST',
+      url: `/api/roosts/${seeded.roostId}/rollback`,
+      body: { siteId: h.siteId, targetVersion: seeded.versionId },
+      idempotencyKey: true,
+    });
     expect(noop.json().code).toBe('rollback_no_op');
     expect(await eventsWhere(h.siteId, 'version.rolled_back', { roostId: seeded.roostId })).toHaveLength(1);
 
@@ -207,12 +261,22 @@ describe('events recorded by the routes', () => {
         const started = await one(h.siteId, 'deployment.started', { rolloutId: r.rolloutId });
         expect(started.data).toMatchObject({ rolloutId: r.rolloutId, roostId, siteId: h.siteId });
         const finished = await one(h.siteId, end, { rolloutId: r.rolloutId });
-        const { rows } = await h.deps.db.query('SELECT completed_at, succeeded, failed FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, r.rolloutId]);
+        const { rows } = await h.deps.db.query(
+          'SELECT completed_at, succeeded, failed FROM rollouts WHERE site_id = $1 AND rollout_id = $2',
+          [h.siteId, r.rolloutId],
+        );
         expect(finished.occurred_at).toEqual(rows[0].completed_at);
         expect(finished.data).toMatchObject({ succeeded: rows[0].succeeded, failed: rows[0].failed });
       }
-      expect((await one(h.siteId, 'deployment.completed', { rolloutId: ok.rolloutId })).data).toMatchObject({ stage: 'completed', succeeded: 2, failed: 0 });
-      expect((await one(h.siteId, 'deployment.failed', { rolloutId: ko.rolloutId })).data).toMatchObject({ stage: 'failed', abortReason: expect.any(String) });
+      expect((await one(h.siteId, 'deployment.completed', { rolloutId: ok.rolloutId })).data).toMatchObject({
+        stage: 'completed',
+        succeeded: 2,
+        failed: 0,
+      });
+      expect((await one(h.siteId, 'deployment.failed', { rolloutId: ko.rolloutId })).data).toMatchObject({
+        stage: 'failed',
+        abortReason: expect.any(String),
+      });
     } finally {
       await fleet.stop();
     }
@@ -229,7 +293,10 @@ describe('events recorded by the routes', () => {
     });
     expect(res.statusCode).toBeLessThan(300);
     const online = await one(h.siteId, 'machine.online', { machineId });
-    const { rows } = await h.deps.db.query<{ last_heartbeat: Date }>('SELECT last_heartbeat FROM machines WHERE site_id = $1 AND machine_id = $2', [h.siteId, machineId]);
+    const { rows } = await h.deps.db.query<{ last_heartbeat: Date }>(
+      'SELECT last_heartbeat FROM machines WHERE site_id = $1 AND machine_id = $2',
+      [h.siteId, machineId],
+    );
     expect(online.data).toEqual({ machineId, siteId: h.siteId, lastHeartbeat: rows[0].last_heartbeat.toISOString() });
     expect(online.occurred_at).toEqual(rows[0].last_heartbeat);
   });
@@ -243,8 +310,19 @@ describe('events recorded by the routes', () => {
       const bytes = Buffer.from(text);
       const hash = sha256Hex(bytes);
       await h.deps.blob.put('chunks', chunkBlobName(siteId, hash), bytes, 'application/octet-stream');
-      const version = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'catalog-test' }, files: [{ path: `${hash}.txt`, size: bytes.length, chunks: [{ hash, size: bytes.length }] }] };
-      return h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, key: apiKey, body: { siteId, version }, idempotencyKey: true });
+      const version = {
+        schemaVersion: 2,
+        mediaType: VERSION_MEDIA_TYPE,
+        config: { producer: 'catalog-test' },
+        files: [{ path: `${hash}.txt`, size: bytes.length, chunks: [{ hash, size: bytes.length }] }],
+      };
+      return h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/versions`,
+        key: apiKey,
+        body: { siteId, version },
+        idempotencyKey: true,
+      });
     };
     expect((await publish('a'.repeat(600))).statusCode).toBe(201);
     expect((await publish('b'.repeat(300))).statusCode).toBe(201);
@@ -253,15 +331,29 @@ describe('events recorded by the routes', () => {
     for (const e of warnings) expect(mismatches('quota.warning', e.data)).toEqual([]);
     expect(warnings[0].data).toEqual({ siteId, tier: TINY_TIER, threshold: 0.5, usedBytes: 600, limitBytes: TINY_LIMIT });
 
-    const refused = await h.request({ method: 'POST', url: '/api/chunks/upload-urls', key: apiKey, body: { siteId, hashes: [sha256Hex(randomBytes(8))] } });
+    const refused = await h.request({
+      method: 'POST',
+      url: '/api/chunks/upload-urls',
+      key: apiKey,
+      body: { siteId, hashes: [sha256Hex(randomBytes(8))] },
+    });
     expect(refused.json().code).toBe('quota_exceeded');
     const exceeded = await one(siteId, 'quota.exceeded');
     expect(exceeded.data).toMatchObject({ siteId, tier: TINY_TIER, usedBytes: 900, limitBytes: TINY_LIMIT });
   });
 
   it('api_key.used on the first use of a key from an address', async () => {
-    const { raw, keyId } = await insertKey(h.deps.db, { uid: h.userId, scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }], primarySiteId: h.siteId });
-    const res = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/quota`, key: raw, headers: { 'user-agent': 'catalog-test/1.0' } });
+    const { raw, keyId } = await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
+      primarySiteId: h.siteId,
+    });
+    const res = await h.request({
+      method: 'GET',
+      url: `/api/sites/${h.siteId}/quota`,
+      key: raw,
+      headers: { 'user-agent': 'catalog-test/1.0' },
+    });
     expect(res.statusCode).toBe(200);
     const used = await waitFor('api_key.used', async () => (await eventsWhere(h.siteId, 'api_key.used', { keyId }))[0]);
     expect(mismatches('api_key.used', used.data)).toEqual([]);
@@ -273,7 +365,10 @@ describe('events recorded by the sweeps (the repository functions their workflow
   it('machine.offline when the heartbeat is stale', async () => {
     const [machineId] = machineIds(1, `stale-${randomBytes(2).toString('hex')}`);
     await enrolMachineRows(h, [machineId]);
-    await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 hour' WHERE site_id = $1 AND machine_id = $2`, [h.siteId, machineId]);
+    await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 hour' WHERE site_id = $1 AND machine_id = $2`, [
+      h.siteId,
+      machineId,
+    ]);
     expect(await markMachineOffline(h.deps.db, h.siteId, machineId, 60)).toBe(true);
     const offline = await one(h.siteId, 'machine.offline', { machineId });
     expect(offline.data).toMatchObject({ machineId, siteId: h.siteId });
@@ -281,9 +376,17 @@ describe('events recorded by the sweeps (the repository functions their workflow
 
   it('chunk.verify_failed and chunk.garbage_collected', async () => {
     const hash = sha256Hex(randomBytes(16));
-    await h.deps.db.query(`INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, 16, now() - INTERVAL '40 days')`, [h.siteId, hash]);
+    await h.deps.db.query(`INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, 16, now() - INTERVAL '40 days')`, [
+      h.siteId,
+      hash,
+    ]);
     expect(await recordVerifyResult(h.deps.db, h.siteId, hash, 'f'.repeat(64))).toBe(true);
-    expect((await one(h.siteId, 'chunk.verify_failed', { hash })).data).toEqual({ siteId: h.siteId, hash, expectedDigest: hash, actualDigest: 'f'.repeat(64) });
+    expect((await one(h.siteId, 'chunk.verify_failed', { hash })).data).toEqual({
+      siteId: h.siteId,
+      hash,
+      expectedDigest: hash,
+      actualDigest: 'f'.repeat(64),
+    });
 
     expect(await condemnChunk(h.deps.db, h.siteId, hash, 0)).toBe(true);
     expect(await finishReclaim(h.deps.db, h.siteId, hash)).toBe(true);
@@ -292,7 +395,13 @@ describe('events recorded by the sweeps (the repository functions their workflow
 
   it('api_key.expired once a key is past expiresAt', async () => {
     const expiresAt = Date.now() - 60_000;
-    const { keyId } = await insertKey(h.deps.db, { uid: h.userId, scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }], primarySiteId: h.siteId, expiresAt, name: 'expiring' });
+    const { keyId } = await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
+      primarySiteId: h.siteId,
+      expiresAt,
+      name: 'expiring',
+    });
     expect(await announceKeyExpiry(h.deps.db, keyId, Date.now())).toBe(1);
     const expired = await one(h.siteId, 'api_key.expired', { keyId });
     expect(expired.data).toMatchObject({ keyId, name: 'expiring', expiresAt });
@@ -301,7 +410,9 @@ describe('events recorded by the sweeps (the repository functions their workflow
 
 describe('the whole catalog', () => {
   it('every event recorded in this file has exactly the fields of the table, and every catalog event was seen', async () => {
-    const { rows } = await h.deps.db.query<Row>('SELECT event_id, type, data, occurred_at FROM events WHERE site_id = ANY($1::text[])', [sites]);
+    const { rows } = await h.deps.db.query<Row>('SELECT event_id, type, data, occurred_at FROM events WHERE site_id = ANY($1::text[])', [
+      sites,
+    ]);
     expect(rows.flatMap((r) => mismatches(r.type, r.data))).toEqual([]);
     expect([...new Set(rows.map((r) => r.type))].sort()).toEqual([...EVENT_TYPES].sort());
     expect(Object.keys(CATALOG).sort()).toEqual([...EVENT_TYPES].sort());

@@ -6,11 +6,11 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { newId, sha256Hex } from '../../domain/hex';
-import { CHUNK_SIZE, computeVersionId, summarize, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
+import { CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
-import { fleetMachineIds, startFleet, verifyTree, Fleet } from '../../agent/fleet';
+import { fleetMachineIds, startFleet, verifyTree, type Fleet } from '../../agent/fleet';
 
 let h: Harness;
 let baseUrl: string;
@@ -45,7 +45,11 @@ async function publish(roostId: string, files: Record<string, Buffer>, targets: 
       const hash = sha256Hex(part);
       chunks.push({ hash, size: part.length });
       await h.deps.blob.put('chunks', chunkBlobName(h.siteId, hash), part, 'application/octet-stream');
-      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT (site_id, hash) DO NOTHING', [h.siteId, hash, part.length]);
+      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT (site_id, hash) DO NOTHING', [
+        h.siteId,
+        hash,
+        part.length,
+      ]);
     }
     entries.push({ path: p, size: data.length, chunks });
   }
@@ -97,57 +101,93 @@ describe('startFleet', () => {
 
   beforeAll(async () => {
     await writeTree(src(), files);
-    fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: COUNT, rootDir: path.join(tmpRoot, 'fleet'), heartbeatMs: 20_000, pollWaitSeconds: 20, downloadConcurrency: 32 });
+    fleet = await startFleet({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      count: COUNT,
+      rootDir: path.join(tmpRoot, 'fleet'),
+      heartbeatMs: 20_000,
+      pollWaitSeconds: 20,
+      downloadConcurrency: 32,
+    });
   }, SLOW);
   afterAll(async () => fleet?.stop());
 
-  it('holds a thousand enrolled, heartbeating, long-polling agents in one process', async () => {
-    expect(fleet.machineIds).toEqual(fleetMachineIds(COUNT));
-    expect(fleet.agents.every((a) => a.running)).toBe(true);
-    const { rows } = await h.deps.db.query(
-      `SELECT count(*)::INT AS n FROM machines WHERE site_id = $1 AND online AND last_heartbeat > now() - INTERVAL '5 minutes'`,
-      [h.siteId],
-    );
-    expect(rows[0].n).toBe(COUNT);
-    // Every agent receives and acknowledges a command through its long-poll.
-    const cmds = await queueAll(fleet.machineIds, 'reboot_machine', { delaySeconds: 0 });
-    const outcomes = await fleet.waitForCommands(cmds, SLOW);
-    expect(outcomes.every((o) => o.status === 'completed')).toBe(true);
-    const done = await h.deps.db.query(`SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND type = 'reboot_machine' AND status = 'completed'`, [h.siteId]);
-    expect(done.rows[0].n).toBe(COUNT);
-  }, SLOW);
+  it(
+    'holds a thousand enrolled, heartbeating, long-polling agents in one process',
+    async () => {
+      expect(fleet.machineIds).toEqual(fleetMachineIds(COUNT));
+      expect(fleet.agents.every((a) => a.running)).toBe(true);
+      const { rows } = await h.deps.db.query(
+        `SELECT count(*)::INT AS n FROM machines WHERE site_id = $1 AND online AND last_heartbeat > now() - INTERVAL '5 minutes'`,
+        [h.siteId],
+      );
+      expect(rows[0].n).toBe(COUNT);
+      // Every agent receives and acknowledges a command through its long-poll.
+      const cmds = await queueAll(fleet.machineIds, 'reboot_machine', { delaySeconds: 0 });
+      const outcomes = await fleet.waitForCommands(cmds, SLOW);
+      expect(outcomes.every((o) => o.status === 'completed')).toBe(true);
+      const done = await h.deps.db.query(
+        `SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND type = 'reboot_machine' AND status = 'completed'`,
+        [h.siteId],
+      );
+      expect(done.rows[0].n).toBe(COUNT);
+    },
+    SLOW,
+  );
 
-  it('syncs a roost to a fifth of the fleet while the rest keeps polling', async () => {
-    // A fifth keeps the suite fast; bench/ measures full-fleet syncs.
-    const targets = fleet.machineIds.filter((_, i) => i % 5 === 0);
-    const versionId = await publish('fleet-roost', files, targets);
-    const cmds = await queueAll(targets, 'sync_pull', { roostId: 'fleet-roost', versionId, versionNumber: 1, rolloutId: null, extractRoot: 'D:\\Apps\\kiosk', attempt: 1 });
-    const outcomes = await fleet.waitForCommands(cmds, SLOW);
-    expect(outcomes.filter((o) => o.status !== 'completed')).toEqual([]);
-    const { rows } = await h.deps.db.query(
-      `SELECT status, count(*)::INT AS n FROM roost_target_states WHERE site_id = $1 AND roost_id = 'fleet-roost' AND reported_version_id = $2 GROUP BY status`,
-      [h.siteId, versionId],
-    );
-    expect(rows).toEqual([{ status: 'committed', n: targets.length }]);
-    for (const id of [targets[0], targets[targets.length >> 1], targets[targets.length - 1]]) {
-      expect(await verifyTree(src(), path.join(tmpRoot, 'fleet', id, 'Apps', 'kiosk'))).toEqual([]);
-    }
-    expect(fleet.stats()).toMatchObject({ syncsCommitted: targets.length, syncsFailed: 0, chunksFetched: 3 * targets.length });
-    expect(fleet.agents.every((a) => a.running)).toBe(true);
-  }, SLOW);
+  it(
+    'syncs a roost to a fifth of the fleet while the rest keeps polling',
+    async () => {
+      // A fifth keeps the suite fast; bench/ measures full-fleet syncs.
+      const targets = fleet.machineIds.filter((_, i) => i % 5 === 0);
+      const versionId = await publish('fleet-roost', files, targets);
+      const cmds = await queueAll(targets, 'sync_pull', {
+        roostId: 'fleet-roost',
+        versionId,
+        versionNumber: 1,
+        rolloutId: null,
+        extractRoot: 'D:\\Apps\\kiosk',
+        attempt: 1,
+      });
+      const outcomes = await fleet.waitForCommands(cmds, SLOW);
+      expect(outcomes.filter((o) => o.status !== 'completed')).toEqual([]);
+      const { rows } = await h.deps.db.query(
+        `SELECT status, count(*)::INT AS n FROM roost_target_states WHERE site_id = $1 AND roost_id = 'fleet-roost' AND reported_version_id = $2 GROUP BY status`,
+        [h.siteId, versionId],
+      );
+      expect(rows).toEqual([{ status: 'committed', n: targets.length }]);
+      for (const id of [targets[0], targets[targets.length >> 1], targets[targets.length - 1]]) {
+        expect(await verifyTree(src(), path.join(tmpRoot, 'fleet', id, 'Apps', 'kiosk'))).toEqual([]);
+      }
+      expect(fleet.stats()).toMatchObject({ syncsCommitted: targets.length, syncsFailed: 0, chunksFetched: 3 * targets.length });
+      expect(fleet.agents.every((a) => a.running)).toBe(true);
+    },
+    SLOW,
+  );
 
-  it('heartbeats from every agent (first beat jittered over the interval)', async () => {
-    const withMetrics = async () =>
-      (await h.deps.db.query(`SELECT count(*)::INT AS n FROM machines WHERE site_id = $1 AND machine_id LIKE 'sim-%' AND metrics IS NOT NULL`, [h.siteId])).rows[0].n;
-    for (let i = 0; i < 240 && (await withMetrics()) < COUNT; i++) await new Promise((r) => setTimeout(r, 500));
-    expect(await withMetrics()).toBe(COUNT);
-  }, SLOW);
+  it(
+    'heartbeats from every agent (first beat jittered over the interval)',
+    async () => {
+      const withMetrics = async () =>
+        (
+          await h.deps.db.query(
+            `SELECT count(*)::INT AS n FROM machines WHERE site_id = $1 AND machine_id LIKE 'sim-%' AND metrics IS NOT NULL`,
+            [h.siteId],
+          )
+        ).rows[0].n;
+      for (let i = 0; i < 240 && (await withMetrics()) < COUNT; i++) await new Promise((r) => setTimeout(r, 500));
+      expect(await withMetrics()).toBe(COUNT);
+    },
+    SLOW,
+  );
 });
 
 describe('fleet faults', () => {
   it('fails the listed machines and refetches corrupted chunks on the others', async () => {
     let seed = 42;
-    const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const random = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
     const fleet = await startFleet({
       baseUrl,
       siteId: h.siteId,
@@ -195,8 +235,20 @@ describe('verifyTree', () => {
   it('finds missing, extra, size, content and type differences', async () => {
     const a = path.join(tmpRoot, 'tree-a');
     const b = path.join(tmpRoot, 'tree-b');
-    await writeTree(a, { 'same.txt': Buffer.from('x'), 'only-a.txt': Buffer.from('a'), 'size.txt': Buffer.from('12'), 'content.txt': Buffer.from('ab'), 'kind/x': Buffer.from('1') });
-    await writeTree(b, { 'same.txt': Buffer.from('x'), 'only-b.txt': Buffer.from('b'), 'size.txt': Buffer.from('123'), 'content.txt': Buffer.from('ba'), kind: Buffer.from('1') });
+    await writeTree(a, {
+      'same.txt': Buffer.from('x'),
+      'only-a.txt': Buffer.from('a'),
+      'size.txt': Buffer.from('12'),
+      'content.txt': Buffer.from('ab'),
+      'kind/x': Buffer.from('1'),
+    });
+    await writeTree(b, {
+      'same.txt': Buffer.from('x'),
+      'only-b.txt': Buffer.from('b'),
+      'size.txt': Buffer.from('123'),
+      'content.txt': Buffer.from('ba'),
+      kind: Buffer.from('1'),
+    });
     expect(await verifyTree(a, b)).toEqual([
       { path: 'content.txt', kind: 'content' },
       { path: 'kind', kind: 'type' },

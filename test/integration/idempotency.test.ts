@@ -25,9 +25,9 @@ import { secretKey } from '../../stack/secrets';
 import { closeWorkerConnections } from '../../worker/worker';
 import { idempotencyScopeHash, purgeExpiredIdempotencyKeys } from '../../api/plugins/idempotency';
 import type { RouteEntry } from '../../api/openapi';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { insertKey } from '../support/identity';
-import { TestWorker, dbFleet, deployRoute, enrolMachineRows, startTestWorker, terminateAll } from './rollout-fixtures';
+import { type TestWorker, dbFleet, deployRoute, enrolMachineRows, startTestWorker, terminateAll } from './rollout-fixtures';
 
 let h: Harness;
 /** The API key every keyed request of this file uses (its scopes are switched off to provoke errors). */
@@ -80,7 +80,12 @@ async function count(sql: string, params: unknown[]): Promise<number> {
 }
 
 function versionBody(name: string) {
-  return { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'idempotency-test' }, files: [{ path: `${name}.txt`, size: 0, chunks: [] }] };
+  return {
+    schemaVersion: 2,
+    mediaType: VERSION_MEDIA_TYPE,
+    config: { producer: 'idempotency-test' },
+    files: [{ path: `${name}.txt`, size: 0, chunks: [] }],
+  };
 }
 
 async function newRoost(extra: Record<string, unknown> = {}): Promise<string> {
@@ -90,7 +95,12 @@ async function newRoost(extra: Record<string, unknown> = {}): Promise<string> {
 }
 
 async function publish(roostId: string, name: string): Promise<string> {
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, idempotencyKey: true, body: { siteId: h.siteId, version: versionBody(name) } });
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    idempotencyKey: true,
+    body: { siteId: h.siteId, version: versionBody(name) },
+  });
   expect(res.statusCode).toBe(201);
   return res.json().versionId;
 }
@@ -114,13 +124,23 @@ async function until(check: () => Promise<boolean>): Promise<void> {
 }
 
 const rolloutRow = async (rolloutId: string) =>
-  (await h.deps.db.query<{ state: string; active: boolean }>('SELECT state, active FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, rolloutId])).rows[0];
+  (
+    await h.deps.db.query<{ state: string; active: boolean }>('SELECT state, active FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
+      h.siteId,
+      rolloutId,
+    ])
+  ).rows[0];
 
 const controlUrl = (roostId: string, rolloutId: string, action: string) => `/api/roosts/${roostId}/rollouts/${rolloutId}/${action}`;
 
 /** Runs a control action through the API (its own key); throws unless 200. */
 async function control(roostId: string, rolloutId: string, action: string): Promise<void> {
-  const res = await h.request({ method: 'POST', url: controlUrl(roostId, rolloutId, action), body: { siteId: h.siteId }, idempotencyKey: true });
+  const res = await h.request({
+    method: 'POST',
+    url: controlUrl(roostId, rolloutId, action),
+    body: { siteId: h.siteId },
+    idempotencyKey: true,
+  });
   if (res.statusCode !== 200) throw new Error(`${action} failed: ${res.statusCode} ${res.body}`);
 }
 
@@ -161,20 +181,32 @@ const hooks = () => `/api/sites/${h.siteId}/webhooks`;
 
 /** A subscription (through the API) delivering to the local receiver at `path`. */
 async function newHook(seed: string, path = '/hooks'): Promise<string> {
-  const res = await h.request({ method: 'POST', url: hooks(), body: { url: `${receiverBase}${path}`, name: `idem ${seed}`, events: ['machine.offline'] }, idempotencyKey: true });
+  const res = await h.request({
+    method: 'POST',
+    url: hooks(),
+    body: { url: `${receiverBase}${path}`, name: `idem ${seed}`, events: ['machine.offline'] },
+    idempotencyKey: true,
+  });
   expect(res.statusCode).toBe(201);
   return res.json().webhookId;
 }
 
 const webhookRow = async (webhookId: string) =>
-  (await h.deps.db.query<{ name: string; updated_at: Date; secret_sealed: string }>('SELECT name, updated_at, secret_sealed FROM webhooks WHERE site_id = $1 AND webhook_id = $2', [h.siteId, webhookId])).rows[0];
+  (
+    await h.deps.db.query<{ name: string; updated_at: Date; secret_sealed: string }>(
+      'SELECT name, updated_at, secret_sealed FROM webhooks WHERE site_id = $1 AND webhook_id = $2',
+      [h.siteId, webhookId],
+    )
+  ).rows[0];
 
 /**
  * Attempts of the site's webhook deliveries once no delivery is pending: a retry reopens a delivery
  * (pending) and its run makes one attempt, which the receiver answers 200.
  */
 async function settledAttempts(): Promise<number> {
-  await until(async () => (await count(`SELECT count(*) AS n FROM webhook_deliveries WHERE site_id = $1 AND status = 'pending'`, [h.siteId])) === 0);
+  await until(
+    async () => (await count(`SELECT count(*) AS n FROM webhook_deliveries WHERE site_id = $1 AND status = 'pending'`, [h.siteId])) === 0,
+  );
   return count('SELECT count(*) AS n FROM webhook_attempts WHERE site_id = $1', [h.siteId]);
 }
 
@@ -183,7 +215,11 @@ const siteCount = (table: string) => () => count(`SELECT count(*) AS n FROM ${ta
 const KEYED: KeyedFixture[] = [
   {
     route: 'POST /api/roosts/:roostId/versions',
-    prepare: async (seed) => ({ method: 'POST', url: `/api/roosts/${await newRoost()}/versions`, body: { siteId: h.siteId, version: versionBody(seed) } }),
+    prepare: async (seed) => ({
+      method: 'POST',
+      url: `/api/roosts/${await newRoost()}/versions`,
+      body: { siteId: h.siteId, version: versionBody(seed) },
+    }),
     variant: (req) => ({ ...req, body: { ...(req.body as object), description: 'a different body' } }),
     count: siteCount('roost_versions'),
   },
@@ -227,13 +263,20 @@ const KEYED: KeyedFixture[] = [
     variant: (req) => ({ ...req, url: `${req.url}?variant=1` }),
     // Each execution rotates the secret: the stored digest is the one of the executed response.
     verify: async (executed) => {
-      const { rows } = await h.deps.db.query<{ enrolment_secret_hash: string }>('SELECT enrolment_secret_hash FROM sites WHERE site_id = $1', [h.siteId]);
+      const { rows } = await h.deps.db.query<{ enrolment_secret_hash: string }>(
+        'SELECT enrolment_secret_hash FROM sites WHERE site_id = $1',
+        [h.siteId],
+      );
       expect(rows[0].enrolment_secret_hash).toBe(sha256Hex(executed.enrolmentSecret));
     },
   },
   {
     route: 'PATCH /api/roosts/:roostId',
-    prepare: async (seed) => ({ method: 'PATCH', url: `/api/roosts/${await newRoost()}`, body: { siteId: h.siteId, name: `renamed ${seed}` } }),
+    prepare: async (seed) => ({
+      method: 'PATCH',
+      url: `/api/roosts/${await newRoost()}`,
+      body: { siteId: h.siteId, name: `renamed ${seed}` },
+    }),
     variant: (req) => ({ ...req, body: { siteId: h.siteId, name: 'another name' } }),
   },
   {
@@ -247,7 +290,11 @@ const KEYED: KeyedFixture[] = [
     prepare: async (seed) => {
       const roostId = await newRoost();
       const versionId = await publish(roostId, seed);
-      return { method: 'PATCH', url: `/api/roosts/${roostId}/versions/${versionId}`, body: { siteId: h.siteId, description: `described ${seed}` } };
+      return {
+        method: 'PATCH',
+        url: `/api/roosts/${roostId}/versions/${versionId}`,
+        body: { siteId: h.siteId, description: `described ${seed}` },
+      };
     },
     variant: (req) => ({ ...req, body: { siteId: h.siteId, description: 'another description' } }),
   },
@@ -256,7 +303,11 @@ const KEYED: KeyedFixture[] = [
     prepare: async (seed) => {
       const digest = sha256Hex(`mount-${seed}`);
       await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING', [h.siteId, digest]);
-      return { method: 'POST', url: `/api/chunks/${digest}/mount`, body: { siteId: h.siteId, from: await newRoost(), to: await newRoost() } };
+      return {
+        method: 'POST',
+        url: `/api/chunks/${digest}/mount`,
+        body: { siteId: h.siteId, from: await newRoost(), to: await newRoost() },
+      };
     },
     variant: (req) => {
       const b = req.body as { siteId: string; from: string; to: string };
@@ -264,23 +315,23 @@ const KEYED: KeyedFixture[] = [
     },
     count: () => count('SELECT count(*) AS n FROM chunk_referrers WHERE site_id = $1', [h.siteId]),
   },
-  ...(['pause', 'resume', 'promote', 'abort'] as const).map(
-    (action): KeyedFixture => ({
-      route: `POST /api/roosts/:roostId/rollouts/:rolloutId/${action}`,
-      prepare: async (seed) => {
-        const r = await gatedRollout(seed);
-        if (action === 'resume') await control(r.roostId, r.rolloutId, 'pause');
-        return { method: 'POST', url: controlUrl(r.roostId, r.rolloutId, action), body: controlBody() };
-      },
-      variant: otherReason,
-      count: historyCount(action),
-      // The answer shows the state the action led to (promote and abort may already have moved on).
-      verify: async (executed) => {
-        const states = { pause: ['paused'], resume: ['awaiting_promotion'], promote: ['running', 'completed'], abort: ['aborted', 'failed'] }[action];
-        expect(states).toContain(executed.state);
-      },
-    }),
-  ),
+  ...(['pause', 'resume', 'promote', 'abort'] as const).map((action): KeyedFixture => ({
+    route: `POST /api/roosts/:roostId/rollouts/:rolloutId/${action}`,
+    prepare: async (seed) => {
+      const r = await gatedRollout(seed);
+      if (action === 'resume') await control(r.roostId, r.rolloutId, 'pause');
+      return { method: 'POST', url: controlUrl(r.roostId, r.rolloutId, action), body: controlBody() };
+    },
+    variant: otherReason,
+    count: historyCount(action),
+    // The answer shows the state the action led to (promote and abort may already have moved on).
+    verify: async (executed) => {
+      const states = { pause: ['paused'], resume: ['awaiting_promotion'], promote: ['running', 'completed'], abort: ['aborted', 'failed'] }[
+        action
+      ];
+      expect(states).toContain(executed.state);
+    },
+  })),
   {
     route: 'POST /api/roosts/:roostId/rollouts/:rolloutId/rollback',
     prepare: async (seed) => {
@@ -294,13 +345,20 @@ const KEYED: KeyedFixture[] = [
     count: siteCount('rollouts'),
     verify: async (executed) => {
       const original = executed.rollbackOf as string;
-      const { rows } = await h.deps.db.query('SELECT rolled_back_by FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, original]);
+      const { rows } = await h.deps.db.query('SELECT rolled_back_by FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
+        h.siteId,
+        original,
+      ]);
       expect(rows[0].rolled_back_by).toBe(executed.rolloutId);
     },
   },
   {
     route: 'POST /api/sites/:siteId/webhooks',
-    prepare: async (seed) => ({ method: 'POST', url: hooks(), body: { url: `${receiverBase}/created`, name: `created ${seed}`, events: ['machine.offline'] } }),
+    prepare: async (seed) => ({
+      method: 'POST',
+      url: hooks(),
+      body: { url: `${receiverBase}/created`, name: `created ${seed}`, events: ['machine.offline'] },
+    }),
     variant: (req) => ({ ...req, body: { ...(req.body as object), name: 'another name' } }),
     count: siteCount('webhooks'),
   },
@@ -347,10 +405,10 @@ const KEYED: KeyedFixture[] = [
          VALUES ($1, $2, $3, $4, 'machine.offline', $5, 'failed', 1, 'HTTP 500', now(), now())`,
         [h.siteId, deliveryId, webhookId, newId('evt'), JSON.stringify(envelope)],
       );
-      await h.deps.db.query(`INSERT INTO webhook_attempts (site_id, delivery_id, attempt_no, started_at, latency_ms, response_code) VALUES ($1, $2, 1, now(), 5, 500)`, [
-        h.siteId,
-        deliveryId,
-      ]);
+      await h.deps.db.query(
+        `INSERT INTO webhook_attempts (site_id, delivery_id, attempt_no, started_at, latency_ms, response_code) VALUES ($1, $2, 1, now(), 5, 500)`,
+        [h.siteId, deliveryId],
+      );
       workflows.add(deliveryWorkflowId(deliveryId));
       return { method: 'POST', url: `${hooks()}/${webhookId}/deliveries/${deliveryId}/retry` };
     },
@@ -410,15 +468,31 @@ const modeOf = (route: string) => h.app.routeTable.find((r) => `${r.method} ${r.
 
 describe('the route table', () => {
   it('requires the key on the routes the Conventions name, and has a fixture for every keyed route', () => {
-    const required = ['POST /api/roosts/:roostId/versions', 'POST /api/roosts/:roostId/rollback', 'POST /api/roosts/:roostId/deploy', 'POST /api/sites/:siteId/machines/:machineId/commands', 'POST /api/sites/:siteId/enrolment-secret'];
+    const required = [
+      'POST /api/roosts/:roostId/versions',
+      'POST /api/roosts/:roostId/rollback',
+      'POST /api/roosts/:roostId/deploy',
+      'POST /api/sites/:siteId/machines/:machineId/commands',
+      'POST /api/sites/:siteId/enrolment-secret',
+    ];
     for (const r of required) expect([r, modeOf(r)]).toEqual([r, 'required']);
     const fixtures = KEYED.map((f) => f.route);
-    expect(keyed().map((r) => `${r.method} ${r.url}`).filter((r) => !fixtures.includes(r))).toEqual([]);
+    expect(
+      keyed()
+        .map((r) => `${r.method} ${r.url}`)
+        .filter((r) => !fixtures.includes(r)),
+    ).toEqual([]);
     expect(fixtures.filter((r) => !modeOf(r) || modeOf(r) === 'ignored')).toEqual([]);
   });
 
   it('ignores the header on the routes the Conventions name', () => {
-    const ignored = ['POST /api/roosts', 'POST /api/keys', 'POST /api/keys/:keyId/rotate', 'DELETE /api/keys/:keyId', 'POST /api/chunks/upload-urls'];
+    const ignored = [
+      'POST /api/roosts',
+      'POST /api/keys',
+      'POST /api/keys/:keyId/rotate',
+      'DELETE /api/keys/:keyId',
+      'POST /api/chunks/upload-urls',
+    ];
     for (const r of ignored) expect([r, modeOf(r)]).toEqual([r, 'ignored']);
   });
 
@@ -570,7 +644,9 @@ describe('scope of a key', () => {
     const key = idemKey();
     const req = await fixture.prepare(`canonical-${key}`);
     const b = req.body as Record<string, unknown>;
-    const first = await send({ ...req, body: JSON.stringify({ siteId: b.siteId, version: b.version }) }, key, { headers: { 'content-type': 'application/json' } });
+    const first = await send({ ...req, body: JSON.stringify({ siteId: b.siteId, version: b.version }) }, key, {
+      headers: { 'content-type': 'application/json' },
+    });
     expect(first.status).toBe(201);
     const reordered = await send({ ...req, body: `{ "version": ${JSON.stringify(b.version, null, 2)},\n "siteId": "${b.siteId}" }` }, key, {
       headers: { 'content-type': 'application/json' },
@@ -593,7 +669,14 @@ describe('scope of a key', () => {
 describe('lifetime of a key', () => {
   const fixture = KEYED[0]; // publish
   const rowOf = (req: Req, key: string) =>
-    idempotencyScopeHash({ user: h.userId, environment: 'live', keyId: actor.keyId, method: req.method, path: req.url.split('?')[0], idempotencyKey: key });
+    idempotencyScopeHash({
+      user: h.userId,
+      environment: 'live',
+      keyId: actor.keyId,
+      method: req.method,
+      path: req.url.split('?')[0],
+      idempotencyKey: key,
+    });
 
   it('answers 409 idempotency_key_in_use while the first request runs, and takes over an abandoned reservation', async () => {
     const key = idemKey();
@@ -601,7 +684,10 @@ describe('lifetime of a key', () => {
     const first = await send(req, key);
     expect(first.status).toBe(201);
     // Make the row look like a request still running.
-    await h.deps.db.query(`UPDATE idempotency_keys SET state = 'in_progress', response_status = NULL, response_body = NULL WHERE key_hash = $1`, [rowOf(req, key)]);
+    await h.deps.db.query(
+      `UPDATE idempotency_keys SET state = 'in_progress', response_status = NULL, response_body = NULL WHERE key_hash = $1`,
+      [rowOf(req, key)],
+    );
     const busy = await send(req, key);
     expect([busy.status, busy.json.code, busy.headers['retry-after']]).toEqual([409, 'idempotency_key_in_use', '1']);
     // …that died 10 minutes ago: the next request takes the key over and runs.
@@ -632,7 +718,9 @@ describe('lifetime of a key', () => {
     const first = await send(req, key);
     expect(first.status).toBe(201);
     const secret: string = first.json.enrolmentSecret;
-    const { rows } = await h.deps.db.query<{ response_body: string }>('SELECT response_body FROM idempotency_keys WHERE key_hash = $1', [rowOf(req, key)]);
+    const { rows } = await h.deps.db.query<{ response_body: string }>('SELECT response_body FROM idempotency_keys WHERE key_hash = $1', [
+      rowOf(req, key),
+    ]);
     expect(rows[0].response_body).toMatch(/^sealed:v1:/);
     expect(await count('SELECT count(*) AS n FROM idempotency_keys WHERE response_body LIKE $1', [`%${secret}%`])).toBe(0);
     const replay = await send(req, key);
@@ -658,7 +746,11 @@ describe('lifetime of a key', () => {
       );
     }
     const left = async () =>
-      (await h.deps.db.query<{ key_hash: string }>('SELECT key_hash FROM idempotency_keys WHERE key_hash = ANY($1)', [[expiredA, expiredB, liveA, expiredC]])).rows
+      (
+        await h.deps.db.query<{ key_hash: string }>('SELECT key_hash FROM idempotency_keys WHERE key_hash = ANY($1)', [
+          [expiredA, expiredB, liveA, expiredC],
+        ])
+      ).rows
         .map((r) => r.key_hash)
         .sort();
     expect(await purgeExpiredIdempotencyKeys(h.deps.db, 'ab')).toBeGreaterThanOrEqual(2);

@@ -8,11 +8,11 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import type { AddressInfo } from 'node:net';
 import type { FastifyInstance } from 'fastify';
-import { createLocalJWKSet, exportJWK, generateKeyPair, jwtVerify, KeyLike, SignJWT, UnsecuredJWT } from 'jose';
+import { createLocalJWKSet, exportJWK, generateKeyPair, jwtVerify, type KeyLike, SignJWT, UnsecuredJWT } from 'jose';
 import { buildApp } from '../../api/app';
 import { sha256Hex } from '../../domain/hex';
 import { localIssuer } from '../../stack/oidc';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { addMember, idTokenFor, insertKey, makeUser, sessionFor } from '../support/identity';
 
 let h: Harness;
@@ -39,7 +39,13 @@ describe('ID tokens from the local issuer', () => {
     const body = res.json();
     expect(body).toMatchObject({ userId: member.uid, email: member.email, role: 'member', key: null, primarySiteId: h.siteId });
     expect(body.rateLimit).toEqual(expect.objectContaining({ limitPerMinute: expect.any(Number) }));
-    expect(body.quota).toMatchObject({ siteId: h.siteId, tier: expect.any(String), usedBytes: expect.any(Number), pendingBytes: expect.any(Number), limitBytes: expect.any(Number) });
+    expect(body.quota).toMatchObject({
+      siteId: h.siteId,
+      tier: expect.any(String),
+      usedBytes: expect.any(Number),
+      pendingBytes: expect.any(Number),
+      limitBytes: expect.any(Number),
+    });
   });
 
   it('map to the user by email when sub is not a uid', async () => {
@@ -69,12 +75,18 @@ describe('ID tokens from the local issuer', () => {
       .setExpirationTime(now + 600)
       .sign(privateKey);
     expectProblem(await whoami(forged), 401, 'unauthorized');
-    const unsigned = new UnsecuredJWT(claims).setIssuer(localIssuer(h.deps.cfg)).setAudience('roost').setExpirationTime(now + 600).encode();
+    const unsigned = new UnsecuredJWT(claims)
+      .setIssuer(localIssuer(h.deps.cfg))
+      .setAudience('roost')
+      .setExpirationTime(now + 600)
+      .encode();
     // `alg: none` tokens end with an empty signature segment: not even credential-shaped.
     expectProblem(await whoami(unsigned), 401, 'unauthorized');
     const good = await idTokenFor(h, member);
     const [head, , sig] = good.split('.');
-    const otherPayload = Buffer.from(JSON.stringify({ ...claims, sub: h.userId, iss: localIssuer(h.deps.cfg), aud: 'roost', exp: now + 600 })).toString('base64url');
+    const otherPayload = Buffer.from(
+      JSON.stringify({ ...claims, sub: h.userId, iss: localIssuer(h.deps.cfg), aud: 'roost', exp: now + 600 }),
+    ).toString('base64url');
     expectProblem(await whoami(`${head}.${otherPayload}.${sig}`), 401, 'unauthorized');
   });
 
@@ -100,7 +112,10 @@ describe('ID tokens from the local issuer', () => {
     expect(keys).toHaveLength(1);
     expect(keys[0]).toMatchObject({ kty: 'OKP', crv: 'Ed25519', alg: 'EdDSA', use: 'sig', kid: expect.any(String) });
     expect(keys[0].d).toBeUndefined();
-    const { payload } = await jwtVerify(await idTokenFor(h, member), createLocalJWKSet(jwks.json()), { issuer: localIssuer(h.deps.cfg), audience: 'roost' });
+    const { payload } = await jwtVerify(await idTokenFor(h, member), createLocalJWKSet(jwks.json()), {
+      issuer: localIssuer(h.deps.cfg),
+      audience: 'roost',
+    });
     expect(payload.sub).toBe(member.uid);
     const disco = await h.request({ method: 'GET', url: '/.well-known/openid-configuration', key: null });
     expect(disco.json()).toMatchObject({ issuer: localIssuer(h.deps.cfg), jwks_uri: `${localIssuer(h.deps.cfg)}/.well-known/jwks.json` });
@@ -128,7 +143,12 @@ describe('an external issuer configured by URL (production path)', () => {
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const port = (server.address() as AddressInfo).port;
-    const cfg = { ...h.deps.cfg, ROOST_OIDC_ISSUER: issuer, ROOST_OIDC_JWKS_URL: `http://127.0.0.1:${port}/keys`, ROOST_OIDC_AUDIENCE: 'roost-prod' };
+    const cfg = {
+      ...h.deps.cfg,
+      ROOST_OIDC_ISSUER: issuer,
+      ROOST_OIDC_JWKS_URL: `http://127.0.0.1:${port}/keys`,
+      ROOST_OIDC_AUDIENCE: 'roost-prod',
+    };
     issuerApp = await buildApp({ ...h.deps, cfg }, { logger: false });
     await issuerApp.ready();
   });
@@ -147,7 +167,11 @@ describe('an external issuer configured by URL (production path)', () => {
       .sign(signer);
 
   it('accepts its tokens (by verified email) and rejects the local issuer and wrong audiences', async () => {
-    const ok = await issuerApp.inject({ method: 'GET', url: '/api/whoami', headers: { authorization: `Bearer ${await sign({ sub: 'ext|42', email: member.email })}` } });
+    const ok = await issuerApp.inject({
+      method: 'GET',
+      url: '/api/whoami',
+      headers: { authorization: `Bearer ${await sign({ sub: 'ext|42', email: member.email })}` },
+    });
     expect(ok.statusCode).toBe(200);
     expect(ok.json()).toMatchObject({ userId: member.uid, key: null });
     const unverified = await issuerApp.inject({
@@ -156,9 +180,17 @@ describe('an external issuer configured by URL (production path)', () => {
       headers: { authorization: `Bearer ${await sign({ sub: 'ext|42', email: member.email, email_verified: false })}` },
     });
     expect(unverified.statusCode).toBe(401);
-    const wrongAud = await issuerApp.inject({ method: 'GET', url: '/api/whoami', headers: { authorization: `Bearer ${await sign({ sub: member.uid }, 'roost')}` } });
+    const wrongAud = await issuerApp.inject({
+      method: 'GET',
+      url: '/api/whoami',
+      headers: { authorization: `Bearer ${await sign({ sub: member.uid }, 'roost')}` },
+    });
     expect(wrongAud.json().code).toBe('unauthorized');
-    const local = await issuerApp.inject({ method: 'GET', url: '/api/whoami', headers: { authorization: `Bearer ${await idTokenFor(h, member)}` } });
+    const local = await issuerApp.inject({
+      method: 'GET',
+      url: '/api/whoami',
+      headers: { authorization: `Bearer ${await idTokenFor(h, member)}` },
+    });
     expect(local.json().code).toBe('unauthorized');
     expect((await issuerApp.inject({ method: 'GET', url: '/.well-known/jwks.json' })).statusCode).toBe(404);
   });
@@ -166,16 +198,29 @@ describe('an external issuer configured by URL (production path)', () => {
   it('exchanges its tokens for sessions', async () => {
     const res = await issuerApp.inject({ method: 'POST', url: '/api/auth/session', payload: { idToken: await sign({ sub: member.uid }) } });
     expect(res.statusCode).toBe(201);
-    const who = await issuerApp.inject({ method: 'GET', url: '/api/whoami', headers: { authorization: `Bearer ${res.json().sessionToken}` } });
+    const who = await issuerApp.inject({
+      method: 'GET',
+      url: '/api/whoami',
+      headers: { authorization: `Bearer ${res.json().sessionToken}` },
+    });
     expect(who.json()).toMatchObject({ userId: member.uid, key: null });
   });
 
   it('answers 503 service_unavailable when the JWKS endpoint cannot be reached', async () => {
-    const cfg = { ...h.deps.cfg, ROOST_OIDC_ISSUER: issuer, ROOST_OIDC_JWKS_URL: 'http://127.0.0.1:9/keys', ROOST_OIDC_AUDIENCE: 'roost-prod' };
+    const cfg = {
+      ...h.deps.cfg,
+      ROOST_OIDC_ISSUER: issuer,
+      ROOST_OIDC_JWKS_URL: 'http://127.0.0.1:9/keys',
+      ROOST_OIDC_AUDIENCE: 'roost-prod',
+    };
     const down = await buildApp({ ...h.deps, cfg }, { logger: false });
     try {
       await down.ready();
-      const res = await down.inject({ method: 'GET', url: '/api/whoami', headers: { authorization: `Bearer ${await sign({ sub: member.uid })}` } });
+      const res = await down.inject({
+        method: 'GET',
+        url: '/api/whoami',
+        headers: { authorization: `Bearer ${await sign({ sub: member.uid })}` },
+      });
       expect(res.statusCode).toBe(503);
       expect(res.json().code).toBe('service_unavailable');
     } finally {
@@ -229,9 +274,26 @@ describe('sessions', () => {
   it('refuse bad exchanges without creating anything', async () => {
     const before = (await h.deps.db.query('SELECT count(*)::int AS n FROM sessions WHERE uid = $1', [member.uid])).rows[0].n;
     expectProblem(await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: {} }), 400, 'validation_failed');
-    expectProblem(await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: { idToken: 'not-a-jwt' } }), 401, 'unauthorized');
-    expectProblem(await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: { idToken: await idTokenFor(h, member, { ttlSeconds: -120 }) } }), 401, 'token_expired');
-    expectProblem(await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: { idToken: h.apiKey } }), 401, 'unauthorized');
+    expectProblem(
+      await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: { idToken: 'not-a-jwt' } }),
+      401,
+      'unauthorized',
+    );
+    expectProblem(
+      await h.request({
+        method: 'POST',
+        url: '/api/auth/session',
+        key: null,
+        body: { idToken: await idTokenFor(h, member, { ttlSeconds: -120 }) },
+      }),
+      401,
+      'token_expired',
+    );
+    expectProblem(
+      await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: { idToken: h.apiKey } }),
+      401,
+      'unauthorized',
+    );
     const after = (await h.deps.db.query('SELECT count(*)::int AS n FROM sessions WHERE uid = $1', [member.uid])).rows[0].n;
     expect(after).toBe(before);
   });

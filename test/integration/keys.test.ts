@@ -5,7 +5,7 @@
  */
 import { sha256Hex } from '../../domain/hex';
 import { DAY_MS } from '../../domain/keys';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { addMember, idTokenFor, insertKey, makeUser, sessionFor } from '../support/identity';
 
 let h: Harness;
@@ -52,8 +52,17 @@ describe('POST /api/keys', () => {
     expect(res.headers['cache-control']).toBe('no-store');
     const body = res.json();
     expect(body.key).toMatch(/^svk_live_[A-Za-z0-9_-]{43}$/);
-    expect(body).toMatchObject({ name: 'ci', environment: 'live', status: 'active', isLegacy: false, lastUsedAt: null, keyPrefix: body.key.slice(0, 12) });
-    expect(body.scopes).toEqual(['roost', 'site', 'machine', 'chat'].map((resource) => ({ resource, id: '*', permissions: ['read', 'write'] })));
+    expect(body).toMatchObject({
+      name: 'ci',
+      environment: 'live',
+      status: 'active',
+      isLegacy: false,
+      lastUsedAt: null,
+      keyPrefix: body.key.slice(0, 12),
+    });
+    expect(body.scopes).toEqual(
+      ['roost', 'site', 'machine', 'chat'].map((resource) => ({ resource, id: '*', permissions: ['read', 'write'] })),
+    );
     expect(body.expiresAt - body.createdAt).toBe(90 * DAY_MS);
     const { rows } = await h.deps.db.query('SELECT * FROM api_keys WHERE key_id = $1', [body.keyId]);
     expect(rows[0].key_hash).toBe(sha256Hex(body.key));
@@ -86,16 +95,31 @@ describe('POST /api/keys', () => {
   });
 
   it('rejects scopes together with a preset, neither, and bad lifetimes with validation_failed', async () => {
-    const both = expectProblem(await create(memberToken, { name: 'x', preset: 'admin', scopes: readSite(h.siteId) }), 400, 'validation_failed');
+    const both = expectProblem(
+      await create(memberToken, { name: 'x', preset: 'admin', scopes: readSite(h.siteId) }),
+      400,
+      'validation_failed',
+    );
     expect(Object.keys(both.errors)).toEqual(expect.arrayContaining(['preset', 'scopes']));
     expect(expectProblem(await create(memberToken, { name: 'x' }), 400, 'validation_failed').errors.scopes).toBeDefined();
     for (const lifetimeDays of [0, 366, 1.5]) {
-      expect(expectProblem(await create(memberToken, { name: 'x', preset: 'readonly', lifetimeDays }), 400, 'validation_failed').errors.lifetimeDays).toBeDefined();
+      expect(
+        expectProblem(await create(memberToken, { name: 'x', preset: 'readonly', lifetimeDays }), 400, 'validation_failed').errors
+          .lifetimeDays,
+      ).toBeDefined();
     }
     expectProblem(await create(memberToken, { name: 'x', preset: 'superuser' }), 400, 'validation_failed');
     expectProblem(await create(memberToken, { name: 'x', environment: 'prod', preset: 'readonly' }), 400, 'validation_failed');
-    expectProblem(await create(memberToken, { name: 'x', scopes: [{ resource: 'site', id: h.siteId, permissions: [] }] }), 400, 'validation_failed');
-    expectProblem(await create(memberToken, { name: 'x', scopes: [{ resource: 'planet', id: '*', permissions: ['read'] }] }), 400, 'validation_failed');
+    expectProblem(
+      await create(memberToken, { name: 'x', scopes: [{ resource: 'site', id: h.siteId, permissions: [] }] }),
+      400,
+      'validation_failed',
+    );
+    expectProblem(
+      await create(memberToken, { name: 'x', scopes: [{ resource: 'planet', id: '*', permissions: ['read'] }] }),
+      400,
+      'validation_failed',
+    );
     const many = Array.from({ length: 51 }, () => ({ resource: 'site', id: '*', permissions: ['read'] }));
     expectProblem(await create(memberToken, { name: 'x', scopes: many }), 400, 'validation_failed');
     expectProblem(await create(memberToken, { preset: 'readonly' }), 400, 'validation_failed');
@@ -105,18 +129,40 @@ describe('POST /api/keys', () => {
     const other = await h.other();
     const res = await create(memberToken, {
       name: 'x',
-      scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }, { resource: 'site', id: other.siteId, permissions: ['read'] }, { resource: 'roost', id: 'rst_nope', permissions: ['read'] }, { resource: 'machine', id: 'nope', permissions: ['read'] }],
+      scopes: [
+        { resource: 'site', id: h.siteId, permissions: ['read'] },
+        { resource: 'site', id: other.siteId, permissions: ['read'] },
+        { resource: 'roost', id: 'rst_nope', permissions: ['read'] },
+        { resource: 'machine', id: 'nope', permissions: ['read'] },
+      ],
     });
     const p = expectProblem(res, 400, 'validation_failed');
     expect(Object.keys(p.errors).sort()).toEqual(['scopes.1.id', 'scopes.2.id', 'scopes.3.id']);
-    expect(expectProblem(await create(memberToken, { name: 'x', preset: 'readonly', primarySiteId: other.siteId }), 400, 'validation_failed').errors.primarySiteId).toBeDefined();
+    expect(
+      expectProblem(await create(memberToken, { name: 'x', preset: 'readonly', primarySiteId: other.siteId }), 400, 'validation_failed')
+        .errors.primarySiteId,
+    ).toBeDefined();
   });
 
   it('keeps platform scopes (user, installer) for superadmins, with id *', async () => {
-    expectProblem(await create(memberToken, { name: 'x', scopes: [{ resource: 'installer', id: '*', permissions: ['read'] }] }), 403, 'forbidden');
-    const bad = expectProblem(await create(superToken, { name: 'x', scopes: [{ resource: 'user', id: member.uid, permissions: ['admin'] }] }), 400, 'validation_failed');
+    expectProblem(
+      await create(memberToken, { name: 'x', scopes: [{ resource: 'installer', id: '*', permissions: ['read'] }] }),
+      403,
+      'forbidden',
+    );
+    const bad = expectProblem(
+      await create(superToken, { name: 'x', scopes: [{ resource: 'user', id: member.uid, permissions: ['admin'] }] }),
+      400,
+      'validation_failed',
+    );
     expect(bad.errors['scopes.0.id']).toBeDefined();
-    const ok = await create(superToken, { name: 'platform', scopes: [{ resource: 'user', id: '*', permissions: ['admin'] }, { resource: 'installer', id: '*', permissions: ['read', 'write'] }] });
+    const ok = await create(superToken, {
+      name: 'platform',
+      scopes: [
+        { resource: 'user', id: '*', permissions: ['admin'] },
+        { resource: 'installer', id: '*', permissions: ['read', 'write'] },
+      ],
+    });
     expect(ok.statusCode).toBe(201);
     // A superadmin may name any site.
     const other = await h.other();
@@ -146,7 +192,24 @@ describe('GET /api/keys', () => {
     expect(body.keys.map((k: any) => k.name)).toEqual(['three', 'two', 'one']);
     for (const k of body.keys) {
       expect(Object.keys(k).sort()).toEqual(
-        ['createdAt', 'environment', 'expiresAt', 'graceUntil', 'isLegacy', 'keyId', 'keyPrefix', 'lastUsedAt', 'name', 'primarySiteId', 'replacedBy', 'revokedAt', 'rotatedAt', 'rotatedFrom', 'scopes', 'status'].sort(),
+        [
+          'createdAt',
+          'environment',
+          'expiresAt',
+          'graceUntil',
+          'isLegacy',
+          'keyId',
+          'keyPrefix',
+          'lastUsedAt',
+          'name',
+          'primarySiteId',
+          'replacedBy',
+          'revokedAt',
+          'rotatedAt',
+          'rotatedFrom',
+          'scopes',
+          'status',
+        ].sort(),
       );
     }
     for (const m of made) expect(all.body).not.toContain(m.key.slice(9));
@@ -191,7 +254,11 @@ describe('rotate, revoke, expire', () => {
     let list = (await h.request({ method: 'GET', url: '/api/keys?page_size=100', key: memberToken })).json().keys;
     expect(list.find((k: any) => k.keyId === old.keyId)).toMatchObject({ status: 'rotated', replacedBy: next.keyId });
     // A second rotation of the rotated key is refused.
-    const again = expectProblem(await h.request({ method: 'POST', url: `/api/keys/${old.keyId}/rotate`, key: memberToken }), 409, 'conflict');
+    const again = expectProblem(
+      await h.request({ method: 'POST', url: `/api/keys/${old.keyId}/rotate`, key: memberToken }),
+      409,
+      'conflict',
+    );
     expect(again.status).toBe(409);
     // Grace over: the old key is retired and unauthorized (not token_expired).
     await h.deps.db.query('UPDATE api_keys SET grace_until = $2 WHERE key_id = $1', [old.keyId, Date.now() - 1]);
@@ -206,14 +273,20 @@ describe('rotate, revoke, expire', () => {
     const res = await h.request({ method: 'POST', url: `/api/keys/${old.keyId}/rotate`, key: memberToken, body: { lifetimeDays: 7 } });
     expect(res.json().expiresAt - res.json().createdAt).toBe(7 * DAY_MS);
     expectProblem(await h.request({ method: 'POST', url: `/api/keys/${res.json().keyId}/rotate`, key: superToken }), 404, 'not_found');
-    expectProblem(await h.request({ method: 'POST', url: `/api/keys/${res.json().keyId}/rotate`, key: memberToken, body: { lifetimeDays: 400 } }), 400, 'validation_failed');
+    expectProblem(
+      await h.request({ method: 'POST', url: `/api/keys/${res.json().keyId}/rotate`, key: memberToken, body: { lifetimeDays: 400 } }),
+      400,
+      'validation_failed',
+    );
     expectProblem(await h.request({ method: 'POST', url: `/api/keys/key_missing/rotate`, key: memberToken }), 404, 'not_found');
     expectProblem(await h.request({ method: 'POST', url: `/api/keys/${res.json().keyId}/rotate`, key: res.json().key }), 403, 'forbidden');
   });
 
   it('concurrent rotations of one key: exactly one succeeds', async () => {
     const old = (await create(memberToken, { name: 'race', preset: 'readonly' })).json();
-    const results = await Promise.all([0, 1, 2].map(() => h.request({ method: 'POST', url: `/api/keys/${old.keyId}/rotate`, key: memberToken })));
+    const results = await Promise.all(
+      [0, 1, 2].map(() => h.request({ method: 'POST', url: `/api/keys/${old.keyId}/rotate`, key: memberToken })),
+    );
     expect(results.map((r) => r.statusCode).sort()).toEqual([201, 409, 409]);
     const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM api_keys WHERE rotated_from = $1', [old.keyId]);
     expect(rows[0].n).toBe(1);
@@ -227,7 +300,10 @@ describe('rotate, revoke, expire', () => {
     expect(res.statusCode).toBe(200);
     expect(res.json()).toMatchObject({ keyId: k.keyId, status: 'revoked', alreadyRevoked: false, revokedAt: expect.any(Number) });
     expectProblem(await h.request({ method: 'GET', url: '/api/whoami', key: k.key }), 401, 'unauthorized');
-    expect((await h.request({ method: 'DELETE', url: `/api/keys/${k.keyId}`, key: memberToken })).json()).toMatchObject({ status: 'revoked', alreadyRevoked: true });
+    expect((await h.request({ method: 'DELETE', url: `/api/keys/${k.keyId}`, key: memberToken })).json()).toMatchObject({
+      status: 'revoked',
+      alreadyRevoked: true,
+    });
     expectProblem(await h.request({ method: 'POST', url: `/api/keys/${k.keyId}/rotate`, key: memberToken }), 409, 'conflict');
   });
 
@@ -257,13 +333,27 @@ describe('/api/account/api-keys (superadmin)', () => {
     expectProblem(await h.request({ method: 'GET', url: '/api/account/api-keys', key: memberToken }), 403, 'forbidden');
     expectProblem(await h.request({ method: 'GET', url: '/api/account/api-keys' }), 403, 'forbidden');
     expectProblem(await h.request({ method: 'GET', url: '/api/account/api-keys', key: null }), 401, 'unauthorized');
-    expectProblem(await h.request({ method: 'POST', url: '/api/account/api-keys', key: memberToken, body: { userId: member.uid, name: 'x', preset: 'readonly' } }), 403, 'forbidden');
+    expectProblem(
+      await h.request({
+        method: 'POST',
+        url: '/api/account/api-keys',
+        key: memberToken,
+        body: { userId: member.uid, name: 'x', preset: 'readonly' },
+      }),
+      403,
+      'forbidden',
+    );
   });
 
   it("lists every user's keys, filters by userId, creates for a user and revokes any key", async () => {
     const u = await makeUser(h.deps.db);
     await addMember(h.deps.db, h.siteId, u.uid);
-    const made = await h.request({ method: 'POST', url: '/api/account/api-keys', key: superToken, body: { email: u.email, name: 'for-u', scopes: readSite(h.siteId) } });
+    const made = await h.request({
+      method: 'POST',
+      url: '/api/account/api-keys',
+      key: superToken,
+      body: { email: u.email, name: 'for-u', scopes: readSite(h.siteId) },
+    });
     expect(made.statusCode).toBe(201);
     const body = made.json();
     expect(body).toMatchObject({ userId: u.uid, email: u.email, createdBy: h.userId, status: 'active' });
@@ -279,14 +369,50 @@ describe('/api/account/api-keys (superadmin)', () => {
   });
 
   it('validates the owner and the scopes against the owner', async () => {
-    expectProblem(await h.request({ method: 'POST', url: '/api/account/api-keys', key: superToken, body: { name: 'x', preset: 'readonly' } }), 400, 'validation_failed');
-    expectProblem(await h.request({ method: 'POST', url: '/api/account/api-keys', key: superToken, body: { userId: member.uid, email: member.email, name: 'x', preset: 'readonly' } }), 400, 'validation_failed');
-    expectProblem(await h.request({ method: 'POST', url: '/api/account/api-keys', key: superToken, body: { userId: 'usr_missing', name: 'x', preset: 'readonly' } }), 404, 'not_found');
+    expectProblem(
+      await h.request({ method: 'POST', url: '/api/account/api-keys', key: superToken, body: { name: 'x', preset: 'readonly' } }),
+      400,
+      'validation_failed',
+    );
+    expectProblem(
+      await h.request({
+        method: 'POST',
+        url: '/api/account/api-keys',
+        key: superToken,
+        body: { userId: member.uid, email: member.email, name: 'x', preset: 'readonly' },
+      }),
+      400,
+      'validation_failed',
+    );
+    expectProblem(
+      await h.request({
+        method: 'POST',
+        url: '/api/account/api-keys',
+        key: superToken,
+        body: { userId: 'usr_missing', name: 'x', preset: 'readonly' },
+      }),
+      404,
+      'not_found',
+    );
     const other = await h.other();
-    const p = expectProblem(await h.request({ method: 'POST', url: '/api/account/api-keys', key: superToken, body: { userId: member.uid, name: 'x', scopes: readSite(other.siteId) } }), 400, 'validation_failed');
+    const p = expectProblem(
+      await h.request({
+        method: 'POST',
+        url: '/api/account/api-keys',
+        key: superToken,
+        body: { userId: member.uid, name: 'x', scopes: readSite(other.siteId) },
+      }),
+      400,
+      'validation_failed',
+    );
     expect(p.errors['scopes.0.id']).toBeDefined();
     expectProblem(
-      await h.request({ method: 'POST', url: '/api/account/api-keys', key: superToken, body: { userId: member.uid, name: 'x', scopes: [{ resource: 'user', id: '*', permissions: ['read'] }] } }),
+      await h.request({
+        method: 'POST',
+        url: '/api/account/api-keys',
+        key: superToken,
+        body: { userId: member.uid, name: 'x', scopes: [{ resource: 'user', id: '*', permissions: ['read'] }] },
+      }),
       403,
       'forbidden',
     );

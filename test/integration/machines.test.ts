@@ -1,5 +1,5 @@
 /** Machines routes (SPEC.md "Machines (site scoped)", "Machine", "Command"). */
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import type { Scope } from '../../domain/scopes';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
@@ -26,14 +26,18 @@ async function enrol(machineId: string, extra: Record<string, unknown> = {}): Pr
 }
 
 async function goStale(machineId: string): Promise<void> {
-  await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 day' WHERE site_id = $1 AND machine_id = $2`, [h.siteId, machineId]);
+  await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 day' WHERE site_id = $1 AND machine_id = $2`, [
+    h.siteId,
+    machineId,
+  ]);
 }
 
 const base = () => `/api/sites/${h.siteId}/machines`;
 
 describe('GET /api/sites/{siteId}/machines', () => {
   beforeAll(async () => {
-    for (const id of ['list-a', 'list-b', 'list-c', 'list-d', 'list-e']) await enrol(id, { timezone: 'UTC label', timezoneIana: 'Europe/Paris', capabilities: { sync_pull: true } });
+    for (const id of ['list-a', 'list-b', 'list-c', 'list-d', 'list-e'])
+      await enrol(id, { timezone: 'UTC label', timezoneIana: 'Europe/Paris', capabilities: { sync_pull: true } });
     await goStale('list-b');
     await h.deps.db.query(`UPDATE machines SET online = false WHERE site_id = $1 AND machine_id = 'list-c'`, [h.siteId]);
   });
@@ -119,7 +123,12 @@ describe('GET /api/sites/{siteId}/machines/{machineId}', () => {
       method: 'POST',
       url: '/api/agent/heartbeat',
       key: token,
-      body: { metrics: { schemaVersion: 2, cpus: [{ load: 0.5 }] }, processes: [{ name: 'kiosk.exe', pid: 7, status: 'running' }], info: { os: 'Windows 11', ram: 16 }, shuttingDown: true },
+      body: {
+        metrics: { schemaVersion: 2, cpus: [{ load: 0.5 }] },
+        processes: [{ name: 'kiosk.exe', pid: 7, status: 'running' }],
+        info: { os: 'Windows 11', ram: 16 },
+        shuttingDown: true,
+      },
     });
     const res = await h.request({ method: 'GET', url: `${base()}/detail-1` });
     expect(res.statusCode).toBe(200);
@@ -175,7 +184,17 @@ describe('GET /api/sites/{siteId}/machines/{machineId}/deployments', () => {
       method: 'PUT',
       url: '/api/agent/roosts/dep-reported/state',
       key: token,
-      body: { reportedVersionId: v2, status: 'committed', chunks_fetched: 2, chunks_total: 3, chunks_dedup: 1, files_total: 4, files_assembled: 3, files_skipped: 1, bytes_fetched: 99 },
+      body: {
+        reportedVersionId: v2,
+        status: 'committed',
+        chunks_fetched: 2,
+        chunks_total: 3,
+        chunks_dedup: 1,
+        files_total: 4,
+        files_assembled: 3,
+        files_skipped: 1,
+        bytes_fetched: 99,
+      },
     });
     expect(put.statusCode).toBe(200);
     const res = await h.request({ method: 'GET', url: `${base()}/dep-1/deployments` });
@@ -200,7 +219,15 @@ describe('GET /api/sites/{siteId}/machines/{machineId}/deployments', () => {
       bytes_fetched: 99,
     });
     expect(Date.parse(body.deployments[0].updatedAt)).not.toBeNaN();
-    expect(body.deployments[1]).toMatchObject({ roostId: 'dep-targeted', currentVersionId: v2, reportedVersionId: null, status: null, inSync: false, updatedAt: null, chunks_total: 0 });
+    expect(body.deployments[1]).toMatchObject({
+      roostId: 'dep-targeted',
+      currentVersionId: v2,
+      reportedVersionId: null,
+      status: null,
+      inSync: false,
+      updatedAt: null,
+      chunks_total: 0,
+    });
   });
 
   it('404s unknown machines and other sites', async () => {
@@ -217,7 +244,13 @@ describe('POST /api/sites/{siteId}/machines/{machineId}/commands', () => {
     await goStale('cmd-off');
   });
   const post = (machineId: string, body: unknown, opts: { key?: string; idem?: string | null } = {}) =>
-    h.request({ method: 'POST', url: `${base()}/${machineId}/commands`, body, key: opts.key, idempotencyKey: opts.idem === null ? undefined : opts.idem ?? idemKey() });
+    h.request({
+      method: 'POST',
+      url: `${base()}/${machineId}/commands`,
+      body,
+      key: opts.key,
+      idempotencyKey: opts.idem === null ? undefined : (opts.idem ?? idemKey()),
+    });
 
   it('queues reboot, shutdown and screenshot commands with normalised params', async () => {
     const cases: [unknown, Record<string, unknown>][] = [
@@ -238,7 +271,10 @@ describe('POST /api/sites/{siteId}/machines/{machineId}/commands', () => {
     }
     const timed = await post('cmd-on', { type: 'reboot_machine', timeout_seconds: 60, auditCorrelationId: 'corr-1' });
     expect(Date.parse(timed.json().expiresAt) - Date.parse(timed.json().createdAt)).toBe(60_000);
-    const { rows } = await h.deps.db.query('SELECT created_by, audit_correlation_id FROM commands WHERE site_id = $1 AND command_id = $2', [h.siteId, timed.json().commandId]);
+    const { rows } = await h.deps.db.query('SELECT created_by, audit_correlation_id FROM commands WHERE site_id = $1 AND command_id = $2', [
+      h.siteId,
+      timed.json().commandId,
+    ]);
     expect(rows[0]).toEqual({ created_by: h.userId, audit_correlation_id: 'corr-1' });
   });
 
@@ -275,7 +311,10 @@ describe('POST /api/sites/{siteId}/machines/{machineId}/commands', () => {
     const unknown = await post('ghost', { type: 'reboot_machine' });
     expect(unknown.statusCode).toBe(404);
     expect(unknown.json().code).toBe('not_found');
-    const { rows } = await h.deps.db.query(`SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND machine_id IN ('cmd-off', 'ghost')`, [h.siteId]);
+    const { rows } = await h.deps.db.query(
+      `SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND machine_id IN ('cmd-off', 'ghost')`,
+      [h.siteId],
+    );
     expect(rows[0].n).toBe(0);
   });
 
@@ -291,7 +330,9 @@ describe('POST /api/sites/{siteId}/machines/{machineId}/commands', () => {
     expect(again.statusCode).toBe(202);
     expect(again.headers['idempotent-replayed']).toBe('true');
     expect(again.json().commandId).toBe(first.json().commandId);
-    const { rows } = await h.deps.db.query(`SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND params->>'delaySeconds' = '5'`, [h.siteId]);
+    const { rows } = await h.deps.db.query(`SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND params->>'delaySeconds' = '5'`, [
+      h.siteId,
+    ]);
     expect(rows[0].n).toBe(1);
     const mismatch = await post('cmd-on', { type: 'reboot_machine', params: { delaySeconds: 6 } }, { idem: key });
     expect(mismatch.statusCode).toBe(422);
@@ -303,10 +344,16 @@ describe('POST /api/sites/{siteId}/machines/{machineId}/commands', () => {
     expect((await post('cmd-on', { type: 'reboot_machine' }, { key: machineWrite })).statusCode).toBe(202);
     const siteWrite = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['write'] }]);
     expect((await post('cmd-on', { type: 'reboot_machine' }, { key: siteWrite })).statusCode).toBe(202);
-    const readOnly = await scopedKey([{ resource: 'machine', id: '*', permissions: ['read'] }, { resource: 'site', id: h.siteId, permissions: ['read'] }]);
+    const readOnly = await scopedKey([
+      { resource: 'machine', id: '*', permissions: ['read'] },
+      { resource: 'site', id: h.siteId, permissions: ['read'] },
+    ]);
     const denied = await post('cmd-on', { type: 'reboot_machine' }, { key: readOnly });
     expect(denied.statusCode).toBe(403);
-    expect(denied.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'machine', id: 'cmd-on', permission: 'write' } });
+    expect(denied.json()).toMatchObject({
+      code: 'scope_insufficient',
+      required: { resource: 'machine', id: 'cmd-on', permission: 'write' },
+    });
     const other = await h.other();
     expect((await post('cmd-on', { type: 'reboot_machine' }, { key: other.apiKey })).statusCode).toBe(404);
   });
@@ -315,12 +362,27 @@ describe('POST /api/sites/{siteId}/machines/{machineId}/commands', () => {
 describe('GET /api/sites/{siteId}/machines/{machineId}/commands/{commandId}', () => {
   it('shows the command state through its lifecycle', async () => {
     const token = await enrol('state-1');
-    const created = await h.request({ method: 'POST', url: `${base()}/state-1/commands`, idempotencyKey: true, body: { type: 'capture_screenshot', params: { monitor: 1 } } });
+    const created = await h.request({
+      method: 'POST',
+      url: `${base()}/state-1/commands`,
+      idempotencyKey: true,
+      body: { type: 'capture_screenshot', params: { monitor: 1 } },
+    });
     const id = created.json().commandId;
     const url = `${base()}/state-1/commands/${id}`;
     const s1 = await h.request({ method: 'GET', url });
     expect(s1.statusCode).toBe(200);
-    expect(s1.json()).toMatchObject({ commandId: id, status: 'pending', type: 'capture_screenshot', params: { monitor: 1 }, result: null, error: null, progress: null, completedAt: null, deliveredAt: null });
+    expect(s1.json()).toMatchObject({
+      commandId: id,
+      status: 'pending',
+      type: 'capture_screenshot',
+      params: { monitor: 1 },
+      result: null,
+      error: null,
+      progress: null,
+      completedAt: null,
+      deliveredAt: null,
+    });
     expect(s1.json().screenshotUrl).toBeUndefined();
     await h.request({ method: 'GET', url: '/api/agent/commands?wait=0', key: token });
     await h.request({ method: 'POST', url: `/api/agent/commands/${id}`, key: token, body: { status: 'uploading', progress: 40 } });
@@ -335,16 +397,29 @@ describe('GET /api/sites/{siteId}/machines/{machineId}/commands/{commandId}', ()
 
   it('reports an expired command as failed/expired', async () => {
     await enrol('state-2');
-    const created = await h.request({ method: 'POST', url: `${base()}/state-2/commands`, idempotencyKey: true, body: { type: 'reboot_machine' } });
+    const created = await h.request({
+      method: 'POST',
+      url: `${base()}/state-2/commands`,
+      idempotencyKey: true,
+      body: { type: 'reboot_machine' },
+    });
     const id = created.json().commandId;
-    await h.deps.db.query(`UPDATE commands SET expires_at = now() - INTERVAL '1 second' WHERE site_id = $1 AND command_id = $2`, [h.siteId, id]);
+    await h.deps.db.query(`UPDATE commands SET expires_at = now() - INTERVAL '1 second' WHERE site_id = $1 AND command_id = $2`, [
+      h.siteId,
+      id,
+    ]);
     const s = (await h.request({ method: 'GET', url: `${base()}/state-2/commands/${id}` })).json();
     expect(s).toMatchObject({ status: 'failed', error: 'expired' });
   });
 
   it('404s unknown commands, wrong machines and other sites; checks scopes', async () => {
     await enrol('state-3');
-    const created = await h.request({ method: 'POST', url: `${base()}/state-3/commands`, idempotencyKey: true, body: { type: 'reboot_machine' } });
+    const created = await h.request({
+      method: 'POST',
+      url: `${base()}/state-3/commands`,
+      idempotencyKey: true,
+      body: { type: 'reboot_machine' },
+    });
     const id = created.json().commandId;
     expect((await h.request({ method: 'GET', url: `${base()}/state-3/commands/cmd_nope` })).statusCode).toBe(404);
     expect((await h.request({ method: 'GET', url: `${base()}/state-1/commands/${id}` })).statusCode).toBe(404);

@@ -1,4 +1,4 @@
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 
 let h: Harness;
 beforeAll(async () => {

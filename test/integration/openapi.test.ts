@@ -9,8 +9,8 @@ import Ajv from 'ajv';
 import addFormats from 'ajv-formats';
 import { ERROR_STATUS } from '../../domain/errors';
 import { CURRENT_API_VERSION, SUPPORTED_API_VERSIONS } from '../../api/plugins/api-version';
-import { RouteEntry, securityFor } from '../../api/openapi';
-import { createHarness, Harness } from '../support/harness';
+import { type RouteEntry, securityFor } from '../../api/openapi';
+import { createHarness, type Harness } from '../support/harness';
 
 let h: Harness;
 let doc: any;
@@ -82,7 +82,8 @@ describe('route coverage', () => {
     // …and nothing that is not registered.
     const registered = new Set(routes.map((r) => `${r.method.toLowerCase()} ${openapiPath(r.url)}`));
     const extra: string[] = [];
-    for (const [path, item] of Object.entries<any>(doc.paths)) for (const m of Object.keys(item)) if (!registered.has(`${m} ${path}`)) extra.push(`${m} ${path}`);
+    for (const [path, item] of Object.entries<any>(doc.paths))
+      for (const m of Object.keys(item)) if (!registered.has(`${m} ${path}`)) extra.push(`${m} ${path}`);
     expect(extra).toEqual([]);
   });
 
@@ -132,13 +133,17 @@ describe('route coverage', () => {
       for (const s of success) {
         const res = op.responses[s];
         if (s !== '204' && !res.content) problems.push(`${label(r)}: ${s} has no content schema`);
-        if (!res.headers?.['X-Request-Id'] || !res.headers?.['Roost-Version']) problems.push(`${label(r)}: ${s} lacks the standard headers`);
+        if (!res.headers?.['X-Request-Id'] || !res.headers?.['Roost-Version'])
+          problems.push(`${label(r)}: ${s} lacks the standard headers`);
       }
       const errors = statuses.filter((s) => /^[45]/.test(s));
       if (!errors.some((s) => /^4/.test(s))) problems.push(`${label(r)}: no 4xx response`);
       for (const s of errors) {
         const content = op.responses[s].content;
-        if (Object.keys(content ?? {}).join() !== 'application/problem+json' || content['application/problem+json'].schema.$ref !== '#/components/schemas/Problem') {
+        if (
+          Object.keys(content ?? {}).join() !== 'application/problem+json' ||
+          content['application/problem+json'].schema.$ref !== '#/components/schemas/Problem'
+        ) {
           problems.push(`${label(r)}: ${s} is not the shared Problem`);
         }
       }
@@ -146,7 +151,8 @@ describe('route coverage', () => {
       for (const s of ['400', '500']) if (!op.responses[s]) problems.push(`${label(r)}: no ${s}`);
       if (r.auth !== 'none' && !op.responses['401']) problems.push(`${label(r)}: no 401`);
       if ((r.auth === 'user' || r.auth === 'userOrAgent') && !op.responses['403']) problems.push(`${label(r)}: no 403`);
-      if (r.idempotency !== 'ignored' && (!op.responses['409'] || !op.responses['422'])) problems.push(`${label(r)}: keyed route lacks 409/422`);
+      if (r.idempotency !== 'ignored' && (!op.responses['409'] || !op.responses['422']))
+        problems.push(`${label(r)}: keyed route lacks 409/422`);
       if (r.idempotency !== 'ignored' && !op.responses[statuses.find((s) => /^2/.test(s))!].headers['Idempotent-Replayed']) {
         problems.push(`${label(r)}: keyed route does not document Idempotent-Replayed`);
       }
@@ -178,10 +184,12 @@ describe('route coverage', () => {
     const operationIds = new Set<string>();
     for (const r of routes) {
       const op = operation(r);
-      if (JSON.stringify(op.security) !== JSON.stringify(securityFor(r.auth, r.allowQueryKey))) problems.push(`${label(r)}: security ${JSON.stringify(op.security)}`);
+      if (JSON.stringify(op.security) !== JSON.stringify(securityFor(r.auth, r.allowQueryKey)))
+        problems.push(`${label(r)}: security ${JSON.stringify(op.security)}`);
       const header = (name: string) => (op.parameters ?? []).find((p: any) => p.in === 'header' && p.name === name);
       const version = header('Roost-Version');
-      if (!version || version.required !== false || JSON.stringify(version.schema.enum) !== JSON.stringify([...SUPPORTED_API_VERSIONS])) problems.push(`${label(r)}: Roost-Version`);
+      if (!version || version.required !== false || JSON.stringify(version.schema.enum) !== JSON.stringify([...SUPPORTED_API_VERSIONS]))
+        problems.push(`${label(r)}: Roost-Version`);
       const idem = header('Idempotency-Key');
       if (r.idempotency === 'ignored' ? idem : !idem || idem.required !== (r.idempotency === 'required') || idem.schema.maxLength !== 255) {
         problems.push(`${label(r)}: Idempotency-Key (${r.idempotency})`);
@@ -235,7 +243,11 @@ describe('real responses match the document', () => {
     expect(created.statusCode).toBe(201);
     conforms('POST', '/api/roosts', created);
     conforms('GET', '/api/roosts', await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` }));
-    conforms('GET', '/api/roosts/{roostId}', await h.request({ method: 'GET', url: `/api/roosts/${created.json().roostId}?siteId=${h.siteId}` }));
+    conforms(
+      'GET',
+      '/api/roosts/{roostId}',
+      await h.request({ method: 'GET', url: `/api/roosts/${created.json().roostId}?siteId=${h.siteId}` }),
+    );
     conforms('GET', '/api/sites/{siteId}/machines', await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines` }));
   });
 
@@ -244,8 +256,23 @@ describe('real responses match the document', () => {
       { method: 'GET', path: '/api/roosts', url: '/api/roosts', status: 400, code: 'validation_failed' },
       { method: 'GET', path: '/api/roosts', url: `/api/roosts?siteId=${h.siteId}`, key: null, status: 401, code: 'unauthorized' },
       { method: 'GET', path: '/api/roosts/{roostId}', url: `/api/roosts/rst_missing?siteId=${h.siteId}`, status: 404, code: 'not_found' },
-      { method: 'GET', path: '/api/version', url: '/api/version', key: null, headers: { 'roost-version': '1999-01-01' }, status: 400, code: 'unsupported_version' },
-      { method: 'POST', path: '/api/roosts/{roostId}/rollback', url: '/api/roosts/rst_x/rollback', body: { siteId: h.siteId }, status: 400, code: 'idempotency_key_required' },
+      {
+        method: 'GET',
+        path: '/api/version',
+        url: '/api/version',
+        key: null,
+        headers: { 'roost-version': '1999-01-01' },
+        status: 400,
+        code: 'unsupported_version',
+      },
+      {
+        method: 'POST',
+        path: '/api/roosts/{roostId}/rollback',
+        url: '/api/roosts/rst_x/rollback',
+        body: { siteId: h.siteId },
+        status: 400,
+        code: 'idempotency_key_required',
+      },
     ];
     for (const c of cases) {
       const res = await h.request({ method: c.method, url: c.url, key: c.key, headers: c.headers, body: c.body });

@@ -8,7 +8,7 @@
 import { newId, sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { decodePageToken, encodePageToken } from '../../api/pagination';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { idTokenFor, insertKey, makeUser } from '../support/identity';
 import { withTx } from '../../db/pool';
 import { DEFAULT_POLICY, insertRollout, splitWaves } from '../../db/rollouts';
@@ -51,7 +51,13 @@ async function createRoost(siteId: string, key: string, name: string): Promise<s
 }
 
 async function publish(siteId: string, key: string, roostId: string, files: ReturnType<typeof emptyFiles>): Promise<string> {
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, key, idempotencyKey: true, body: { siteId, version: versionBody(files) } });
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    key,
+    idempotencyKey: true,
+    body: { siteId, version: versionBody(files) },
+  });
   expect(res.statusCode).toBe(201);
   return res.json().versionId;
 }
@@ -73,7 +79,10 @@ async function insertRolloutRow(roostId: string, versionId: string, machines: st
       createdBy: h.userId,
     });
     if (!active) {
-      await tx.query(`UPDATE rollouts SET active = false, stage = 'completed', state = 'completed', completed_at = now() WHERE site_id = $1 AND rollout_id = $2`, [h.siteId, rolloutId]);
+      await tx.query(
+        `UPDATE rollouts SET active = false, stage = 'completed', state = 'completed', completed_at = now() WHERE site_id = $1 AND rollout_id = $2`,
+        [h.siteId, rolloutId],
+      );
     }
   });
   return rolloutId;
@@ -132,7 +141,11 @@ const FIXTURES: ListFixture[] = [
       const roostId = await createRoost(h.siteId, h.apiKey, 'files list');
       const files = emptyFiles(103, 'tree');
       const versionId = await publish(h.siteId, h.apiKey, roostId, files);
-      return { url: `/api/roosts/${roostId}/versions/${versionId}/files?siteId=${h.siteId}`, key: h.apiKey, expected: files.map((f) => f.path) };
+      return {
+        url: `/api/roosts/${roostId}/versions/${versionId}/files?siteId=${h.siteId}`,
+        key: h.apiKey,
+        expected: files.map((f) => f.path),
+      };
     },
   },
   {
@@ -166,7 +179,10 @@ const FIXTURES: ListFixture[] = [
     seed: async () => {
       const site = await h.other();
       const expected = Array.from({ length: 53 }, (_, i) => `pg-${String(i).padStart(3, '0')}`);
-      await h.deps.db.query('INSERT INTO machines (site_id, machine_id, hostname) SELECT $1, m, m FROM UNNEST(CAST($2 AS TEXT[])) AS t(m)', [site.siteId, expected]);
+      await h.deps.db.query(
+        'INSERT INTO machines (site_id, machine_id, hostname) SELECT $1, m, m FROM UNNEST(CAST($2 AS TEXT[])) AS t(m)',
+        [site.siteId, expected],
+      );
       return { url: `/api/sites/${site.siteId}/machines`, key: site.apiKey, expected };
     },
   },
@@ -268,7 +284,12 @@ const FIXTURES: ListFixture[] = [
         `INSERT INTO webhook_deliveries (site_id, delivery_id, webhook_id, event_id, event_type, payload, status, attempts, created_at, completed_at)
          SELECT $1, t.d, $2, 'evt_' || t.d, 'version.published', $4, 'succeeded', 1, now() - LEAST(t.i, 21) * INTERVAL '1 second', now()
            FROM UNNEST($3::text[]) WITH ORDINALITY AS t (d, i)`,
-        [h.siteId, webhookId, expected, JSON.stringify({ event: 'version.published', siteId: h.siteId, occurredAt: new Date().toISOString(), data: {} })],
+        [
+          h.siteId,
+          webhookId,
+          expected,
+          JSON.stringify({ event: 'version.published', siteId: h.siteId, occurredAt: new Date().toISOString(), data: {} }),
+        ],
       );
       return { url: `/api/sites/${h.siteId}/webhooks/${webhookId}/deliveries`, key: h.apiKey, expected };
     },
@@ -370,7 +391,11 @@ describe.each(FIXTURES.map((f) => [f.route, f] as const))('%s', (_route, f) => {
     const position = decodePageToken(real);
     expect(position).toBeDefined();
     const handMade = Buffer.from(JSON.stringify({ p: position })).toString('base64url');
-    const edited = Buffer.from(Buffer.from(real, 'base64url').toString('utf8').replace(/"c":"./, (m) => `${m.slice(0, -1)}${m.endsWith('A') ? 'B' : 'A'}`)).toString('base64url');
+    const edited = Buffer.from(
+      Buffer.from(real, 'base64url')
+        .toString('utf8')
+        .replace(/"c":"./, (m) => `${m.slice(0, -1)}${m.endsWith('A') ? 'B' : 'A'}`),
+    ).toString('base64url');
     const foreignShape = encodePageToken({ not: 'a position' });
     for (const [name, token] of [
       ['garbage', 'garbage'],
@@ -388,7 +413,11 @@ describe.each(FIXTURES.map((f) => [f.route, f] as const))('%s', (_route, f) => {
 });
 
 it('an idempotency key does not change list results (GET routes ignore it)', async () => {
-  const res = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&page_size=1`, headers: { 'idempotency-key': idemKey() } });
+  const res = await h.request({
+    method: 'GET',
+    url: `/api/roosts?siteId=${h.siteId}&page_size=1`,
+    headers: { 'idempotency-key': idemKey() },
+  });
   expect(res.statusCode).toBe(200);
   expect(res.headers['idempotent-replayed']).toBeUndefined();
 });

@@ -7,7 +7,7 @@
  * chunk with bytes the verification sweep found wrong heals through check, re-upload and publish.
  */
 import { randomBytes } from 'node:crypto';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { findMissingChunks, listingIsCheaper, LIST_MIN_UNKNOWN } from '../../db/roosts';
 import { sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
@@ -30,7 +30,11 @@ async function storeChunk(bytes: Buffer, siteId = h.siteId): Promise<{ hash: str
 }
 
 async function newRoost(): Promise<string> {
-  const res = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: `lookup ${randomBytes(3).toString('hex')}` } });
+  const res = await h.request({
+    method: 'POST',
+    url: '/api/roosts',
+    body: { siteId: h.siteId, name: `lookup ${randomBytes(3).toString('hex')}` },
+  });
   expect(res.statusCode).toBe(201);
   return res.json().roostId;
 }
@@ -54,9 +58,16 @@ it(`publishes a version of ${LIST_MIN_UNKNOWN + 44} new chunks through the listi
   // The rule publish applies: list when a few pages cost less than one HEAD per new chunk.
   expect(await listingIsCheaper(h.deps.db, h.siteId, count)).toBe(true);
   expect(await listingIsCheaper(h.deps.db, h.siteId, LIST_MIN_UNKNOWN - 1)).toBe(false);
-  const chunks = await Promise.all(Array.from({ length: count }, (_, i) => storeChunk(Buffer.from(`chunk ${i} ${randomBytes(8).toString('hex')}`))));
+  const chunks = await Promise.all(
+    Array.from({ length: count }, (_, i) => storeChunk(Buffer.from(`chunk ${i} ${randomBytes(8).toString('hex')}`))),
+  );
   const files = chunks.map((c, i) => ({ path: `data/file-${String(i).padStart(4, '0')}.txt`, size: c.size, chunks: [c] }));
-  const version = (extra: typeof files = []) => ({ schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'lookup-test' }, files: [...files, ...extra] });
+  const version = (extra: typeof files = []) => ({
+    schemaVersion: 2,
+    mediaType: VERSION_MEDIA_TYPE,
+    config: { producer: 'lookup-test' },
+    files: [...files, ...extra],
+  });
 
   const absent = { hash: sha256Hex(randomBytes(16)), size: 7 };
   const refused = await h.request({
@@ -69,9 +80,17 @@ it(`publishes a version of ${LIST_MIN_UNKNOWN + 44} new chunks through the listi
   expect(refused.json()).toMatchObject({ code: 'precondition_failed', missingChunks: [absent.hash] });
 
   const roostId = await newRoost();
-  const ok = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, body: { siteId: h.siteId, version: version() }, idempotencyKey: idemKey() });
+  const ok = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    body: { siteId: h.siteId, version: version() },
+    idempotencyKey: idemKey(),
+  });
   expect(ok.statusCode).toBe(201);
-  const { rows } = await h.deps.db.query<{ n: number }>('SELECT count(*)::int AS n FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])', [h.siteId, chunks.map((c) => c.hash)]);
+  const { rows } = await h.deps.db.query<{ n: number }>(
+    'SELECT count(*)::int AS n FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])',
+    [h.siteId, chunks.map((c) => c.hash)],
+  );
   expect(rows[0].n).toBe(count);
 });
 
@@ -80,13 +99,26 @@ it('heals a chunk whose stored bytes the verification sweep found wrong: check a
   const bad = randomBytes(50);
   const hash = sha256Hex(good);
   await h.deps.blob.put('chunks', chunkBlobName(h.siteId, hash), bad, 'application/octet-stream');
-  await h.deps.db.query(`INSERT INTO chunks (site_id, hash, size, verify_failed_digest, verify_failed_at) VALUES ($1, $2, 50, $3, now())`, [h.siteId, hash, sha256Hex(bad)]);
-  const check = async () => (await h.request({ method: 'POST', url: '/api/chunks/check', body: { siteId: h.siteId, hashes: [hash] } })).json().missing;
+  await h.deps.db.query(`INSERT INTO chunks (site_id, hash, size, verify_failed_digest, verify_failed_at) VALUES ($1, $2, 50, $3, now())`, [
+    h.siteId,
+    hash,
+    sha256Hex(bad),
+  ]);
+  const check = async () =>
+    (await h.request({ method: 'POST', url: '/api/chunks/check', body: { siteId: h.siteId, hashes: [hash] } })).json().missing;
   const publish = async () =>
     h.request({
       method: 'POST',
       url: `/api/roosts/${await newRoost()}/versions`,
-      body: { siteId: h.siteId, version: { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: {}, files: [{ path: 'healed.bin', size: 50, chunks: [{ hash, size: 50 }] }] } },
+      body: {
+        siteId: h.siteId,
+        version: {
+          schemaVersion: 2,
+          mediaType: VERSION_MEDIA_TYPE,
+          config: {},
+          files: [{ path: 'healed.bin', size: 50, chunks: [{ hash, size: 50 }] }],
+        },
+      },
       idempotencyKey: idemKey(),
     });
 
@@ -99,7 +131,10 @@ it('heals a chunk whose stored bytes the verification sweep found wrong: check a
   // The client re-uploads (what `roost push` does after check said missing); the next publish re-hashes it.
   await h.deps.blob.put('chunks', chunkBlobName(h.siteId, hash), good, 'application/octet-stream');
   expect((await publish()).statusCode).toBe(201);
-  const { rows } = await h.deps.db.query('SELECT verify_failed_digest, verified_at FROM chunks WHERE site_id = $1 AND hash = $2', [h.siteId, hash]);
+  const { rows } = await h.deps.db.query('SELECT verify_failed_digest, verified_at FROM chunks WHERE site_id = $1 AND hash = $2', [
+    h.siteId,
+    hash,
+  ]);
   expect(rows[0].verify_failed_digest).toBeNull();
   expect(rows[0].verified_at).not.toBeNull();
   expect(await check()).toEqual([]);

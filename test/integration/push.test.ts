@@ -8,14 +8,14 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { ClientError, RoostClient } from '../../cli/client';
-import { publishScan, push, PushProgress } from '../../cli/push';
+import { publishScan, push, type PushProgress } from '../../cli/push';
 import { scanTree } from '../../cli/chunker';
 import { listAllFiles, listVersions } from '../../cli/commands/versions';
-import { Rollout, watchRollout } from '../../cli/commands/deploy';
+import { type Rollout, watchRollout } from '../../cli/commands/deploy';
 import { rolloutWorkflowId } from '../../api/temporal';
 import { sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, computeVersionId } from '../../domain/version';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import type { Scope } from '../../domain/scopes';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
@@ -88,9 +88,25 @@ describe('push pipeline', () => {
   it('uploads every chunk of a fresh tree and publishes version 1', async () => {
     const stages = new Set<string>();
     const ticks: PushProgress[] = [];
-    v1 = await push({ client, siteId: h.siteId, roostId, dir: tree.dir, concurrency: 3, description: 'first', onProgress: (p) => (stages.add(p.stage), ticks.push(p)) });
+    v1 = await push({
+      client,
+      siteId: h.siteId,
+      roostId,
+      dir: tree.dir,
+      concurrency: 3,
+      description: 'first',
+      onProgress: (p) => (stages.add(p.stage), ticks.push(p)),
+    });
     // app.bin: 3 chunks; settings.json: 1; readme + its copy: 1 shared; empty.txt: none
-    expect(v1).toMatchObject({ versionNumber: 1, previousVersionId: null, filesTotal: 5, chunksTotal: 5, chunksUploaded: 5, chunksSkipped: 0, replayed: false });
+    expect(v1).toMatchObject({
+      versionNumber: 1,
+      previousVersionId: null,
+      filesTotal: 5,
+      chunksTotal: 5,
+      chunksUploaded: 5,
+      chunksSkipped: 0,
+      replayed: false,
+    });
     expect(v1.bytesUploaded).toBe(tree.big.length + '{"mode":"a"}'.length + '# hello\n'.length);
     expect(v1.skipped).toEqual([{ path: 'link.md', reason: 'symlink' }]);
     expect(v1.versionId).toBe(computeVersionId(v1.body));
@@ -110,8 +126,16 @@ describe('push pipeline', () => {
   it('the published version lists exactly the tree, and its stored body hashes to its id', async () => {
     const files = await listAllFiles(client, h.siteId, roostId, 'current');
     expect(files).toEqual(v1.body.files);
-    expect(files.map((f) => f.path)).toEqual(['bin/app.bin', 'config/deep/settings.json', 'docs/copy-of-readme.md', 'empty.txt', 'readme.md']);
-    const fetched = await client.get<{ versionId: string; version: unknown; description: string }>(`/api/roosts/${roostId}/versions/1`, { siteId: h.siteId });
+    expect(files.map((f) => f.path)).toEqual([
+      'bin/app.bin',
+      'config/deep/settings.json',
+      'docs/copy-of-readme.md',
+      'empty.txt',
+      'readme.md',
+    ]);
+    const fetched = await client.get<{ versionId: string; version: unknown; description: string }>(`/api/roosts/${roostId}/versions/1`, {
+      siteId: h.siteId,
+    });
     expect(fetched.versionId).toBe(v1.versionId);
     expect(fetched.description).toBe('first');
     expect(computeVersionId(fetched.version)).toBe(v1.versionId);
@@ -147,7 +171,9 @@ describe('push pipeline', () => {
   });
 
   it('a stale expectedCurrentVersionId is refused with 412 version_stale and publishes nothing', async () => {
-    const err = (await push({ client, siteId: h.siteId, roostId, dir: tree.dir, expectedCurrentVersionId: v1.versionId }).catch((e) => e)) as ClientError;
+    const err = (await push({ client, siteId: h.siteId, roostId, dir: tree.dir, expectedCurrentVersionId: v1.versionId }).catch(
+      (e) => e,
+    )) as ClientError;
     expect(err).toBeInstanceOf(ClientError);
     expect(err).toMatchObject({ code: 'version_stale', status: 412 });
     expect((await listVersions(client, h.siteId, roostId, 100)).items).toHaveLength(4);
@@ -180,7 +206,10 @@ describe('push refusals', () => {
 
   it('a malformed site id is 400 validation_failed; an unknown roost is 404 at publish', async () => {
     await expect(push({ client, siteId: 'not a site!', roostId, dir })).rejects.toMatchObject({ code: 'validation_failed', status: 400 });
-    await expect(push({ client, siteId: h.siteId, roostId: 'rst_000000000000000000000000', dir })).rejects.toMatchObject({ code: 'not_found', status: 404 });
+    await expect(push({ client, siteId: h.siteId, roostId: 'rst_000000000000000000000000', dir })).rejects.toMatchObject({
+      code: 'not_found',
+      status: 404,
+    });
   });
 
   it('an empty tree is refused before any request', async () => {
@@ -259,7 +288,15 @@ describe('the roost binary', () => {
     const pushed = await roost(['push', roostId, dir, '--json', '-d', 'from the cli']);
     expect(pushed.code).toBe(0);
     const out = JSON.parse(pushed.stdout);
-    expect(out).toMatchObject({ roostId, siteId: h.siteId, versionNumber: 1, filesTotal: 2, chunksTotal: 2, chunksUploaded: 2, chunksSkipped: 0 });
+    expect(out).toMatchObject({
+      roostId,
+      siteId: h.siteId,
+      versionNumber: 1,
+      filesTotal: 2,
+      chunksTotal: 2,
+      chunksUploaded: 2,
+      chunksSkipped: 0,
+    });
     expect(out.body).toBeUndefined();
     expect(Object.keys(out.timings).sort()).toEqual(['check', 'hash', 'publish', 'upload']);
     expect(pushed.stderr).toMatch(/hash: /); // quiet progress lines (not a TTY) go to stderr
@@ -280,12 +317,24 @@ describe('the roost binary', () => {
     expect(show.files.map((f: { path: string }) => f.path)).toEqual(['one.txt', 'sub/two.txt']);
 
     const diff = JSON.parse((await roost(['diff', roostId, '1', '2', '--json'])).stdout);
-    expect(diff.summary).toMatchObject({ added: 0, removed: 0, changed: 1, unchanged: 1, hasChanges: true, netBytesDelta: 'one, changed'.length - 'one'.length });
+    expect(diff.summary).toMatchObject({
+      added: 0,
+      removed: 0,
+      changed: 1,
+      unchanged: 1,
+      hasChanges: true,
+      netBytesDelta: 'one, changed'.length - 'one'.length,
+    });
     expect(diff.modified.map((m: { path: string }) => m.path)).toEqual(['one.txt']);
 
     const rb = await roost(['rollback', roostId, '--json']);
     expect(rb.code).toBe(0);
-    expect(JSON.parse(rb.stdout)).toMatchObject({ ok: true, roostId, currentVersionNumber: 1, currentVersionId: list.versions[1].versionId });
+    expect(JSON.parse(rb.stdout)).toMatchObject({
+      ok: true,
+      roostId,
+      currentVersionNumber: 1,
+      currentVersionId: list.versions[1].versionId,
+    });
 
     const human = await roost(['versions', 'list', roostId]);
     expect(human.code).toBe(0);
@@ -319,17 +368,37 @@ describe('deploy --watch machine polling', () => {
     await write(dir, 'w.txt', `watch ${randomBytes(4).toString('hex')}`);
     roostId = await createRoost();
     versionId = (await push({ client, siteId: h.siteId, roostId, dir })).versionId;
-    const { enrolmentSecret } = await client.post<{ enrolmentSecret: string }>(`/api/sites/${h.siteId}/enrolment-secret`, {}, { idempotencyKey: true });
+    const { enrolmentSecret } = await client.post<{ enrolmentSecret: string }>(
+      `/api/sites/${h.siteId}/enrolment-secret`,
+      {},
+      { idempotencyKey: true },
+    );
     const anon = new RoostClient({ baseUrl: base });
     for (const machineId of ['watch-canary', 'watch-fleet']) {
-      const { agentToken } = await anon.post<{ agentToken: string }>('/api/agent/enrol', { siteId: h.siteId, enrolmentSecret, machineId, hostname: machineId, agentVersion: 'test' });
+      const { agentToken } = await anon.post<{ agentToken: string }>('/api/agent/enrol', {
+        siteId: h.siteId,
+        enrolmentSecret,
+        machineId,
+        hostname: machineId,
+        agentVersion: 'test',
+      });
       agents[machineId] = new RoostClient({ baseUrl: base, apiKey: agentToken });
     }
   });
 
   const report = (machineId: string, status: string, error?: string) =>
     agents[machineId].request('PUT', `/api/agent/roosts/${roostId}/state`, {
-      body: { reportedVersionId: versionId, status, ...(error ? { error } : {}), chunks_fetched: 1, chunks_total: 1, chunks_dedup: 0, files_total: 1, files_assembled: 1, files_skipped: 0 },
+      body: {
+        reportedVersionId: versionId,
+        status,
+        ...(error ? { error } : {}),
+        chunks_fetched: 1,
+        chunks_total: 1,
+        chunks_dedup: 0,
+        files_total: 1,
+        files_assembled: 1,
+        files_skipped: 0,
+      },
     });
   const rollout = (canary: string[], fleet: string[]): Rollout => ({
     rolloutId: 'rol_test',
@@ -356,7 +425,12 @@ describe('deploy --watch machine polling', () => {
     await report('watch-canary', 'failed', 'disk full');
     const res = await watchRollout(client, rollout(['watch-canary'], ['watch-fleet']), { intervalMs: 10, timeoutMs: 60_000 });
     expect(res.outcome).toBe('failed');
-    expect(res.machines[0]).toMatchObject({ machineId: 'watch-canary', status: 'failed', error: 'disk full', reportedVersionId: versionId });
+    expect(res.machines[0]).toMatchObject({
+      machineId: 'watch-canary',
+      status: 'failed',
+      error: 'disk full',
+      reportedVersionId: versionId,
+    });
   });
 
   it('ends committed once every machine committed the version; unknown machines count as not committed', async () => {
@@ -373,7 +447,10 @@ describe('deploy --watch machine polling', () => {
   describe('roost deploy', () => {
     afterAll(async () => {
       // No worker serves this harness's task queue: end the rollout workflow the deploy started.
-      await h.deps.temporal.workflow.getHandle(rolloutWorkflowId(h.siteId, roostId, versionId)).terminate('test over').catch(() => undefined);
+      await h.deps.temporal.workflow
+        .getHandle(rolloutWorkflowId(h.siteId, roostId, versionId))
+        .terminate('test over')
+        .catch(() => undefined);
     });
 
     it('--dry-run plans the waves and writes nothing', async () => {
@@ -393,7 +470,19 @@ describe('deploy --watch machine polling', () => {
     });
 
     it('the version may be given as a number, and --watch ends committed when every machine committed it', async () => {
-      const res = await roost(['deploy', roostId, '1', '--machines', 'watch-canary,watch-fleet', '--watch', '--interval', '1', '--timeout', '60', '--json']);
+      const res = await roost([
+        'deploy',
+        roostId,
+        '1',
+        '--machines',
+        'watch-canary,watch-fleet',
+        '--watch',
+        '--interval',
+        '1',
+        '--timeout',
+        '60',
+        '--json',
+      ]);
       expect(res.code).toBe(0);
       const out = JSON.parse(res.stdout);
       expect(out.rollout).toMatchObject({ roostId, versionId, dryRun: false, alreadyRunning: false });

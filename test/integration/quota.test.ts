@@ -11,7 +11,7 @@ import type { Scope } from '../../domain/scopes';
 import { CHUNK_SIZE, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { billingPeriod, DEFAULT_QUOTA_TIERS, parseQuotaTiers, tierLimit } from '../../db/quota';
 import { chunkBlobName } from '../../storage/blob';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
 const MiB = 1024 * 1024;
@@ -63,15 +63,18 @@ async function store(c: Chunk): Promise<void> {
 }
 
 async function reservations(): Promise<Map<string, { bytes: number; expires_at: Date }>> {
-  const { rows } = await h.deps.db.query<{ hash: string; bytes: number; expires_at: Date }>('SELECT hash, bytes, expires_at FROM upload_reservations WHERE site_id = $1', [h.siteId]);
+  const { rows } = await h.deps.db.query<{ hash: string; bytes: number; expires_at: Date }>(
+    'SELECT hash, bytes, expires_at FROM upload_reservations WHERE site_id = $1',
+    [h.siteId],
+  );
   return new Map(rows.map((r) => [r.hash, r]));
 }
 
 async function events(type: 'quota.warning' | 'quota.exceeded'): Promise<Record<string, unknown>[]> {
-  const { rows } = await h.deps.db.query<{ data: Record<string, unknown> }>('SELECT data FROM events WHERE site_id = $1 AND type = $2 ORDER BY occurred_at', [
-    h.siteId,
-    type,
-  ]);
+  const { rows } = await h.deps.db.query<{ data: Record<string, unknown> }>(
+    'SELECT data FROM events WHERE site_id = $1 AND type = $2 ORDER BY occurred_at',
+    [h.siteId, type],
+  );
   return rows.map((r) => r.data);
 }
 
@@ -93,7 +96,10 @@ function publish(chunks: Chunk[]) {
 }
 
 async function versionCount(): Promise<number> {
-  const { rows } = await h.deps.db.query('SELECT count(*) AS n FROM roost_versions WHERE site_id = $1 AND roost_id = $2', [h.siteId, roostId]);
+  const { rows } = await h.deps.db.query('SELECT count(*) AS n FROM roost_versions WHERE site_id = $1 AND roost_id = $2', [
+    h.siteId,
+    roostId,
+  ]);
   return Number(rows[0].n);
 }
 
@@ -122,7 +128,13 @@ describe('GET /api/sites/{siteId}/quota', () => {
 
   it('gives a site of the default tier the standard limit', async () => {
     const other = await h.other();
-    expect(await snapshot(other.siteId, other.apiKey)).toEqual({ siteId: other.siteId, tier: 'standard', usedBytes: 0, pendingBytes: 0, limitBytes: DEFAULT_QUOTA_TIERS.standard });
+    expect(await snapshot(other.siteId, other.apiKey)).toEqual({
+      siteId: other.siteId,
+      tier: 'standard',
+      usedBytes: 0,
+      pendingBytes: 0,
+      limitBytes: DEFAULT_QUOTA_TIERS.standard,
+    });
   });
 
   it('refuses a malformed site id, another site, a key without site read, and no credential', async () => {
@@ -150,7 +162,11 @@ describe('GET /api/sites/{siteId}/quota', () => {
 
 describe('storage accounting and enforcement', () => {
   beforeAll(async () => {
-    const res = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'quota-app', targets: ['m-1'], extractPath: 'C:\\app' } });
+    const res = await h.request({
+      method: 'POST',
+      url: '/api/roosts',
+      body: { siteId: h.siteId, name: 'quota-app', targets: ['m-1'], extractPath: 'C:\\app' },
+    });
     expect(res.statusCode).toBe(201);
     roostId = res.json().roostId;
   });
@@ -195,7 +211,10 @@ describe('storage accounting and enforcement', () => {
   });
 
   it('stops counting an expired reservation', async () => {
-    await h.deps.db.query(`UPDATE upload_reservations SET expires_at = now() - interval '1 minute' WHERE site_id = $1 AND hash = $2`, [h.siteId, B.hash]);
+    await h.deps.db.query(`UPDATE upload_reservations SET expires_at = now() - interval '1 minute' WHERE site_id = $1 AND hash = $2`, [
+      h.siteId,
+      B.hash,
+    ]);
     expect((await snapshot()).pendingBytes).toBe(CHUNK_SIZE);
     const res = await uploadUrls([C.hash]);
     expect(res.statusCode).toBe(200);
@@ -237,14 +256,22 @@ describe('storage accounting and enforcement', () => {
   it('refuses a publish past the limit with 402 quota_exceeded and changes nothing', async () => {
     await store(E);
     const versions = await versionCount();
-    const current = (await h.deps.db.query('SELECT current_version_id FROM roosts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roostId])).rows[0].current_version_id;
+    const current = (
+      await h.deps.db.query('SELECT current_version_id FROM roosts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roostId])
+    ).rows[0].current_version_id;
     const before = await snapshot();
     const res = await publish([A, B, C, E]);
     expect(res.statusCode).toBe(402);
-    expect(res.json()).toMatchObject({ code: 'quota_exceeded', quota: { usedBytes: before.usedBytes, pendingBytes: 0, limitBytes: LIMIT, requestedBytes: E.bytes.length } });
+    expect(res.json()).toMatchObject({
+      code: 'quota_exceeded',
+      quota: { usedBytes: before.usedBytes, pendingBytes: 0, limitBytes: LIMIT, requestedBytes: E.bytes.length },
+    });
     expect(await held(E)).toBe(false);
     expect(await versionCount()).toBe(versions);
-    expect((await h.deps.db.query('SELECT current_version_id FROM roosts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roostId])).rows[0].current_version_id).toBe(current);
+    expect(
+      (await h.deps.db.query('SELECT current_version_id FROM roosts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roostId])).rows[0]
+        .current_version_id,
+    ).toBe(current);
     expect(await snapshot()).toEqual(before);
     // quota.exceeded already fired in this billing period.
     expect(await events('quota.exceeded')).toHaveLength(1);
@@ -269,10 +296,10 @@ describe('storage accounting and enforcement', () => {
     const exceeded = await events('quota.exceeded');
     expect(exceeded).toHaveLength(2);
     expect(exceeded[1]).toMatchObject({ siteId: h.siteId, tier: 'tiny', usedBytes: LIMIT, limitBytes: LIMIT });
-    const { rows } = await h.deps.db.query<{ period: string; percent: number }>('SELECT period, percent FROM quota_thresholds WHERE site_id = $1 AND period = $2 ORDER BY percent', [
-      h.siteId,
-      billingPeriod(),
-    ]);
+    const { rows } = await h.deps.db.query<{ period: string; percent: number }>(
+      'SELECT period, percent FROM quota_thresholds WHERE site_id = $1 AND period = $2 ORDER BY percent',
+      [h.siteId, billingPeriod()],
+    );
     expect(rows.map((r) => r.percent)).toEqual([50, 80, 100]);
 
     // Every write that adds bytes is now refused; no second quota.exceeded in the period.

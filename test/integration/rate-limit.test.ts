@@ -12,11 +12,10 @@ import { randomBytes } from 'node:crypto';
 import type { LightMyRequestResponse } from 'fastify';
 import { buildApp } from '../../api/app';
 import { sha256Hex } from '../../domain/hex';
-import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
-import { freePort, ServiceHandle, startRedisServer } from '../../stack/services';
+import { freePort, type ServiceHandle, startRedisServer } from '../../stack/services';
 import { testConfig } from '../support/env';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { scopedKey } from '../support/identity';
 
 /** A key of the harness user with `scopes` (inserted the way db/bootstrap.ts does). */
@@ -158,16 +157,34 @@ describe('capability buckets', () => {
   afterAll(async () => h?.close());
 
   async function roostWithTwoVersions(): Promise<{ roostId: string; v1: string; v2: string }> {
-    const created = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'rl-app', targets: ['m-1'], extractPath: 'C:\\app' } });
+    const created = await h.request({
+      method: 'POST',
+      url: '/api/roosts',
+      body: { siteId: h.siteId, name: 'rl-app', targets: ['m-1'], extractPath: 'C:\\app' },
+    });
     expect(created.statusCode).toBe(201);
     const roostId = created.json().roostId as string;
     const ids: string[] = [];
     for (const text of ['one', 'two']) {
       const content = Buffer.from(`${text} ${randomBytes(4).toString('hex')}`);
       const hash = sha256Hex(content);
-      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [h.siteId, hash, content.length]);
-      const version = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'rate-limit-test' }, files: [{ path: 'a.txt', size: content.length, chunks: [{ hash, size: content.length }] }] };
-      const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, body: { siteId: h.siteId, version }, idempotencyKey: true });
+      await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [
+        h.siteId,
+        hash,
+        content.length,
+      ]);
+      const version = {
+        schemaVersion: 2,
+        mediaType: VERSION_MEDIA_TYPE,
+        config: { producer: 'rate-limit-test' },
+        files: [{ path: 'a.txt', size: content.length, chunks: [{ hash, size: content.length }] }],
+      };
+      const res = await h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/versions`,
+        body: { siteId: h.siteId, version },
+        idempotencyKey: true,
+      });
       expect(res.statusCode).toBe(201);
       ids.push(res.json().versionId);
     }
@@ -175,16 +192,22 @@ describe('capability buckets', () => {
   }
 
   async function current(roostId: string): Promise<string | null> {
-    const { rows } = await h.deps.db.query<{ current_version_id: string | null }>('SELECT current_version_id FROM roosts WHERE site_id = $1 AND roost_id = $2', [
-      h.siteId,
-      roostId,
-    ]);
+    const { rows } = await h.deps.db.query<{ current_version_id: string | null }>(
+      'SELECT current_version_id FROM roosts WHERE site_id = $1 AND roost_id = $2',
+      [h.siteId, roostId],
+    );
     return rows[0].current_version_id;
   }
 
   it('limits rollbacks per key and site (DISTRIBUTION_MANAGE) and a refused rollback changes nothing', async () => {
     const { roostId, v1, v2 } = await roostWithTwoVersions();
-    const rollback = () => h.request({ method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId, targetVersion: 'previous' }, idempotencyKey: true });
+    const rollback = () =>
+      h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/rollback`,
+        body: { siteId: h.siteId, targetVersion: 'previous' },
+        idempotencyKey: true,
+      });
     const first = await rollback();
     expect(first.statusCode).toBe(200);
     expect(first.headers['ratelimit-limit']).toBe('2');
@@ -194,7 +217,14 @@ describe('capability buckets', () => {
     expect((await rollback()).statusCode).toBe(200);
     expect(await current(roostId)).toBe(v2);
     const events = async () =>
-      Number((await h.deps.db.query(`SELECT count(*) AS n FROM events WHERE site_id = $1 AND type = 'version.rolled_back' AND data->>'roostId' = $2`, [h.siteId, roostId])).rows[0].n);
+      Number(
+        (
+          await h.deps.db.query(
+            `SELECT count(*) AS n FROM events WHERE site_id = $1 AND type = 'version.rolled_back' AND data->>'roostId' = $2`,
+            [h.siteId, roostId],
+          )
+        ).rows[0].n,
+      );
     const before = await events();
 
     const refused = await rollback();
@@ -221,15 +251,30 @@ describe('capability buckets', () => {
     const other = await h.other();
     // Three tries each against a limit of 2: were they counted before authorisation, the third would be 429.
     for (let i = 0; i < 3; i++) {
-      const hidden = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId, targetVersion: 'previous' }, key: other.apiKey, idempotencyKey: true });
+      const hidden = await h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/rollback`,
+        body: { siteId: h.siteId, targetVersion: 'previous' },
+        key: other.apiKey,
+        idempotencyKey: true,
+      });
       expect(hidden.statusCode).toBe(404);
       expect(hidden.json().code).toBe('not_found');
     }
     const reader = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
     for (let i = 0; i < 3; i++) {
-      const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId, targetVersion: 'previous' }, key: reader, idempotencyKey: true });
+      const res = await h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/rollback`,
+        body: { siteId: h.siteId, targetVersion: 'previous' },
+        key: reader,
+        idempotencyKey: true,
+      });
       expect(res.statusCode).toBe(403);
-      expect(res.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'roost', id: roostId, permission: 'rollback' } });
+      expect(res.json()).toMatchObject({
+        code: 'scope_insufficient',
+        required: { resource: 'roost', id: roostId, permission: 'rollback' },
+      });
     }
   });
 });

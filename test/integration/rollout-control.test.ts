@@ -12,14 +12,14 @@
 import fs from 'node:fs/promises';
 import { execFile } from 'node:child_process';
 import path from 'node:path';
-import { Harness, idemKey } from '../support/harness';
+import { type Harness, idemKey } from '../support/harness';
 import { recordHistory } from '../../scripts/record-history';
 import { rolloutWorkflowId } from '../../api/temporal';
 import { rollbackWorkflowId } from '../../db/rollouts';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
 import {
-  TestWorker,
+  type TestWorker,
   dbFleet,
   enrolMachineRows,
   machineIds,
@@ -28,7 +28,6 @@ import {
   rolloutEvents,
   scopedKey,
   seedRoost,
-  terminateAll,
   openRolloutSuite,
   closeRolloutSuite,
 } from './rollout-fixtures';
@@ -54,11 +53,18 @@ type Decision = 'commit' | 'fail' | 'hold';
  * them as `decide` says (per machine, attempt and version). `hold` leaves the command undelivered, to be
  * decided again on the next pass.
  */
-function heldFleet(decide: (machineId: string, attempt: number, versionId: string) => Decision = () => 'commit', intervalMs = 50): { stop(): Promise<void> } {
+function heldFleet(
+  decide: (machineId: string, attempt: number, versionId: string) => Decision = () => 'commit',
+  intervalMs = 50,
+): { stop(): Promise<void> } {
   let stopped = false;
   const loop = (async () => {
     while (!stopped) {
-      const { rows } = await h.deps.db.query<{ machine_id: string; command_id: string; params: { roostId: string; versionId: string; attempt: number } }>(
+      const { rows } = await h.deps.db.query<{
+        machine_id: string;
+        command_id: string;
+        params: { roostId: string; versionId: string; attempt: number };
+      }>(
         `SELECT machine_id, command_id, params FROM commands WHERE site_id = $1 AND type = 'sync_pull' AND status = 'pending' AND delivered_at IS NULL`,
         [h.siteId],
       );
@@ -96,14 +102,24 @@ async function waitFor(check: () => Promise<boolean>): Promise<void> {
 }
 
 async function deploy(roostId: string, body: Record<string, unknown>) {
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/deploy`, body: { siteId: h.siteId, ...body }, idempotencyKey: true });
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/deploy`,
+    body: { siteId: h.siteId, ...body },
+    idempotencyKey: true,
+  });
   if (res.statusCode !== 202) throw new Error(`deploy failed: ${res.statusCode} ${res.body}`);
   const r = res.json();
   if (!r.dryRun) workflows.push(rolloutWorkflowId(h.siteId, roostId, r.versionId));
   return { ...r, workflowId: rolloutWorkflowId(h.siteId, roostId, r.versionId) };
 }
 
-function control(roostId: string, rolloutId: string, action: string, opts: { key?: string; idem?: boolean; body?: unknown; query?: string } = {}) {
+function control(
+  roostId: string,
+  rolloutId: string,
+  action: string,
+  opts: { key?: string; idem?: boolean; body?: unknown; query?: string } = {},
+) {
   return h.request({
     method: 'POST',
     url: `/api/roosts/${roostId}/rollouts/${rolloutId}/${action}${opts.query ?? ''}`,
@@ -122,7 +138,9 @@ async function detail(roostId: string, rolloutId: string, query = '') {
 /** The workflow's `status` query (null fields until the workflow registered its handler). */
 async function status(workflowId: string): Promise<{ state: string | null; waiting: string | null; wave: number | null }> {
   try {
-    return await h.deps.temporal.workflow.getHandle(workflowId).query<{ state: string; waiting: string | null; wave: number | null }>('status');
+    return await h.deps.temporal.workflow
+      .getHandle(workflowId)
+      .query<{ state: string; waiting: string | null; wave: number | null }>('status');
   } catch (err) {
     if ((err as Error).name === 'QueryNotRegisteredError') return { state: null, waiting: null, wave: null };
     throw err;
@@ -139,7 +157,10 @@ async function maybeRecord(workflowId: string, name: string) {
 
 /** Machines of a rollout's wave (by stored wave name). */
 async function waveMachines(rolloutId: string, wave: string): Promise<string[]> {
-  const { rows } = await h.deps.db.query('SELECT machine_id FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND wave = $3 ORDER BY machine_id', [h.siteId, rolloutId, wave]);
+  const { rows } = await h.deps.db.query(
+    'SELECT machine_id FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND wave = $3 ORDER BY machine_id',
+    [h.siteId, rolloutId, wave],
+  );
   return rows.map((r) => r.machine_id);
 }
 
@@ -154,7 +175,10 @@ async function commitVersion(ids: string[], roostId: string, versionId: string) 
 }
 
 async function reported(roostId: string): Promise<Record<string, string>> {
-  const { rows } = await h.deps.db.query(`SELECT machine_id, reported_version_id, status FROM roost_target_states WHERE site_id = $1 AND roost_id = $2`, [h.siteId, roostId]);
+  const { rows } = await h.deps.db.query(
+    `SELECT machine_id, reported_version_id, status FROM roost_target_states WHERE site_id = $1 AND roost_id = $2`,
+    [h.siteId, roostId],
+  );
   return Object.fromEntries(rows.map((r) => [r.machine_id, `${r.reported_version_id}:${r.status}`]));
 }
 
@@ -165,13 +189,21 @@ describe('policies', () => {
     const roost = await seedRoost(h, { targets: ids });
     const fleet = heldFleet();
     try {
-      const r = await deploy(roost.roostId, { policy: { canary: { count: 1 }, waves: [40, 100], bakeSeconds: 0.2, retryBackoffSeconds: 0.1 } });
+      const r = await deploy(roost.roostId, {
+        policy: { canary: { count: 1 }, waves: [40, 100], bakeSeconds: 0.2, retryBackoffSeconds: 0.1 },
+      });
       expect(r.waves).toEqual([
         { index: 0, name: 'canary', size: 1 },
         { index: 1, name: 'wave-1', size: 3 },
         { index: 2, name: 'wave-2', size: 6 },
       ]);
-      expect(r.policy).toMatchObject({ canary: { count: 1 }, waves: [40, 100], bakeSeconds: 0.2, failureThreshold: { count: 0 }, activation: 'immediate' });
+      expect(r.policy).toMatchObject({
+        canary: { count: 1 },
+        waves: [40, 100],
+        bakeSeconds: 0.2,
+        failureThreshold: { count: 0 },
+        activation: 'immediate',
+      });
       const out = await result(r.workflowId);
       expect(out).toEqual({ rolloutId: r.rolloutId, stage: 'completed', succeeded: 10, failed: 0, abortReason: null });
       const d = await detail(roost.roostId, r.rolloutId);
@@ -205,7 +237,10 @@ describe('policies', () => {
     expect(res.statusCode).toBe(400);
     expect(res.json()).toMatchObject({ code: 'validation_failed', param: 'policy' });
     expect(Object.keys(res.json().errors).sort()).toEqual(['policy.activation', 'policy.failureThreshold.fraction', 'policy.waves.1']);
-    const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM rollouts WHERE site_id = $1 AND roost_id = $2', [h.siteId, roost.roostId]);
+    const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM rollouts WHERE site_id = $1 AND roost_id = $2', [
+      h.siteId,
+      roost.roostId,
+    ]);
     expect(rows[0].n).toBe(0);
   });
 });
@@ -238,9 +273,14 @@ describe('control while running', () => {
       expect(d.state).toBe('paused');
       expect(d.waves[1].counts).toMatchObject({ succeeded: 3 });
       expect(d.waves[2].counts).toMatchObject({ pending: 5, dispatched: 0 });
-      const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = ANY($3::text[])', [h.siteId, r.rolloutId, wave2]);
+      const { rows } = await h.deps.db.query(
+        'SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = ANY($3::text[])',
+        [h.siteId, r.rolloutId, wave2],
+      );
       expect(rows[0].n).toBe(0);
-      expect((await h.deps.temporal.workflow.getHandle(r.workflowId).describe()).searchAttributes).toMatchObject({ RoostStage: ['paused'] });
+      expect((await h.deps.temporal.workflow.getHandle(r.workflowId).describe()).searchAttributes).toMatchObject({
+        RoostStage: ['paused'],
+      });
 
       hold = new Set();
       const resumed = await control(roost.roostId, r.rolloutId, 'resume', { query: `?siteId=${h.siteId}`, body: {} });
@@ -251,7 +291,11 @@ describe('control while running', () => {
       const end = await detail(roost.roostId, r.rolloutId);
       const actions = end.history.map((e: { action: string }) => e.action);
       expect(actions).toEqual(expect.arrayContaining(['pause', 'resume']));
-      expect(end.history.find((e: { action: string }) => e.action === 'pause')).toMatchObject({ by: h.userId, state: 'paused', detail: { reason: 'checking dashboards' } });
+      expect(end.history.find((e: { action: string }) => e.action === 'pause')).toMatchObject({
+        by: h.userId,
+        state: 'paused',
+        detail: { reason: 'checking dashboards' },
+      });
       await maybeRecord(r.workflowId, 'rollout-pause-resume');
     } finally {
       await fleet.stop();
@@ -289,13 +333,25 @@ describe('control while running', () => {
     const fleet = heldFleet();
     try {
       const opensAt = Date.now() + 4000;
-      const local = (ms: number) => new Intl.DateTimeFormat('en-GB', { timeZone: 'Asia/Kolkata', hourCycle: 'h23', hour: '2-digit', minute: '2-digit', second: '2-digit' }).format(new Date(ms));
+      const local = (ms: number) =>
+        new Intl.DateTimeFormat('en-GB', {
+          timeZone: 'Asia/Kolkata',
+          hourCycle: 'h23',
+          hour: '2-digit',
+          minute: '2-digit',
+          second: '2-digit',
+        }).format(new Date(ms));
       const start = local(opensAt);
-      const r = await deploy(roost.roostId, { policy: { maintenanceWindow: { start, end: local(opensAt + 3600_000) }, retryBackoffSeconds: 0.1 } });
+      const r = await deploy(roost.roostId, {
+        policy: { maintenanceWindow: { start, end: local(opensAt + 3600_000) }, retryBackoffSeconds: 0.1 },
+      });
       await waitFor(async () => (await status(r.workflowId)).waiting === 'window');
       expect((await detail(roost.roostId, r.rolloutId)).state).toBe('waiting_window');
       expect(await result(r.workflowId)).toMatchObject({ stage: 'completed', succeeded: 3 });
-      const { rows } = await h.deps.db.query('SELECT min(created_at) AS first FROM commands WHERE site_id = $1 AND rollout_id = $2', [h.siteId, r.rolloutId]);
+      const { rows } = await h.deps.db.query('SELECT min(created_at) AS first FROM commands WHERE site_id = $1 AND rollout_id = $2', [
+        h.siteId,
+        r.rolloutId,
+      ]);
       expect(rows[0].first.getTime()).toBeGreaterThanOrEqual(Math.floor(opensAt / 1000) * 1000 - 50);
       const actions = (await detail(roost.roostId, r.rolloutId)).history.map((e: { action: string }) => e.action);
       expect(actions).toEqual(expect.arrayContaining(['waiting_window', 'window_open']));
@@ -324,9 +380,18 @@ describe('control while running', () => {
       const aborted = await control(roost.roostId, r.rolloutId, 'abort', { body: { siteId: h.siteId, reason: 'bad build' } });
       expect(aborted.statusCode).toBe(200);
       expect(['aborted', 'failed']).toContain(aborted.json().state);
-      expect(await result(r.workflowId)).toEqual({ rolloutId: r.rolloutId, stage: 'failed', succeeded: 2, failed: 0, abortReason: 'aborted' });
+      expect(await result(r.workflowId)).toEqual({
+        rolloutId: r.rolloutId,
+        stage: 'failed',
+        succeeded: 2,
+        failed: 0,
+        abortReason: 'aborted',
+      });
       expect(await machineStatuses(h, r.rolloutId)).toEqual({ succeeded: 2, cancelled: 4 });
-      const { rows: cmds } = await h.deps.db.query('SELECT DISTINCT status FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = ANY($3::text[])', [h.siteId, r.rolloutId, rest]);
+      const { rows: cmds } = await h.deps.db.query(
+        'SELECT DISTINCT status FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = ANY($3::text[])',
+        [h.siteId, r.rolloutId, rest],
+      );
       expect(cmds).toEqual([{ status: 'cancelled' }]);
       expect((await rolloutEvents(h, r.rolloutId)).map((e) => e.type)).toEqual(['deployment.started', 'deployment.failed']);
       expect((await detail(roost.roostId, r.rolloutId)).state).toBe('aborted');
@@ -349,7 +414,10 @@ describe('control while running', () => {
       for (const m of ids) expect(now[m]).toBe(`${v1}:committed`);
       const original = await detail(roost.roostId, r.rolloutId);
       expect(original).toMatchObject({ state: 'rolled_back', rolledBackBy: rbBody.rolloutId, stage: 'failed' });
-      expect((await control(roost.roostId, r.rolloutId, 'rollback')).json()).toMatchObject({ code: 'conflict', rollbackRolloutId: rbBody.rolloutId });
+      expect((await control(roost.roostId, r.rolloutId, 'rollback')).json()).toMatchObject({
+        code: 'conflict',
+        rollbackRolloutId: rbBody.rolloutId,
+      });
       expect((await control(roost.roostId, rbBody.rolloutId, 'rollback')).statusCode).toBe(409);
       await maybeRecord(rbBody.workflowId, 'rollout-rollback');
     } finally {
@@ -367,7 +435,10 @@ describe('control while running', () => {
     let bad = '';
     const fleet = heldFleet((m, _a, v) => (m === bad && v === v2.versionId ? 'fail' : bad === '' ? 'hold' : 'commit'));
     try {
-      const r = await deploy(roost.roostId, { versionId: v2.versionId, policy: { canary: { count: 3 }, autoRollback: true, retries: 1, retryBackoffSeconds: 0.1 } });
+      const r = await deploy(roost.roostId, {
+        versionId: v2.versionId,
+        policy: { canary: { count: 3 }, autoRollback: true, retries: 1, retryBackoffSeconds: 0.1 },
+      });
       bad = (await waveMachines(r.rolloutId, 'canary'))[0];
       const out = await result(r.workflowId);
       expect(out).toMatchObject({ rolloutId: r.rolloutId, stage: 'failed', abortReason: 'canary_failed', succeeded: 2, failed: 1 });
@@ -375,7 +446,8 @@ describe('control while running', () => {
       workflows.push(rollbackWorkflowId(h.siteId, r.rolloutId));
       const now = await reported(roost.roostId);
       for (const m of ids) {
-        if (m === bad) expect(now[m]).toBe(`${v2.versionId}:failed`); // never switched: left alone (its files are v1)
+        if (m === bad)
+          expect(now[m]).toBe(`${v2.versionId}:failed`); // never switched: left alone (its files are v1)
         else expect(now[m]).toBe(`${v1}:committed`);
       }
       const d = await detail(roost.roostId, r.rolloutId);
@@ -383,7 +455,9 @@ describe('control while running', () => {
       expect(d.history.map((e: { action: string }) => e.action)).toEqual(expect.arrayContaining(['rollback_started', 'rolled_back']));
       const rbEvents = await rolloutEvents(h, out.rollback.rolloutId);
       expect(rbEvents.map((e) => e.type)).toEqual(['deployment.started', 'deployment.completed']);
-      expect((await h.deps.temporal.workflow.getHandle(r.workflowId).describe()).searchAttributes).toMatchObject({ RoostStage: ['rolled_back'] });
+      expect((await h.deps.temporal.workflow.getHandle(r.workflowId).describe()).searchAttributes).toMatchObject({
+        RoostStage: ['rolled_back'],
+      });
       await maybeRecord(r.workflowId, 'rollout-auto-rollback');
     } finally {
       await fleet.stop();
@@ -436,7 +510,9 @@ describe('rollout routes', () => {
 
       // Bad inputs.
       const get = (url: string, key?: string) => h.request({ method: 'GET', url, key });
-      expect((await get(`/api/roosts/${roost.roostId}/rollouts/rol_unknown?siteId=${h.siteId}`)).json()).toMatchObject({ code: 'not_found' });
+      expect((await get(`/api/roosts/${roost.roostId}/rollouts/rol_unknown?siteId=${h.siteId}`)).json()).toMatchObject({
+        code: 'not_found',
+      });
       const otherRoost = await seedRoost(h, { targets: ids });
       expect((await get(`/api/roosts/${otherRoost.roostId}/rollouts/${first.rolloutId}?siteId=${h.siteId}`)).statusCode).toBe(404);
       expect((await get(`/api/roosts/${roost.roostId}/rollouts/bad%20id?siteId=${h.siteId}`)).statusCode).toBe(400);
@@ -455,21 +531,39 @@ describe('rollout routes', () => {
       expect(denied.json()).toMatchObject({ code: 'scope_insufficient' });
       expect(denied.json().required).toBeDefined();
       const deployOnly = await scopedKey(h, [{ resource: 'roost', id: roost.roostId, permissions: ['deploy'] }]);
-      expect((await get(`/api/roosts/${roost.roostId}/rollouts?siteId=${h.siteId}`, deployOnly)).json()).toMatchObject({ code: 'scope_insufficient' });
+      expect((await get(`/api/roosts/${roost.roostId}/rollouts?siteId=${h.siteId}`, deployOnly)).json()).toMatchObject({
+        code: 'scope_insufficient',
+      });
 
       const noKey = await control(roost.roostId, second.rolloutId, 'pause', { idem: false });
       expect(noKey.json()).toMatchObject({ code: 'idempotency_key_required' });
-      expect((await control(roost.roostId, second.rolloutId, 'pause', { body: {} })).json()).toMatchObject({ code: 'validation_failed', param: 'siteId' });
+      expect((await control(roost.roostId, second.rolloutId, 'pause', { body: {} })).json()).toMatchObject({
+        code: 'validation_failed',
+        param: 'siteId',
+      });
       expect((await control(roost.roostId, second.rolloutId, 'pause', { body: { siteId: h.siteId, extra: 1 } })).statusCode).toBe(400);
       expect((await control(roost.roostId, second.rolloutId, 'promote')).json()).toMatchObject({ code: 'conflict' }); // no gate
       expect((await control(roost.roostId, second.rolloutId, 'resume')).json()).toMatchObject({ code: 'conflict' }); // not paused
-      expect((await control(roost.roostId, second.rolloutId, 'rollback')).json()).toMatchObject({ code: 'conflict', reason: 'not_terminal' });
+      expect((await control(roost.roostId, second.rolloutId, 'rollback')).json()).toMatchObject({
+        code: 'conflict',
+        reason: 'not_terminal',
+      });
       expect((await control(roost.roostId, first.rolloutId, 'rollback')).json()).toMatchObject({ code: 'conflict', reason: 'completed' });
 
       // Idempotent replay of a control call.
       const key = idemKey();
-      const a = await h.request({ method: 'POST', url: `/api/roosts/${roost.roostId}/rollouts/${second.rolloutId}/pause`, body: { siteId: h.siteId }, idempotencyKey: key });
-      const b = await h.request({ method: 'POST', url: `/api/roosts/${roost.roostId}/rollouts/${second.rolloutId}/pause`, body: { siteId: h.siteId }, idempotencyKey: key });
+      const a = await h.request({
+        method: 'POST',
+        url: `/api/roosts/${roost.roostId}/rollouts/${second.rolloutId}/pause`,
+        body: { siteId: h.siteId },
+        idempotencyKey: key,
+      });
+      const b = await h.request({
+        method: 'POST',
+        url: `/api/roosts/${roost.roostId}/rollouts/${second.rolloutId}/pause`,
+        body: { siteId: h.siteId },
+        idempotencyKey: key,
+      });
       expect(a.statusCode).toBe(200);
       expect(b.statusCode).toBe(200);
       expect(b.headers['idempotent-replayed']).toBe('true');
@@ -507,17 +601,31 @@ describe('dry-run delta plan', () => {
   it('lists per machine the bytes and chunks it would fetch, writes nothing, and matches what real agents fetched', async () => {
     const baseUrl = await h.listen();
     const secret = await h.enrolmentSecret();
-    const fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 3, rootDir: path.join(tmpRoot, 'delta'), pollWaitSeconds: 5, heartbeatMs: 0 });
+    const fleet = await startFleet({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      count: 3,
+      rootDir: path.join(tmpRoot, 'delta'),
+      pollWaitSeconds: 5,
+      heartbeatMs: 0,
+    });
     try {
       const [m0, m1, m2] = fleet.machineIds;
       const big = 'x'.repeat(5000);
-      const roost = await seedRoost(h, { targets: fleet.machineIds, files: { 'a.txt': `alpha ${big}`, 'b.txt': `beta ${big}`, 'c.txt': 'gamma' } });
+      const roost = await seedRoost(h, {
+        targets: fleet.machineIds,
+        files: { 'a.txt': `alpha ${big}`, 'b.txt': `beta ${big}`, 'c.txt': 'gamma' },
+      });
       const first = await deploy(roost.roostId, { machines: [m0, m1], policy: { retryBackoffSeconds: 0.1 } });
       expect((await result(first.workflowId)).stage).toBe('completed');
       const v2 = await publishFiles(h, roost.roostId, { 'a.txt': `alpha ${big}`, 'b.txt': `beta two ${big}`, 'd.txt': 'delta' });
 
       const tables = ['rollouts', 'rollout_machines', 'commands', 'events', 'roost_target_states'];
-      const countRows = async () => Promise.all(tables.map(async (t) => (await h.deps.db.query(`SELECT count(*)::int AS n FROM ${t} WHERE site_id = $1`, [h.siteId])).rows[0].n));
+      const countRows = async () =>
+        Promise.all(
+          tables.map(async (t) => (await h.deps.db.query(`SELECT count(*)::int AS n FROM ${t} WHERE site_id = $1`, [h.siteId])).rows[0].n),
+        );
       const before = await countRows();
       const plan = await deploy(roost.roostId, { versionId: v2.versionId, dryRun: true });
       expect(await countRows()).toEqual(before);
@@ -539,8 +647,15 @@ describe('dry-run delta plan', () => {
 
       const real = await deploy(roost.roostId, { versionId: v2.versionId, policy: { retryBackoffSeconds: 0.1 } });
       expect((await result(real.workflowId)).stage).toBe('completed');
-      const { rows } = await h.deps.db.query('SELECT machine_id, bytes_fetched FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2', [h.siteId, real.rolloutId]);
-      expect(Object.fromEntries(rows.map((r) => [r.machine_id, Number(r.bytes_fetched)]))).toEqual({ [m0]: bChunk + dChunk, [m1]: bChunk + dChunk, [m2]: aChunk + bChunk + dChunk });
+      const { rows } = await h.deps.db.query(
+        'SELECT machine_id, bytes_fetched FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2',
+        [h.siteId, real.rolloutId],
+      );
+      expect(Object.fromEntries(rows.map((r) => [r.machine_id, Number(r.bytes_fetched)]))).toEqual({
+        [m0]: bChunk + dChunk,
+        [m1]: bChunk + dChunk,
+        [m2]: aChunk + bChunk + dChunk,
+      });
       for (const m of fleet.machineIds) {
         const dir = resolveExtractDir(path.join(tmpRoot, 'delta', m), 'apps/test');
         expect(await fs.readFile(path.join(dir, 'd.txt'), 'utf8')).toBe('delta');
@@ -571,7 +686,13 @@ describe('the roost CLI', () => {
     const roost0 = await seedRoost(h, { targets: ids });
     const fleet = heldFleet();
     try {
-      const dep = await roost(['deploy', roost0.roostId, '--policy', JSON.stringify({ requirePromotion: 'canary', canary: { count: 1 } }), '--json']);
+      const dep = await roost([
+        'deploy',
+        roost0.roostId,
+        '--policy',
+        JSON.stringify({ requirePromotion: 'canary', canary: { count: 1 } }),
+        '--json',
+      ]);
       expect([dep.code, dep.stderr]).toEqual([0, '']);
       const { rolloutId, versionId } = JSON.parse(dep.stdout);
       const workflowId = rolloutWorkflowId(h.siteId, roost0.roostId, versionId);

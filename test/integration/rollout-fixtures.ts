@@ -18,7 +18,7 @@ import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName } from '../../storage/blob';
 import { withTx } from '../../db/pool';
-import { DEFAULT_POLICY, RolloutPolicy, insertRollout, splitWaves } from '../../db/rollouts';
+import { DEFAULT_POLICY, type RolloutPolicy, insertRollout, splitWaves } from '../../db/rollouts';
 import { rolloutWorkflowId, startRolloutWorkflow } from '../../api/temporal';
 import { closeWorkerConnections, createWorker } from '../../worker/worker';
 
@@ -50,7 +50,11 @@ export interface SeededRoost {
 }
 
 /** Publishes a version of `files` (path → text) to `roostId` through the API. */
-export async function publishFiles(h: Harness, roostId: string, files: Record<string, string>): Promise<{ versionId: string; versionNumber: number }> {
+export async function publishFiles(
+  h: Harness,
+  roostId: string,
+  files: Record<string, string>,
+): Promise<{ versionId: string; versionNumber: number }> {
   const entries = [];
   for (const [path, text] of Object.entries(files)) {
     const bytes = Buffer.from(text);
@@ -59,7 +63,12 @@ export async function publishFiles(h: Harness, roostId: string, files: Record<st
     entries.push({ path, size: bytes.length, chunks: bytes.length ? [{ hash, size: bytes.length }] : [] });
   }
   const version = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'rollout-test' }, files: entries };
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, body: { siteId: h.siteId, version }, idempotencyKey: true });
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    body: { siteId: h.siteId, version },
+    idempotencyKey: true,
+  });
   if (res.statusCode !== 201) throw new Error(`publish failed: ${res.statusCode} ${res.body}`);
   const body = res.json();
   return { versionId: body.versionId, versionNumber: body.versionNumber };
@@ -73,7 +82,12 @@ export async function seedRoost(
   const res = await h.request({
     method: 'POST',
     url: '/api/roosts',
-    body: { siteId: h.siteId, name: `rollout test ${randomBytes(3).toString('hex')}`, targets: opts.targets ?? [], extractPath: opts.extractPath ?? 'apps/test' },
+    body: {
+      siteId: h.siteId,
+      name: `rollout test ${randomBytes(3).toString('hex')}`,
+      targets: opts.targets ?? [],
+      extractPath: opts.extractPath ?? 'apps/test',
+    },
   });
   if (res.statusCode !== 201) throw new Error(`roost create failed: ${res.statusCode} ${res.body}`);
   const roostId = res.json().roostId as string;
@@ -107,7 +121,14 @@ export async function startTestWorker(h: Harness, identity?: string): Promise<Te
 /** Creates a rollout row directly (bypassing the route) with a custom policy, and starts its workflow. */
 export async function createRollout(
   h: Harness,
-  r: { roostId: string; versionId: string; machines: string[]; policy?: Partial<RolloutPolicy>; scheduleAt?: Date | null; extractRoot?: string },
+  r: {
+    roostId: string;
+    versionId: string;
+    machines: string[];
+    policy?: Partial<RolloutPolicy>;
+    scheduleAt?: Date | null;
+    extractRoot?: string;
+  },
 ): Promise<{ rolloutId: string; workflowId: string; canary: string[]; fleet: string[] }> {
   const rolloutId = newId('rol');
   const waves = splitWaves(rolloutId, r.machines);
@@ -131,11 +152,26 @@ export async function createRollout(
 }
 
 /** Deploys through the route (current version, roost targets, `body` extras); throws unless 202. */
-export async function deployRoute(h: Harness, roostId: string, body: Record<string, unknown> = {}): Promise<{ rolloutId: string; versionId: string; workflowId: string; canary: string[]; fleet: string[] }> {
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/deploy`, body: { siteId: h.siteId, ...body }, idempotencyKey: true });
+export async function deployRoute(
+  h: Harness,
+  roostId: string,
+  body: Record<string, unknown> = {},
+): Promise<{ rolloutId: string; versionId: string; workflowId: string; canary: string[]; fleet: string[] }> {
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/deploy`,
+    body: { siteId: h.siteId, ...body },
+    idempotencyKey: true,
+  });
   if (res.statusCode !== 202) throw new Error(`deploy failed: ${res.statusCode} ${res.body}`);
   const r = res.json();
-  return { rolloutId: r.rolloutId, versionId: r.versionId, workflowId: rolloutWorkflowId(h.siteId, roostId, r.versionId), canary: r.canary, fleet: r.fleet };
+  return {
+    rolloutId: r.rolloutId,
+    versionId: r.versionId,
+    workflowId: rolloutWorkflowId(h.siteId, roostId, r.versionId),
+    canary: r.canary,
+    fleet: r.fleet,
+  };
 }
 
 /** What a stand-in agent does with one sync_pull attempt. */
@@ -146,11 +182,19 @@ export type Outcome = 'commit' | 'fail' | 'ignore';
  * committed for the command's version and completes the command; `fail` writes target state failed and
  * fails the command; `ignore` marks it delivered and never answers (a machine that went silent).
  */
-export function dbFleet(h: Harness, decide: (machineId: string, attempt: number) => Outcome = () => 'commit', intervalMs = 100): { stop(): Promise<void> } {
+export function dbFleet(
+  h: Harness,
+  decide: (machineId: string, attempt: number) => Outcome = () => 'commit',
+  intervalMs = 100,
+): { stop(): Promise<void> } {
   let stopped = false;
   const loop = (async () => {
     while (!stopped) {
-      const { rows } = await h.deps.db.query<{ machine_id: string; command_id: string; params: { roostId: string; versionId: string; attempt: number } }>(
+      const { rows } = await h.deps.db.query<{
+        machine_id: string;
+        command_id: string;
+        params: { roostId: string; versionId: string; attempt: number };
+      }>(
         `UPDATE commands SET delivered_at = now() WHERE site_id = $1 AND type = 'sync_pull' AND status = 'pending' AND delivered_at IS NULL
          RETURNING machine_id, command_id, params`,
         [h.siteId],
@@ -168,13 +212,27 @@ export function dbFleet(h: Harness, decide: (machineId: string, attempt: number)
            SELECT $1, t.m, t.r, t.v, $5, $6, now() FROM UNNEST($2::text[], $3::text[], $4::text[]) AS t (m, r, v)
            ON CONFLICT (site_id, machine_id, roost_id) DO UPDATE SET reported_version_id = excluded.reported_version_id,
              status = excluded.status, error = excluded.error, updated_at = now()`,
-          [h.siteId, list.map((r) => r.machine_id), list.map((r) => r.params.roostId), list.map((r) => r.params.versionId), status, outcome === 'fail' ? 'simulated failure' : null],
+          [
+            h.siteId,
+            list.map((r) => r.machine_id),
+            list.map((r) => r.params.roostId),
+            list.map((r) => r.params.versionId),
+            status,
+            outcome === 'fail' ? 'simulated failure' : null,
+          ],
         );
         await h.deps.db.query(
           `UPDATE commands AS c SET status = $4, result = $5, error = $6, completed_at = now(), updated_at = now()
              FROM UNNEST($2::text[], $3::text[]) AS t (m, id)
             WHERE c.site_id = $1 AND c.machine_id = t.m AND c.command_id = t.id AND c.completed_at IS NULL`,
-          [h.siteId, list.map((r) => r.machine_id), list.map((r) => r.command_id), outcome === 'commit' ? 'completed' : 'failed', outcome === 'commit' ? 'success' : null, outcome === 'fail' ? 'simulated failure' : null],
+          [
+            h.siteId,
+            list.map((r) => r.machine_id),
+            list.map((r) => r.command_id),
+            outcome === 'commit' ? 'completed' : 'failed',
+            outcome === 'commit' ? 'success' : null,
+            outcome === 'fail' ? 'simulated failure' : null,
+          ],
         );
       }
       await new Promise((r) => setTimeout(r, intervalMs));
@@ -198,7 +256,10 @@ export async function machineStatuses(h: Harness, rolloutId: string): Promise<Re
 }
 
 /** The rollout's deployment.* events, oldest first. */
-export async function rolloutEvents(h: Harness, rolloutId: string): Promise<{ type: string; data: Record<string, unknown>; occurred_at: Date }[]> {
+export async function rolloutEvents(
+  h: Harness,
+  rolloutId: string,
+): Promise<{ type: string; data: Record<string, unknown>; occurred_at: Date }[]> {
   const { rows } = await h.deps.db.query(
     `SELECT type, data, occurred_at FROM events WHERE site_id = $1 AND type LIKE 'deployment.%' AND data->>'rolloutId' = $2 ORDER BY occurred_at, type`,
     [h.siteId, rolloutId],

@@ -19,7 +19,7 @@ import { recordHistory } from '../../scripts/record-history';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
 import {
-  TestWorker,
+  type TestWorker,
   createRollout,
   deployRoute,
   dbFleet,
@@ -28,7 +28,6 @@ import {
   machineStatuses,
   rolloutEvents,
   seedRoost,
-  terminateAll,
   openRolloutSuite,
   closeRolloutSuite,
 } from './rollout-fixtures';
@@ -62,14 +61,23 @@ async function rolloutRow(rolloutId: string) {
 
 /** Records a history only when it is not there yet: these three were recorded before the issue #5 control path (the replay test checks that). */
 async function maybeRecord(workflowId: string, name: string) {
-  if (RECORD && !(await fs.stat(path.join(HISTORIES, `${name}.json`)).catch(() => null))) await recordHistory(h.deps.temporal, workflowId, path.join(HISTORIES, `${name}.json`));
+  if (RECORD && !(await fs.stat(path.join(HISTORIES, `${name}.json`)).catch(() => null)))
+    await recordHistory(h.deps.temporal, workflowId, path.join(HISTORIES, `${name}.json`));
 }
 
 describe('rolloutWorkflow with reference agents', () => {
   it('deploys through the API to a fleet of agents: every machine commits the version on disk', async () => {
     const baseUrl = await h.listen();
     const secret = await h.enrolmentSecret();
-    const fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 6, rootDir: path.join(tmpRoot, 'fleet'), pollWaitSeconds: 5, heartbeatMs: 0 });
+    const fleet = await startFleet({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      count: 6,
+      rootDir: path.join(tmpRoot, 'fleet'),
+      pollWaitSeconds: 5,
+      heartbeatMs: 0,
+    });
     try {
       const roost = await seedRoost(h, { targets: fleet.machineIds, extractPath: 'D:\\Apps\\kiosk' });
       const deployed = await deployRoute(h, roost.roostId);
@@ -83,9 +91,13 @@ describe('rolloutWorkflow with reference agents', () => {
       expect(rows).toEqual(fleet.machineIds.map((m) => ({ machine_id: m, reported_version_id: roost.versionId, status: 'committed' })));
       for (const m of fleet.machineIds) {
         const dir = resolveExtractDir(path.join(tmpRoot, 'fleet', m), 'D:\\Apps\\kiosk');
-        for (const [file, text] of Object.entries(roost.files)) expect(await fs.readFile(path.join(dir, ...file.split('/')), 'utf8')).toBe(text);
+        for (const [file, text] of Object.entries(roost.files))
+          expect(await fs.readFile(path.join(dir, ...file.split('/')), 'utf8')).toBe(text);
       }
-      const { rows: cmds } = await h.deps.db.query(`SELECT status, result FROM commands WHERE site_id = $1 AND rollout_id = $2`, [h.siteId, deployed.rolloutId]);
+      const { rows: cmds } = await h.deps.db.query(`SELECT status, result FROM commands WHERE site_id = $1 AND rollout_id = $2`, [
+        h.siteId,
+        deployed.rolloutId,
+      ]);
       expect(cmds).toHaveLength(6);
       expect(cmds.every((c) => c.status === 'completed' && c.result === 'success')).toBe(true);
       await maybeRecord(deployed.workflowId, 'rollout-completed');
@@ -114,7 +126,14 @@ describe('rolloutWorkflow with stand-in agents', () => {
       const events = await rolloutEvents(h, r.rolloutId);
       expect(events.map((e) => e.type)).toEqual(['deployment.started', 'deployment.completed']);
       expect(events[0].data).toEqual({ rolloutId: r.rolloutId, roostId: roost.roostId, siteId: h.siteId, stage: 'canary' });
-      expect(events[1].data).toEqual({ rolloutId: r.rolloutId, roostId: roost.roostId, siteId: h.siteId, stage: 'completed', succeeded: 12, failed: 0 });
+      expect(events[1].data).toEqual({
+        rolloutId: r.rolloutId,
+        roostId: roost.roostId,
+        siteId: h.siteId,
+        stage: 'completed',
+        succeeded: 12,
+        failed: 0,
+      });
       // Every machine got exactly one sync_pull with the protocol's params.
       const { rows: cmds } = await h.deps.db.query(
         `SELECT machine_id, command_id, params, status FROM commands WHERE site_id = $1 AND rollout_id = $2 ORDER BY machine_id`,
@@ -170,16 +189,29 @@ describe('rolloutWorkflow with stand-in agents', () => {
         [h.siteId, rolloutId, waves.fleet],
       );
       expect(fleetCmds[0].n).toBe(0);
-      const { rows: m } = await h.deps.db.query('SELECT attempts, last_error FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND machine_id = $3', [
-        h.siteId,
-        rolloutId,
-        failing,
-      ]);
+      const { rows: m } = await h.deps.db.query(
+        'SELECT attempts, last_error FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND machine_id = $3',
+        [h.siteId, rolloutId, failing],
+      );
       expect(m[0]).toEqual({ attempts: 3, last_error: 'simulated failure' });
       const events = await rolloutEvents(h, rolloutId);
       expect(events.map((e) => e.type)).toEqual(['deployment.started', 'deployment.failed']);
-      expect(events[1].data).toEqual({ rolloutId, roostId: roost.roostId, siteId: h.siteId, stage: 'failed', abortReason: 'canary_failed', succeeded: 1, failed: 1 });
-      expect(await rolloutRow(rolloutId)).toMatchObject({ stage: 'failed', active: false, abort_reason: 'canary_failed', succeeded: 1, failed: 1 });
+      expect(events[1].data).toEqual({
+        rolloutId,
+        roostId: roost.roostId,
+        siteId: h.siteId,
+        stage: 'failed',
+        abortReason: 'canary_failed',
+        succeeded: 1,
+        failed: 1,
+      });
+      expect(await rolloutRow(rolloutId)).toMatchObject({
+        stage: 'failed',
+        active: false,
+        abort_reason: 'canary_failed',
+        succeeded: 1,
+        failed: 1,
+      });
       await maybeRecord(workflowId, 'rollout-canary-failed');
     } finally {
       await fleet.stop();
@@ -205,11 +237,10 @@ describe('rolloutWorkflow with stand-in agents', () => {
         { command_id: syncPullCommandId(rolloutId, flaky, 1), attempt: '1', status: 'failed' },
         { command_id: syncPullCommandId(rolloutId, flaky, 2), attempt: '2', status: 'completed' },
       ]);
-      const { rows: m } = await h.deps.db.query('SELECT status, attempts, command_id FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND machine_id = $3', [
-        h.siteId,
-        rolloutId,
-        flaky,
-      ]);
+      const { rows: m } = await h.deps.db.query(
+        'SELECT status, attempts, command_id FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 AND machine_id = $3',
+        [h.siteId, rolloutId, flaky],
+      );
       expect(m[0]).toEqual({ status: 'succeeded', attempts: 2, command_id: syncPullCommandId(rolloutId, flaky, 2) });
     } finally {
       await fleet.stop();
@@ -228,8 +259,14 @@ describe('rolloutWorkflow with stand-in agents', () => {
       const out = await result(workflowId);
       expect(out).toEqual({ rolloutId, stage: 'failed', succeeded: 11, failed: 1, abortReason: 'retry_budget_exhausted' });
       const events = await rolloutEvents(h, rolloutId);
-      expect(events[1]).toMatchObject({ type: 'deployment.failed', data: { abortReason: 'retry_budget_exhausted', succeeded: 11, failed: 1 } });
-      const { rows } = await h.deps.db.query(`SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = $3`, [h.siteId, rolloutId, failing]);
+      expect(events[1]).toMatchObject({
+        type: 'deployment.failed',
+        data: { abortReason: 'retry_budget_exhausted', succeeded: 11, failed: 1 },
+      });
+      const { rows } = await h.deps.db.query(
+        `SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2 AND machine_id = $3`,
+        [h.siteId, rolloutId, failing],
+      );
       expect(rows[0].n).toBe(2);
     } finally {
       await fleet.stop();
@@ -280,7 +317,10 @@ describe('rolloutWorkflow with stand-in agents', () => {
       const events = await rolloutEvents(h, r.rolloutId);
       expect(events[0].type).toBe('deployment.started');
       expect(events[0].occurred_at.getTime()).toBeGreaterThanOrEqual(scheduleAt.getTime() - 50);
-      const { rows } = await h.deps.db.query('SELECT min(created_at) AS first FROM commands WHERE site_id = $1 AND rollout_id = $2', [h.siteId, r.rolloutId]);
+      const { rows } = await h.deps.db.query('SELECT min(created_at) AS first FROM commands WHERE site_id = $1 AND rollout_id = $2', [
+        h.siteId,
+        r.rolloutId,
+      ]);
       expect(rows[0].first.getTime()).toBeGreaterThanOrEqual(scheduleAt.getTime() - 50);
       await maybeRecord(r.workflowId, 'rollout-scheduled');
     } finally {
@@ -317,13 +357,18 @@ describe('rolloutWorkflow with stand-in agents', () => {
 });
 
 describe('starting rollout workflows', () => {
-  it('attaches to the running workflow with USE_EXISTING and refuses to hijack another rollout\'s run', async () => {
+  it("attaches to the running workflow with USE_EXISTING and refuses to hijack another rollout's run", async () => {
     const ids = machineIds(2);
     await enrolMachineRows(h, ids);
     const roost = await seedRoost(h, { targets: ids });
     const first = newId('rol');
     const workflowId = await insertAndStart(roost, first, ids, FAST); // no agents: it keeps watching
-    const again = await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, { siteId: h.siteId, roostId: roost.roostId, versionId: roost.versionId, rolloutId: first });
+    const again = await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, {
+      siteId: h.siteId,
+      roostId: roost.roostId,
+      versionId: roost.versionId,
+      rolloutId: first,
+    });
     const desc = await h.deps.temporal.workflow.getHandle(workflowId).describe();
     expect(again.runId).toBe(desc.runId);
     expect(again.workflowId).toBe(workflowId);
@@ -336,15 +381,33 @@ describe('starting rollout workflows', () => {
     const second = newId('rol');
     await withTx(h.deps.db, (tx) =>
       insertRollout(tx, {
-        siteId: h.siteId, rolloutId: second, roostId: roost.roostId, versionId: roost.versionId, ...splitWaves(second, ids),
-        extractRoot: 'apps/test', policy: { ...DEFAULT_POLICY, ...FAST }, scheduleAt: null, workflowId, createdBy: h.userId,
+        siteId: h.siteId,
+        rolloutId: second,
+        roostId: roost.roostId,
+        versionId: roost.versionId,
+        ...splitWaves(second, ids),
+        extractRoot: 'apps/test',
+        policy: { ...DEFAULT_POLICY, ...FAST },
+        scheduleAt: null,
+        workflowId,
+        createdBy: h.userId,
       }),
     );
     await expect(
-      startRolloutWorkflow(h.deps.temporal, h.deps.cfg, { siteId: h.siteId, roostId: roost.roostId, versionId: roost.versionId, rolloutId: second }, { waitMs: 100 }),
+      startRolloutWorkflow(
+        h.deps.temporal,
+        h.deps.cfg,
+        { siteId: h.siteId, roostId: roost.roostId, versionId: roost.versionId, rolloutId: second },
+        { waitMs: 100 },
+      ),
     ).rejects.toBeInstanceOf(WorkflowIdBusyError);
     await h.deps.temporal.workflow.getHandle(workflowId).terminate('test');
-    const started = await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, { siteId: h.siteId, roostId: roost.roostId, versionId: roost.versionId, rolloutId: second });
+    const started = await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, {
+      siteId: h.siteId,
+      roostId: roost.roostId,
+      versionId: roost.versionId,
+      rolloutId: second,
+    });
     expect(started.runId).not.toBe(desc.runId);
     expect((await h.deps.temporal.workflow.getHandle(workflowId).describe()).memo).toEqual({ rolloutId: second });
   });
@@ -375,7 +438,12 @@ describe('history size', () => {
 });
 
 /** Inserts a rollout with `rolloutId` and custom policy, starts its workflow, returns the workflow id. */
-async function insertAndStart(roost: { roostId: string; versionId: string }, rolloutId: string, ids: string[], policy: Partial<typeof DEFAULT_POLICY>): Promise<string> {
+async function insertAndStart(
+  roost: { roostId: string; versionId: string },
+  rolloutId: string,
+  ids: string[],
+  policy: Partial<typeof DEFAULT_POLICY>,
+): Promise<string> {
   const workflowId = `rollout:${h.siteId}:${roost.roostId}:${roost.versionId}`;
   await withTx(h.deps.db, (tx) =>
     insertRollout(tx, {
@@ -391,7 +459,12 @@ async function insertAndStart(roost: { roostId: string; versionId: string }, rol
       createdBy: h.userId,
     }),
   );
-  await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, { siteId: h.siteId, roostId: roost.roostId, versionId: roost.versionId, rolloutId });
+  await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, {
+    siteId: h.siteId,
+    roostId: roost.roostId,
+    versionId: roost.versionId,
+    rolloutId,
+  });
   workflows.push(workflowId);
   return workflowId;
 }

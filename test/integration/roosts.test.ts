@@ -5,7 +5,7 @@
 import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
@@ -25,9 +25,23 @@ async function create(body: Record<string, unknown> = {}, key?: string) {
 async function publish(roostId: string, text: string, description?: string) {
   const content = Buffer.from(text);
   const hash = sha256Hex(content);
-  await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [h.siteId, hash, content.length]);
-  const version = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: {}, files: [{ path: 'app.txt', size: content.length, chunks: [{ hash, size: content.length }] }] };
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, body: { siteId: h.siteId, version, description }, idempotencyKey: true });
+  await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [
+    h.siteId,
+    hash,
+    content.length,
+  ]);
+  const version = {
+    schemaVersion: 2,
+    mediaType: VERSION_MEDIA_TYPE,
+    config: {},
+    files: [{ path: 'app.txt', size: content.length, chunks: [{ hash, size: content.length }] }],
+  };
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    body: { siteId: h.siteId, version, description },
+    idempotencyKey: true,
+  });
   expect(res.statusCode).toBe(201);
   return res.json();
 }
@@ -189,9 +203,16 @@ describe('GET /api/roosts', () => {
   });
 
   it('rejects bad page sizes and tokens with validation_failed', async () => {
-    for (const q of ['&page_size=0', '&page_size=101', '&page_size=abc', '&limit=-1', '&page_token=garbage', `&page_token=${Buffer.from(JSON.stringify({ p: 5 })).toString('base64url')}`,
+    for (const q of [
+      '&page_size=0',
+      '&page_size=101',
+      '&page_size=abc',
+      '&limit=-1',
+      '&page_token=garbage',
+      `&page_token=${Buffer.from(JSON.stringify({ p: 5 })).toString('base64url')}`,
       `&page_token=${Buffer.from(JSON.stringify({ p: ['not a time', ids[0]] })).toString('base64url')}`,
-      `&cursor=${Buffer.from(JSON.stringify({ p: ['2025-13-45 99:00:00+00', ids[0]] })).toString('base64url')}`]) {
+      `&cursor=${Buffer.from(JSON.stringify({ p: ['2025-13-45 99:00:00+00', ids[0]] })).toString('base64url')}`,
+    ]) {
       const res = await list(q);
       expect(res.statusCode).toBe(400);
       expect(res.json().code).toBe('validation_failed');
@@ -228,9 +249,25 @@ describe('GET /api/roosts/{roostId}', () => {
       totalFiles: 1,
       totalSize: 7,
     });
-    expect(r.versionUrl).toContain(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roostId}/versions/${v2.versionId}.json`);
-    expect(r.current).toMatchObject({ versionId: v2.versionId, versionNumber: 2, description: null, totalFiles: 1, totalSize: 7, createdBy: h.userId });
-    expect(r.previous).toMatchObject({ versionId: v1.versionId, versionNumber: 1, description: 'first cut', totalFiles: 1, totalSize: 3, createdBy: h.userId });
+    expect(r.versionUrl).toContain(
+      `/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roostId}/versions/${v2.versionId}.json`,
+    );
+    expect(r.current).toMatchObject({
+      versionId: v2.versionId,
+      versionNumber: 2,
+      description: null,
+      totalFiles: 1,
+      totalSize: 7,
+      createdBy: h.userId,
+    });
+    expect(r.previous).toMatchObject({
+      versionId: v1.versionId,
+      versionNumber: 1,
+      description: 'first cut',
+      totalFiles: 1,
+      totalSize: 3,
+      createdBy: h.userId,
+    });
     expect(Date.parse(r.previous.createdAt)).not.toBeNaN();
   });
 
@@ -279,7 +316,11 @@ describe('PATCH /api/roosts/{roostId}', () => {
   it('rejects version pointer fields with forbidden_field and changes nothing', async () => {
     const { roostId } = (await create({ name: 'Keep' })).json();
     for (const field of ['currentVersionId', 'previousVersionId', 'versionCounter', 'currentVersionNumber']) {
-      const res = await h.request({ method: 'PATCH', url: `/api/roosts/${roostId}`, body: { siteId: h.siteId, name: 'Changed', [field]: 'a'.repeat(64) } });
+      const res = await h.request({
+        method: 'PATCH',
+        url: `/api/roosts/${roostId}`,
+        body: { siteId: h.siteId, name: 'Changed', [field]: 'a'.repeat(64) },
+      });
       expect(res.statusCode).toBe(400);
       expect(res.json()).toMatchObject({ code: 'forbidden_field', param: field });
     }
@@ -294,11 +335,19 @@ describe('PATCH /api/roosts/{roostId}', () => {
     const missing = await h.request({ method: 'PATCH', url: '/api/roosts/rst_nope', body: { siteId: h.siteId, name: 'x' } });
     expect(missing.statusCode).toBe(404);
     const readOnly = await scopedKey([{ resource: 'roost', id: '*', permissions: ['read'] }]);
-    const denied = await h.request({ method: 'PATCH', url: `/api/roosts/${roostId}`, body: { siteId: h.siteId, name: 'x' }, key: readOnly });
+    const denied = await h.request({
+      method: 'PATCH',
+      url: `/api/roosts/${roostId}`,
+      body: { siteId: h.siteId, name: 'x' },
+      key: readOnly,
+    });
     expect(denied.statusCode).toBe(403);
     expect(denied.json().required).toEqual({ resource: 'roost', id: roostId, permission: 'write' });
     const other = await h.other();
-    expect((await h.request({ method: 'PATCH', url: `/api/roosts/${roostId}`, body: { siteId: h.siteId, name: 'x' }, key: other.apiKey })).statusCode).toBe(404);
+    expect(
+      (await h.request({ method: 'PATCH', url: `/api/roosts/${roostId}`, body: { siteId: h.siteId, name: 'x' }, key: other.apiKey }))
+        .statusCode,
+    ).toBe(404);
   });
 });
 
@@ -325,7 +374,9 @@ describe('DELETE /api/roosts/{roostId}', () => {
     expect((await h.request({ method: 'DELETE', url: `/api/roosts/rst_missing?siteId=${h.siteId}` })).statusCode).toBe(404);
     const { roostId } = (await create()).json();
     const other = await h.other();
-    expect((await h.request({ method: 'DELETE', url: `/api/roosts/${roostId}?siteId=${h.siteId}`, key: other.apiKey })).statusCode).toBe(404);
+    expect((await h.request({ method: 'DELETE', url: `/api/roosts/${roostId}?siteId=${h.siteId}`, key: other.apiKey })).statusCode).toBe(
+      404,
+    );
     const readOnly = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
     const denied = await h.request({ method: 'DELETE', url: `/api/roosts/${roostId}?siteId=${h.siteId}`, key: readOnly });
     expect(denied.statusCode).toBe(403);

@@ -8,12 +8,12 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { createPublicKey, randomBytes, verify } from 'node:crypto';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { scopedKey } from './rollout-fixtures';
 import { insertKey } from '../support/identity';
 import { newId, sha256Hex } from '../../domain/hex';
 import { openSealed } from '../../domain/seal';
-import { canonicalJson, CHUNK_SIZE, computeVersionId, summarize, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
+import { canonicalJson, CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import { activeSigningKey, sealKeyOf } from '../../db/signing-keys';
 import { signVersion, versionSigningMessage, verifyVersionSignature } from '../../agent/signature';
@@ -60,7 +60,12 @@ async function createRoost(name: string, extractPath = 'signed-app'): Promise<st
 /** Publishes through the API (so the version is signed at publish). */
 async function publish(roostId: string, files: Record<string, Buffer>): Promise<string> {
   const version = await bodyOf(files);
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, idempotencyKey: true, body: { siteId: h.siteId, version } });
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    idempotencyKey: true,
+    body: { siteId: h.siteId, version },
+  });
   expect(res.statusCode).toBe(201);
   return res.json().versionId;
 }
@@ -85,11 +90,10 @@ async function insertUnsignedVersion(roostId: string, files: Record<string, Buff
 }
 
 async function versionRow(roostId: string, versionId: string) {
-  const { rows } = await h.deps.db.query('SELECT signature, signing_key_id FROM roost_versions WHERE site_id = $1 AND roost_id = $2 AND version_id = $3', [
-    h.siteId,
-    roostId,
-    versionId,
-  ]);
+  const { rows } = await h.deps.db.query(
+    'SELECT signature, signing_key_id FROM roost_versions WHERE site_id = $1 AND roost_id = $2 AND version_id = $3',
+    [h.siteId, roostId, versionId],
+  );
   return rows[0];
 }
 
@@ -118,7 +122,10 @@ describe('site signing key', () => {
     const sealKey = sealKeyOf(h.deps.cfg);
     const keys = await Promise.all(Array.from({ length: 8 }, () => activeSigningKey(h.deps.db, sealKey, other.siteId)));
     expect(new Set(keys.map((k) => k.keyId)).size).toBe(1);
-    const { rows } = await h.deps.db.query('SELECT key_id, public_key, private_key_sealed, active FROM site_signing_keys WHERE site_id = $1', [other.siteId]);
+    const { rows } = await h.deps.db.query(
+      'SELECT key_id, public_key, private_key_sealed, active FROM site_signing_keys WHERE site_id = $1',
+      [other.siteId],
+    );
     expect(rows).toHaveLength(1);
     expect(rows[0]).toMatchObject({ key_id: keys[0].keyId, public_key: keys[0].publicKey, active: true });
     expect(rows[0].key_id).toMatch(/^sk_[0-9a-f]{24}$/);
@@ -181,7 +188,10 @@ describe('GET /api/sites/{siteId}/signing-keys', () => {
     expect(denied.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'site', id: h.siteId, permission: 'read' } });
     // A refused call creates no key for a site that has none yet.
     const other = await h.other();
-    const { raw: otherScoped } = await insertKey(h.deps.db, { uid: other.userId, scopes: [{ resource: 'roost', id: '*', permissions: ['read'] }] });
+    const { raw: otherScoped } = await insertKey(h.deps.db, {
+      uid: other.userId,
+      scopes: [{ resource: 'roost', id: '*', permissions: ['read'] }],
+    });
     expect((await keySet(other.siteId, otherScoped)).statusCode).toBe(403);
     const hidden = await keySet(h.siteId, other.apiKey);
     expect(hidden.statusCode).toBe(404);
@@ -206,7 +216,11 @@ describe('version signatures', () => {
     expect(stored.signing_key_id).toBe(jwk.kid);
 
     const fetched = (await h.request({ method: 'GET', url: `/api/roosts/${roostId}/versions/${versionId}?siteId=${h.siteId}` })).json();
-    expect(fetched).toMatchObject({ signature: stored.signature, signingKeyId: jwk.kid, metadata: { signature: stored.signature, signingKeyId: jwk.kid } });
+    expect(fetched).toMatchObject({
+      signature: stored.signature,
+      signingKeyId: jwk.kid,
+      metadata: { signature: stored.signature, signingKeyId: jwk.kid },
+    });
     const message = `roost-version-v1:${h.siteId}:${roostId}:${versionId}`;
     expect(versionSigningMessage(h.siteId, roostId, versionId).toString('utf8')).toBe(message);
     expect(verifiesWith(jwk, message, fetched.signature)).toBe(true);
@@ -223,7 +237,9 @@ describe('version signatures', () => {
       key: null,
       body: { siteId: h.siteId, enrolmentSecret: secret, machineId: 'sig-reader', hostname: 's', agentVersion: '1' },
     });
-    const agentView = (await h.request({ method: 'GET', url: `/api/agent/roosts/${roostId}/versions/${versionId}`, key: enrol.json().agentToken })).json();
+    const agentView = (
+      await h.request({ method: 'GET', url: `/api/agent/roosts/${roostId}/versions/${versionId}`, key: enrol.json().agentToken })
+    ).json();
     expect(agentView).toMatchObject({ signature: stored.signature, signingKeyId: jwk.kid });
   });
 
@@ -259,11 +275,10 @@ describe('reference agent verifies before it switches', () => {
       [h.siteId, agent.machineId, commandId, JSON.stringify({ roostId, versionId, extractRoot })],
     );
     const outcome = await agent.waitForCommand(commandId);
-    const { rows: cmd } = await h.deps.db.query('SELECT status, error FROM commands WHERE site_id = $1 AND machine_id = $2 AND command_id = $3', [
-      h.siteId,
-      agent.machineId,
-      commandId,
-    ]);
+    const { rows: cmd } = await h.deps.db.query(
+      'SELECT status, error FROM commands WHERE site_id = $1 AND machine_id = $2 AND command_id = $3',
+      [h.siteId, agent.machineId, commandId],
+    );
     const { rows: ts } = await h.deps.db.query(
       'SELECT reported_version_id, status, error FROM roost_target_states WHERE site_id = $1 AND machine_id = $2 AND roost_id = $3',
       [h.siteId, agent.machineId, roostId],
@@ -273,7 +288,15 @@ describe('reference agent verifies before it switches', () => {
 
   beforeAll(async () => {
     await writeTree(src(), v1Files);
-    agent = new Agent({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, machineId: 'verifier', rootDir: path.join(tmpRoot, 'machine'), heartbeatMs: 0, pollWaitSeconds: 2 });
+    agent = new Agent({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId: 'verifier',
+      rootDir: path.join(tmpRoot, 'machine'),
+      heartbeatMs: 0,
+      pollWaitSeconds: 2,
+    });
     await agent.start();
   });
   afterAll(async () => agent?.stop());
@@ -295,7 +318,12 @@ describe('reference agent verifies before it switches', () => {
     // v2: its signature in the database replaced by v1's (valid bytes, wrong message).
     const v2 = await publish(roostId, { ...v1Files, 'app.exe': randomBytes(40_000), 'new.txt': Buffer.from('new') });
     const v1Sig = (await versionRow(roostId, v1)).signature;
-    await h.deps.db.query('UPDATE roost_versions SET signature = $4 WHERE site_id = $1 AND roost_id = $2 AND version_id = $3', [h.siteId, roostId, v2, v1Sig]);
+    await h.deps.db.query('UPDATE roost_versions SET signature = $4 WHERE site_id = $1 AND roost_id = $2 AND version_id = $3', [
+      h.siteId,
+      roostId,
+      v2,
+      v1Sig,
+    ]);
     const tampered = await sync(roostId, v2);
     expect(tampered.outcome).toMatchObject({ status: 'failed', error: SIGNATURE_INVALID });
     expect(tampered.command).toEqual({ status: 'failed', error: SIGNATURE_INVALID });
@@ -308,13 +336,10 @@ describe('reference agent verifies before it switches', () => {
     const other = await h.other();
     const otherKey = await activeSigningKey(h.deps.db, sealKeyOf(h.deps.cfg), other.siteId);
     const v3 = await publish(roostId, { 'only.txt': Buffer.from('v3') });
-    await h.deps.db.query('UPDATE roost_versions SET signature = $4, signing_key_id = $5 WHERE site_id = $1 AND roost_id = $2 AND version_id = $3', [
-      h.siteId,
-      roostId,
-      v3,
-      signVersion(otherKey.privateKey, h.siteId, roostId, v3),
-      otherKey.keyId,
-    ]);
+    await h.deps.db.query(
+      'UPDATE roost_versions SET signature = $4, signing_key_id = $5 WHERE site_id = $1 AND roost_id = $2 AND version_id = $3',
+      [h.siteId, roostId, v3, signVersion(otherKey.privateKey, h.siteId, roostId, v3), otherKey.keyId],
+    );
     const foreign = await sync(roostId, v3);
     expect(foreign.command).toEqual({ status: 'failed', error: SIGNATURE_INVALID });
     expect(foreign.state).toMatchObject({ reported_version_id: v3, status: 'failed', error: SIGNATURE_INVALID });
@@ -322,7 +347,10 @@ describe('reference agent verifies before it switches', () => {
     expect(await verifyTree(src(), live())).toEqual([]);
 
     // Restoring the real signature: the same agent now takes v2.
-    const { rows } = await h.deps.db.query('SELECT signing_key_id FROM roost_versions WHERE site_id = $1 AND roost_id = $2 AND version_id = $3', [h.siteId, roostId, v2]);
+    const { rows } = await h.deps.db.query(
+      'SELECT signing_key_id FROM roost_versions WHERE site_id = $1 AND roost_id = $2 AND version_id = $3',
+      [h.siteId, roostId, v2],
+    );
     const key = await activeSigningKey(h.deps.db, sealKeyOf(h.deps.cfg), h.siteId);
     expect(rows[0].signing_key_id).toBe(key.keyId);
     await h.deps.db.query('UPDATE roost_versions SET signature = $4 WHERE site_id = $1 AND roost_id = $2 AND version_id = $3', [
@@ -347,7 +375,10 @@ describe('reference agent verifies before it switches', () => {
     await fs.writeFile(stored, bad);
     const b = await publish(roostId, { 'a.bin': data, 'copy/b.bin': data });
     const res = await sync(roostId, b, 'rehash-app');
-    expect(res.outcome).toMatchObject({ status: 'completed', counters: { chunks_total: 1, chunks_dedup: 0, chunks_fetched: 1, files_skipped: 1, files_assembled: 1 } });
+    expect(res.outcome).toMatchObject({
+      status: 'completed',
+      counters: { chunks_total: 1, chunks_dedup: 0, chunks_fetched: 1, files_skipped: 1, files_assembled: 1 },
+    });
     expect(await fs.readFile(path.join(tmpRoot, 'machine', 'rehash-app', 'copy', 'b.bin'))).toEqual(data);
   });
 });

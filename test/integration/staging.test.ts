@@ -9,13 +9,13 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { newId, sha256Hex } from '../../domain/hex';
-import { CHUNK_SIZE, VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
+import { CHUNK_SIZE, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName } from '../../storage/blob';
 import { activateCommandId, dispatchActivation } from '../../db/activation';
 import { NOT_STAGED } from '../../agent/agent';
-import { Fleet, startFleet, verifyTree } from '../../agent/fleet';
+import { type Fleet, startFleet, verifyTree } from '../../agent/fleet';
 
 let h: Harness;
 let baseUrl: string;
@@ -27,8 +27,16 @@ const FAILS_TO_STAGE = 'stg-0002';
 const ROLLOUT = 'rol_staging_test';
 const EXTRACT = 'apps/kiosk';
 
-const v1Files = { 'kiosk.exe': randomBytes(CHUNK_SIZE + 5000), 'keep.dat': randomBytes(30_000), 'old/gone.txt': Buffer.from('dropped in v2') };
-const v2Files = { 'kiosk.exe': randomBytes(CHUNK_SIZE + 7000), 'keep.dat': v1Files['keep.dat'], 'new/added.txt': Buffer.from('added in v2') };
+const v1Files = {
+  'kiosk.exe': randomBytes(CHUNK_SIZE + 5000),
+  'keep.dat': randomBytes(30_000),
+  'old/gone.txt': Buffer.from('dropped in v2'),
+};
+const v2Files = {
+  'kiosk.exe': randomBytes(CHUNK_SIZE + 7000),
+  'keep.dat': v1Files['keep.dat'],
+  'new/added.txt': Buffer.from('added in v2'),
+};
 
 beforeAll(async () => {
   h = await createHarness();
@@ -48,7 +56,11 @@ beforeAll(async () => {
     pollWaitSeconds: 5,
     failStageMachines: [FAILS_TO_STAGE],
   });
-  const res = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'staged kiosk', extractPath: EXTRACT } });
+  const res = await h.request({
+    method: 'POST',
+    url: '/api/roosts',
+    body: { siteId: h.siteId, name: 'staged kiosk', extractPath: EXTRACT },
+  });
   roostId = res.json().roostId;
 });
 afterAll(async () => {
@@ -94,7 +106,12 @@ async function publish(files: Record<string, Buffer>): Promise<string> {
     entries.push({ path: p, size: data.length, chunks });
   }
   const version: VersionBody = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'staging.test' }, files: entries };
-  const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, idempotencyKey: true, body: { siteId: h.siteId, version } });
+  const res = await h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    idempotencyKey: true,
+    body: { siteId: h.siteId, version },
+  });
   expect([200, 201]).toContain(res.statusCode);
   return res.json().versionId;
 }
@@ -102,7 +119,15 @@ async function publish(files: Record<string, Buffer>): Promise<string> {
 /** Queues a sync_pull per machine (as a rollout does); returns machineId → commandId. */
 async function syncPull(machineIds: string[], versionId: string, activation?: string): Promise<Map<string, string>> {
   const ids = machineIds.map(() => newId('cmd'));
-  const params = { roostId, versionId, versionNumber: 1, rolloutId: ROLLOUT, extractRoot: EXTRACT, attempt: 1, ...(activation ? { activation } : {}) };
+  const params = {
+    roostId,
+    versionId,
+    versionNumber: 1,
+    rolloutId: ROLLOUT,
+    extractRoot: EXTRACT,
+    attempt: 1,
+    ...(activation ? { activation } : {}),
+  };
   await h.deps.db.query(
     `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, expires_at)
      SELECT $1, m, c, 'sync_pull', 'pending', $4, $5, now() + INTERVAL '10 minutes' FROM UNNEST($2::TEXT[], $3::TEXT[]) AS t(m, c)`,
@@ -112,7 +137,12 @@ async function syncPull(machineIds: string[], versionId: string, activation?: st
 }
 
 async function activate(machineIds: string[], versionId: string, attempt = 1): Promise<Map<string, string>> {
-  const r = await dispatchActivation(h.deps.db, { siteId: h.siteId, rolloutId: ROLLOUT, roostId, versionId, extractRoot: EXTRACT, createdBy: h.userId }, machineIds, { attempt });
+  const r = await dispatchActivation(
+    h.deps.db,
+    { siteId: h.siteId, rolloutId: ROLLOUT, roostId, versionId, extractRoot: EXTRACT, createdBy: h.userId },
+    machineIds,
+    { attempt },
+  );
   return r.commandIds;
 }
 
@@ -194,7 +224,15 @@ describe('stage, then activate', () => {
     const cmds = await activate(M, v2);
     expect([...cmds.values()]).toEqual(M.map((m) => activateCommandId(ROLLOUT, m, v2)));
     // Idempotent: a retried dispatch queues nothing new.
-    expect((await dispatchActivation(h.deps.db, { siteId: h.siteId, rolloutId: ROLLOUT, roostId, versionId: v2, extractRoot: EXTRACT, createdBy: h.userId }, M)).queued).toBe(0);
+    expect(
+      (
+        await dispatchActivation(
+          h.deps.db,
+          { siteId: h.siteId, rolloutId: ROLLOUT, roostId, versionId: v2, extractRoot: EXTRACT, createdBy: h.userId },
+          M,
+        )
+      ).queued,
+    ).toBe(0);
     const outcomes = await fleet.waitForCommands(cmds);
     expect(outcomes.map((o) => o.status)).toEqual(['completed', 'completed', 'failed']);
     expect(outcomes[2].error).toBe(NOT_STAGED);
@@ -211,7 +249,14 @@ describe('stage, then activate', () => {
       expect(await verifyTree(src('v2'), live(m))).toEqual([]); // old/gone.txt removed, new/added.txt in
       expect((await fleet.agent(m)!.readManifest(roostId))?.versionId).toBe(v2);
       // committed, carrying the staging run's counters (what this machine fetched for v2)
-      expect(st.get(m)).toMatchObject({ reported_version_id: v2, status: 'committed', error: null, files_skipped: 1, files_assembled: 2, chunks_fetched: 3 });
+      expect(st.get(m)).toMatchObject({
+        reported_version_id: v2,
+        status: 'committed',
+        error: null,
+        files_skipped: 1,
+        files_assembled: 2,
+        chunks_fetched: 3,
+      });
       expect(Number(st.get(m)!.bytes_fetched)).toBe(v2Files['kiosk.exe'].length + v2Files['new/added.txt'].length);
       expect(await exists(path.join(tmpRoot, 'fleet', m, 'staging', roostId))).toBe(false);
     }

@@ -16,7 +16,7 @@ import type { AppDeps } from '../../api/context';
 import { eventHubOf } from '../../api/routes/events';
 import { EVENT_TYPES } from '../../api/events/catalog';
 import { sequenceEvents } from '../../db/events';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
 import { publishFiles, seedRoost } from './rollout-fixtures';
 
@@ -134,7 +134,10 @@ describe('before the stream starts: problem+json', () => {
     const url = `/api/events/stream?siteId=${h.siteId}`;
     const accept = { accept: 'text/event-stream' };
     const other = await h.other();
-    const { raw: writeOnly } = await insertKey(h.deps.db, { uid: h.userId, scopes: [{ resource: 'site', id: h.siteId, permissions: ['write'] }] });
+    const { raw: writeOnly } = await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [{ resource: 'site', id: h.siteId, permissions: ['write'] }],
+    });
     const cases: { url: string; key?: string | null; headers?: Record<string, string>; status: number; code: string; param?: string }[] = [
       { url, key: null, status: 401, code: 'unauthorized' },
       { url: `${url}&api_key=svk_live_${'x'.repeat(43)}`, key: null, status: 401, code: 'unauthorized' },
@@ -172,7 +175,10 @@ describe('before the stream starts: problem+json', () => {
 describe('the stream', () => {
   it('opens with headers and a connected frame at the current end, without rate-limit headers', async () => {
     const ac = new AbortController();
-    const res = await fetch(streamUrl(base1, { siteId: h.siteId }), { headers: { ...auth(h.apiKey), accept: 'text/event-stream' }, signal: ac.signal });
+    const res = await fetch(streamUrl(base1, { siteId: h.siteId }), {
+      headers: { ...auth(h.apiKey), accept: 'text/event-stream' },
+      signal: ac.signal,
+    });
     expect(res.status).toBe(200);
     expect(res.headers.get('content-type')).toBe('text/event-stream; charset=utf-8');
     expect(res.headers.get('cache-control')).toContain('no-cache');
@@ -284,7 +290,12 @@ describe('the stream', () => {
     for (const c of [byHeader, byQuery]) {
       await c.eventWithId(live);
       expect(versionFrames(c).map((f) => Number(f.id))).toEqual([...missed, live]);
-      expect(versionFrames(c).map((f) => f.type)).toEqual(['version.published', 'version.published', 'version.rolled_back', 'version.published']);
+      expect(versionFrames(c).map((f) => f.type)).toEqual([
+        'version.published',
+        'version.published',
+        'version.rolled_back',
+        'version.published',
+      ]);
       expect(Number(c.events[0].id)).toBeGreaterThan(Number(seen.id));
       expect(increasing(c)).toBe(true);
       c.close();
@@ -335,7 +346,11 @@ describe('the stream', () => {
     await until('both clients got the four events', () => versionFrames(c1).length >= 4 && versionFrames(c2).length >= 4);
     const view = (c: Client) => c.events.map((f) => `${f.id} ${f.type} ${JSON.stringify(f.data)}`);
     expect(view(c2)).toEqual(view(c1));
-    expect(versionFrames(c1).map((f) => f.type).sort()).toEqual(['version.published', 'version.published', 'version.published', 'version.rolled_back']);
+    expect(
+      versionFrames(c1)
+        .map((f) => f.type)
+        .sort(),
+    ).toEqual(['version.published', 'version.published', 'version.published', 'version.rolled_back']);
     expect(increasing(c1)).toBe(true);
     c1.close();
     c2.close();
@@ -373,7 +388,9 @@ describe('the stream', () => {
     await until('fast client received every event', () => fast.events.length >= N, 60_000);
     expect(fast.events.map((f) => f.data.data.usedBytes)).toEqual(Array.from({ length: N }, (_, i) => i + 1));
     const bulk = (
-      await h.deps.db.query<{ seq: string }>(`SELECT seq FROM events WHERE site_id = $1 AND event_id LIKE 'evt_bulk_%' ORDER BY seq`, [other.siteId])
+      await h.deps.db.query<{ seq: string }>(`SELECT seq FROM events WHERE site_id = $1 AND event_id LIKE 'evt_bulk_%' ORDER BY seq`, [
+        other.siteId,
+      ])
     ).rows.map((r) => Number(r.seq));
     expect(fast.events.map((f) => Number(f.id))).toEqual(bulk);
 
@@ -396,7 +413,10 @@ describe('the stream', () => {
   });
 
   it('ends the stream when its key is revoked; the reconnect is refused with 401', async () => {
-    const { raw, keyId } = await insertKey(h.deps.db, { uid: h.userId, scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }] });
+    const { raw, keyId } = await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
+    });
     const c = new Client(streamUrl(base1, { siteId: h.siteId, api_key: raw }));
     await c.connected();
     await h.deps.db.query(`UPDATE api_keys SET status = 'revoked' WHERE key_id = $1`, [keyId]);
@@ -406,16 +426,25 @@ describe('the stream', () => {
   });
 
   it('samples the use of a key that only ever opens streams: api_key.used once, an api_key_used audit record', async () => {
-    const { raw, keyId } = await insertKey(h.deps.db, { uid: h.userId, scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }] });
+    const { raw, keyId } = await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
+    });
     for (let i = 0; i < 2; i++) {
       const c = new Client(streamUrl(base1, { siteId: h.siteId, api_key: raw }));
       await c.connected();
       c.close();
     }
-    const events = await h.deps.db.query(`SELECT data FROM events WHERE site_id = $1 AND type = 'api_key.used' AND data->>'keyId' = $2`, [h.siteId, keyId]);
+    const events = await h.deps.db.query(`SELECT data FROM events WHERE site_id = $1 AND type = 'api_key.used' AND data->>'keyId' = $2`, [
+      h.siteId,
+      keyId,
+    ]);
     expect(events.rows).toHaveLength(1);
     expect(events.rows[0].data).toMatchObject({ keyId, keyPrefix: raw.slice(0, 12), firstUseFromIp: true });
-    const audit = await h.deps.db.query(`SELECT count(*)::int AS n FROM audit_records WHERE site_id = $1 AND kind = 'api_key_used' AND actor = $2`, [h.siteId, `apiKey:${keyId}`]);
+    const audit = await h.deps.db.query(
+      `SELECT count(*)::int AS n FROM audit_records WHERE site_id = $1 AND kind = 'api_key_used' AND actor = $2`,
+      [h.siteId, `apiKey:${keyId}`],
+    );
     expect(audit.rows[0].n).toBe(1);
   });
 

@@ -11,9 +11,9 @@
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import type { Client } from '@temporalio/client';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
-import { seedRoost, startTestWorker, TestWorker } from './rollout-fixtures';
+import { seedRoost, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
 import { chunkBlobName } from '../../storage/blob';
 import { quotaSnapshot, quotaTiers } from '../../db/quota';
@@ -110,13 +110,18 @@ describe('heartbeat staleness sweep', () => {
     await machine('sw-fresh', true, '1 second');
     await machine('sw-already-off', false, '2 hours');
     await machine('sw-other-site', true, '1 hour', other.siteId);
-    const before = await h.deps.db.query<{ last_heartbeat: Date }>(`SELECT last_heartbeat FROM machines WHERE site_id = $1 AND machine_id = 'sw-stale'`, [h.siteId]);
+    const before = await h.deps.db.query<{ last_heartbeat: Date }>(
+      `SELECT last_heartbeat FROM machines WHERE site_id = $1 AND machine_id = 'sw-stale'`,
+      [h.siteId],
+    );
 
     const first = await runSweep<{ emitted: number }>('heartbeatStalenessSweepWorkflow', { batchSize: 2 }, 'staleness');
     expect(first.emitted).toBe(2);
     const offline = await events('machine.offline');
     expect(offline).toEqual([{ machineId: 'sw-stale', siteId: h.siteId, lastHeartbeat: before.rows[0].last_heartbeat.toISOString() }]);
-    expect(await events('machine.offline', other.siteId)).toEqual([expect.objectContaining({ machineId: 'sw-other-site', siteId: other.siteId })]);
+    expect(await events('machine.offline', other.siteId)).toEqual([
+      expect.objectContaining({ machineId: 'sw-other-site', siteId: other.siteId }),
+    ]);
     const flags = await h.deps.db.query<{ machine_id: string; online: boolean }>(
       `SELECT machine_id, online FROM machines WHERE site_id = $1 AND machine_id LIKE 'sw-%' ORDER BY machine_id`,
       [h.siteId],
@@ -169,8 +174,14 @@ describe('chunk garbage collection sweep', () => {
       h.siteId,
       [liveHash, goneHash, recentHash],
     ]);
-    await h.deps.db.query(`UPDATE roosts SET deleted_at = now() - INTERVAL '31 days' WHERE site_id = $1 AND roost_id = $2`, [h.siteId, gone.roostId]);
-    await h.deps.db.query(`UPDATE roosts SET deleted_at = now() - INTERVAL '1 day' WHERE site_id = $1 AND roost_id = $2`, [h.siteId, recent.roostId]);
+    await h.deps.db.query(`UPDATE roosts SET deleted_at = now() - INTERVAL '31 days' WHERE site_id = $1 AND roost_id = $2`, [
+      h.siteId,
+      gone.roostId,
+    ]);
+    await h.deps.db.query(`UPDATE roosts SET deleted_at = now() - INTERVAL '1 day' WHERE site_id = $1 AND roost_id = $2`, [
+      h.siteId,
+      recent.roostId,
+    ]);
     // Another site's old orphan is collected in its own site.
     const other = await h.other();
     const otherOrphan = await storedChunk(randomBytes(300), 45, other.siteId);
@@ -238,7 +249,11 @@ describe('chunk verification sweep', () => {
     const missing = sha256Hex(randomBytes(64));
     await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 64)', [h.siteId, missing]);
 
-    const first = await runSweep<{ emitted: number; processed: number }>('chunkVerifySweepWorkflow', { batchSize: 4, maxBatches: 100 }, 'chunk-verify');
+    const first = await runSweep<{ emitted: number; processed: number }>(
+      'chunkVerifySweepWorkflow',
+      { batchSize: 4, maxBatches: 100 },
+      'chunk-verify',
+    );
     expect(first.processed).toBeGreaterThanOrEqual(2);
     expect((await chunkRow(hash))!.verified_at).toBeInstanceOf(Date);
     expect((await chunkRow(hash))!.verify_failed_digest).toBeNull();
@@ -271,7 +286,13 @@ describe('key expiry sweep', () => {
   it('records api_key.expired once per expired active key; auth still answers token_expired', async () => {
     const expiresAt = Date.now() - 60_000;
     const expired = await insertKey(h.deps.db, { uid: h.userId, scopes: [], expiresAt, primarySiteId: h.siteId, name: 'expired key' });
-    await insertKey(h.deps.db, { uid: h.userId, scopes: [], expiresAt: Date.now() + 86_400_000, primarySiteId: h.siteId, name: 'live key' });
+    await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [],
+      expiresAt: Date.now() + 86_400_000,
+      primarySiteId: h.siteId,
+      name: 'live key',
+    });
     await insertKey(h.deps.db, { uid: h.userId, scopes: [], expiresAt, primarySiteId: h.siteId, status: 'revoked', name: 'revoked key' });
     // No primary site: the sites its scopes name.
     const scoped = await insertKey(h.deps.db, {
@@ -280,9 +301,10 @@ describe('key expiry sweep', () => {
       expiresAt,
       name: 'scoped key',
     });
-    const { rows } = await h.deps.db.query<{ key_id: string; key_prefix: string }>('SELECT key_id, key_prefix FROM api_keys WHERE key_id = ANY($1)', [
-      [expired.keyId, scoped.keyId],
-    ]);
+    const { rows } = await h.deps.db.query<{ key_id: string; key_prefix: string }>(
+      'SELECT key_id, key_prefix FROM api_keys WHERE key_id = ANY($1)',
+      [[expired.keyId, scoped.keyId]],
+    );
     const prefix = new Map(rows.map((r) => [r.key_id, r.key_prefix]));
 
     const first = await runSweep<{ emitted: number }>('keyExpirySweepWorkflow', { batchSize: 1 }, 'key-expiry');
@@ -328,14 +350,27 @@ describe('ensureBackgroundWorkflows', () => {
     } finally {
       for (const id of ids) {
         const handle = client.schedule.getHandle(id);
-        const running = await handle.describe().then((d) => d.info.runningActions, () => []);
+        const running = await handle.describe().then(
+          (d) => d.info.runningActions,
+          () => [],
+        );
         await handle.delete().catch(() => undefined);
-        for (const a of running) await client.workflow.getHandle(a.workflow.workflowId).terminate('test cleanup').catch(() => undefined);
+        for (const a of running)
+          await client.workflow
+            .getHandle(a.workflow.workflowId)
+            .terminate('test cleanup')
+            .catch(() => undefined);
       }
       // The long-running workflows ensureBackgroundWorkflows starts too (by id, then whatever visibility lists).
-      await client.workflow.getHandle(eventRelayWorkflowId(taskQueue)).terminate('test cleanup').catch(() => undefined);
+      await client.workflow
+        .getHandle(eventRelayWorkflowId(taskQueue))
+        .terminate('test cleanup')
+        .catch(() => undefined);
       for await (const wf of client.workflow.list({ query: `TaskQueue = "${taskQueue}" AND ExecutionStatus = "Running"` })) {
-        await client.workflow.getHandle(wf.workflowId, wf.runId).terminate('test cleanup').catch(() => undefined);
+        await client.workflow
+          .getHandle(wf.workflowId, wf.runId)
+          .terminate('test cleanup')
+          .catch(() => undefined);
       }
     }
   });

@@ -6,7 +6,7 @@
  * every response names the date it was served at.
  */
 import { CURRENT_API_VERSION, SUPPORTED_API_VERSIONS } from '../../api/plugins/api-version';
-import { createHarness, Harness } from '../support/harness';
+import { createHarness, type Harness } from '../support/harness';
 
 let h: Harness;
 let supported: string[];
@@ -115,7 +115,12 @@ describe('Roost-Version', () => {
 
   it('changes nothing when refused', async () => {
     const name = `versioned-${Date.now()}`;
-    const res = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name }, headers: { 'roost-version': '1999-01-01' } });
+    const res = await h.request({
+      method: 'POST',
+      url: '/api/roosts',
+      body: { siteId: h.siteId, name },
+      headers: { 'roost-version': '1999-01-01' },
+    });
     expect(res.statusCode).toBe(400);
     const { rows } = await h.deps.db.query('SELECT 1 FROM roosts WHERE site_id = $1 AND name = $2', [h.siteId, name]);
     expect(rows).toHaveLength(0);

@@ -8,7 +8,7 @@ import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { computeVersionId, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { versionBlobName } from '../../storage/blob';
-import { createHarness, Harness, idemKey } from '../support/harness';
+import { createHarness, type Harness, idemKey } from '../support/harness';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
@@ -42,26 +42,44 @@ function file(path: string, text: string): FileSpec {
 async function present(files: FileSpec[], siteId = h.siteId): Promise<void> {
   for (const f of files) {
     if (!f.content.length) continue;
-    await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [siteId, sha256Hex(f.content), f.content.length]);
+    await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [
+      siteId,
+      sha256Hex(f.content),
+      f.content.length,
+    ]);
   }
 }
 
 /** PUTs bytes to the chunk's signed upload URL in Azurite (no `chunks` row). */
 async function upload(bytes: Buffer, hash = sha256Hex(bytes), siteId = h.siteId): Promise<string> {
   const { url } = await h.deps.blob.chunkUploadUrl(siteId, hash);
-  const res = await fetch(url, { method: 'PUT', headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream' }, body: bytes });
+  const res = await fetch(url, {
+    method: 'PUT',
+    headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream' },
+    body: bytes,
+  });
   expect(res.status).toBe(201);
   return hash;
 }
 
 async function newRoost(extra: Record<string, unknown> = {}): Promise<string> {
-  const res = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'app', targets: ['m-1'], extractPath: 'C:\\app', ...extra } });
+  const res = await h.request({
+    method: 'POST',
+    url: '/api/roosts',
+    body: { siteId: h.siteId, name: 'app', targets: ['m-1'], extractPath: 'C:\\app', ...extra },
+  });
   expect(res.statusCode).toBe(201);
   return res.json().roostId;
 }
 
 function publishReq(roostId: string, payload: Record<string, unknown>, opts: { key?: string; idem?: string | true } = {}) {
-  return h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, body: { siteId: h.siteId, ...payload }, key: opts.key, idempotencyKey: opts.idem ?? true });
+  return h.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    body: { siteId: h.siteId, ...payload },
+    key: opts.key,
+    idempotencyKey: opts.idem ?? true,
+  });
 }
 
 /** Publishes `files` (chunks recorded present first) and returns the 201 body. */
@@ -96,27 +114,60 @@ describe('POST /api/roosts/{roostId}/versions', () => {
     const roostId = await newRoost();
     const files1 = [file('bin/app.exe', 'v1 binary'), file('readme.txt', 'hello'), file('empty.log', '')];
     const v1 = await publish(roostId, files1, { description: 'first' });
-    expect(v1).toEqual({ versionId: computeVersionId(body(files1)), versionNumber: 1, currentVersionId: v1.versionId, previousVersionId: null });
+    expect(v1).toEqual({
+      versionId: computeVersionId(body(files1)),
+      versionNumber: 1,
+      currentVersionId: v1.versionId,
+      previousVersionId: null,
+    });
 
     const files2 = [file('bin/app.exe', 'v2 binary!'), file('readme.txt', 'hello')];
     const v2 = await publish(roostId, files2);
-    expect(v2).toEqual({ versionId: computeVersionId(body(files2)), versionNumber: 2, currentVersionId: v2.versionId, previousVersionId: v1.versionId });
+    expect(v2).toEqual({
+      versionId: computeVersionId(body(files2)),
+      versionNumber: 2,
+      currentVersionId: v2.versionId,
+      previousVersionId: v1.versionId,
+    });
 
     const r = await roost(roostId);
-    expect(r).toMatchObject({ versionCounter: 2, currentVersionId: v2.versionId, previousVersionId: v1.versionId, totalFiles: 2, totalSize: 15 });
+    expect(r).toMatchObject({
+      versionCounter: 2,
+      currentVersionId: v2.versionId,
+      previousVersionId: v1.versionId,
+      totalFiles: 2,
+      totalSize: 15,
+    });
 
     const events = await eventsOf('version.published', roostId);
     expect(events).toEqual([
-      { roostId, siteId: h.siteId, versionId: v1.versionId, versionNumber: 1, description: 'first', totalFiles: 3, totalSize: 14, createdBy: h.userId },
-      { roostId, siteId: h.siteId, versionId: v2.versionId, versionNumber: 2, description: null, totalFiles: 2, totalSize: 15, createdBy: h.userId },
+      {
+        roostId,
+        siteId: h.siteId,
+        versionId: v1.versionId,
+        versionNumber: 1,
+        description: 'first',
+        totalFiles: 3,
+        totalSize: 14,
+        createdBy: h.userId,
+      },
+      {
+        roostId,
+        siteId: h.siteId,
+        versionId: v2.versionId,
+        versionNumber: 2,
+        description: null,
+        totalFiles: 2,
+        totalSize: 15,
+        createdBy: h.userId,
+      },
     ]);
 
     // The version's distinct chunks are recorded (with how many files use each), and the stored body is the canonical JSON.
-    const { rows } = await h.deps.db.query('SELECT hash, size, file_count FROM version_chunks WHERE site_id = $1 AND roost_id = $2 AND version_id = $3 ORDER BY hash', [
-      h.siteId,
-      roostId,
-      v1.versionId,
-    ]);
+    const { rows } = await h.deps.db.query(
+      'SELECT hash, size, file_count FROM version_chunks WHERE site_id = $1 AND roost_id = $2 AND version_id = $3 ORDER BY hash',
+      [h.siteId, roostId, v1.versionId],
+    );
     expect(rows).toHaveLength(2);
     expect(rows.every((c) => c.file_count === 1)).toBe(true);
     const stored = await h.deps.blob.get('versions', versionBlobName(h.siteId, roostId, v1.versionId));
@@ -186,7 +237,9 @@ describe('POST /api/roosts/{roostId}/versions', () => {
   describe('chunk presence', () => {
     it('412 precondition_failed names at most 20 missingChunks and changes nothing', async () => {
       const roostId = await newRoost();
-      const files = Array.from({ length: 25 }, (_, i) => file(`f${String(i).padStart(2, '0')}`, `missing ${i} ${randomBytes(4).toString('hex')}`));
+      const files = Array.from({ length: 25 }, (_, i) =>
+        file(`f${String(i).padStart(2, '0')}`, `missing ${i} ${randomBytes(4).toString('hex')}`),
+      );
       await present(files.slice(0, 2));
       const res = await publishReq(roostId, { version: body(files) });
       expect(res.statusCode).toBe(412);
@@ -255,7 +308,11 @@ describe('POST /api/roosts/{roostId}/versions', () => {
       ['upper-case hash', (v) => (v.files[0].chunks[0].hash = v.files[0].chunks[0].hash.toUpperCase()), 'version.files.0.chunks.0.hash'],
       ['zero chunk size', (v) => (v.files[0].chunks[0].size = 0), 'version.files.0.chunks.0.size'],
       ['short inner chunk', (v) => v.files[0].chunks.unshift({ hash: 'a'.repeat(64), size: 5 }), 'version.files.0.chunks.0.size'],
-      ['two sizes for one hash', (v) => v.files.push({ path: 'dup', size: 2, chunks: [{ hash: v.files[0].chunks[0].hash, size: 2 }] }), 'version.files.1.chunks.0.size'],
+      [
+        'two sizes for one hash',
+        (v) => v.files.push({ path: 'dup', size: 2, chunks: [{ hash: v.files[0].chunks[0].hash, size: 2 }] }),
+        'version.files.1.chunks.0.size',
+      ],
     ];
     it.each(cases)('rejects %s with validation_failed under version.*', async (_name, mutate, key) => {
       const roostId = await newRoost();
@@ -286,7 +343,9 @@ describe('POST /api/roosts/{roostId}/versions', () => {
         expect(Object.keys(res.json().errors)).toContain(key);
       }
       expect((await roost(roostId)).versionCounter).toBe(0);
-      const exactly500 = await present([file('ok.txt', 'valid')]).then(() => publishReq(roostId, { version: v, description: 'é'.repeat(500) }));
+      const exactly500 = await present([file('ok.txt', 'valid')]).then(() =>
+        publishReq(roostId, { version: v, description: 'é'.repeat(500) }),
+      );
       expect(exactly500.statusCode).toBe(201);
     });
   });
@@ -295,12 +354,19 @@ describe('POST /api/roosts/{roostId}/versions', () => {
     const roostId = await newRoost();
     const f = file('shared', 'one chunk, many files');
     await present([f]);
-    const files = Array.from({ length: 20000 }, (_, i) => ({ path: `dir${i % 50}/file-${i}.dat`, size: f.content.length, chunks: entry(f).chunks }));
+    const files = Array.from({ length: 20000 }, (_, i) => ({
+      path: `dir${i % 50}/file-${i}.dat`,
+      size: f.content.length,
+      chunks: entry(f).chunks,
+    }));
     const version = { ...body([]), files };
     expect(JSON.stringify(version).length).toBeGreaterThan(2 * 1024 * 1024);
     const res = await publishReq(roostId, { version });
     expect(res.statusCode).toBe(201);
-    const { rows } = await h.deps.db.query('SELECT file_count FROM version_chunks WHERE site_id = $1 AND roost_id = $2', [h.siteId, roostId]);
+    const { rows } = await h.deps.db.query('SELECT file_count FROM version_chunks WHERE site_id = $1 AND roost_id = $2', [
+      h.siteId,
+      roostId,
+    ]);
     expect(rows).toEqual([{ file_count: 20000 }]);
     const files2 = (await get(`/api/roosts/${roostId}/versions/1/files?siteId=${h.siteId}&prefix=dir7/&page_size=500`)).json();
     expect(files2.total).toBe(400);
@@ -324,14 +390,31 @@ describe('POST /api/roosts/{roostId}/versions', () => {
     const v2 = await publish(roostId, b);
     const again = await publishReq(roostId, { version: body(b), expectedCurrentVersionId: v2.versionId });
     expect(again.statusCode).toBe(200);
-    expect(again.json()).toEqual({ versionId: v2.versionId, versionNumber: 2, currentVersionId: v2.versionId, previousVersionId: v1.versionId });
+    expect(again.json()).toEqual({
+      versionId: v2.versionId,
+      versionNumber: 2,
+      currentVersionId: v2.versionId,
+      previousVersionId: v1.versionId,
+    });
 
     const back = await publishReq(roostId, { version: body(a), description: 'ignored' });
     expect(back.statusCode).toBe(200);
-    expect(back.json()).toEqual({ versionId: v1.versionId, versionNumber: 1, currentVersionId: v1.versionId, previousVersionId: v2.versionId });
-    expect(await roost(roostId)).toMatchObject({ versionCounter: 2, currentVersionId: v1.versionId, previousVersionId: v2.versionId, currentVersionDescription: null });
+    expect(back.json()).toEqual({
+      versionId: v1.versionId,
+      versionNumber: 1,
+      currentVersionId: v1.versionId,
+      previousVersionId: v2.versionId,
+    });
+    expect(await roost(roostId)).toMatchObject({
+      versionCounter: 2,
+      currentVersionId: v1.versionId,
+      previousVersionId: v2.versionId,
+      currentVersionDescription: null,
+    });
     expect(await eventsOf('version.published', roostId)).toHaveLength(2);
-    expect(await eventsOf('version.rolled_back', roostId)).toEqual([{ roostId, siteId: h.siteId, fromVersion: v2.versionId, toVersion: v1.versionId, triggeredBy: h.userId }]);
+    expect(await eventsOf('version.rolled_back', roostId)).toEqual([
+      { roostId, siteId: h.siteId, fromVersion: v2.versionId, toVersion: v1.versionId, triggeredBy: h.userId },
+    ]);
   });
 
   it('serialises concurrent publishes on one roost: distinct numbers, a consistent chain', async () => {
@@ -351,7 +434,11 @@ describe('POST /api/roosts/{roostId}/versions', () => {
   describe('Idempotency-Key', () => {
     it('is required', async () => {
       const roostId = await newRoost();
-      const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, body: { siteId: h.siteId, version: body([file('a', 'b')]) } });
+      const res = await h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/versions`,
+        body: { siteId: h.siteId, version: body([file('a', 'b')]) },
+      });
       expect(res.statusCode).toBe(400);
       expect(res.json().code).toBe('idempotency_key_required');
       const long = await publishReq(roostId, { version: body([file('a', 'b')]) }, { idem: 'k'.repeat(256) });
@@ -458,14 +545,32 @@ describe('version refs and reads', () => {
     const res = await get(vurl('1'));
     expect(res.statusCode).toBe(200);
     const r = res.json();
-    expect(r).toMatchObject({ versionId: v[0].versionId, versionNumber: 1, description: 'release 1', roostId, siteId: h.siteId, version: body(filesOf[0]) });
+    expect(r).toMatchObject({
+      versionId: v[0].versionId,
+      versionNumber: 1,
+      description: 'release 1',
+      roostId,
+      siteId: h.siteId,
+      version: body(filesOf[0]),
+    });
     // signature/signingKeyId: the service's Ed25519 signature of the version (docs/decisions/signed-manifests.md).
     expect(r.signature).toMatch(/^[A-Za-z0-9_-]{86}$/);
     expect(r.signingKeyId).toMatch(/^sk_[0-9a-f]{24}$/);
-    const metadata = { versionUrl: r.versionUrl, createdAt: r.createdAt, createdBy: h.userId, totalSize: 20, totalFiles: 4, parentVersionId: null, signature: r.signature, signingKeyId: r.signingKeyId };
+    const metadata = {
+      versionUrl: r.versionUrl,
+      createdAt: r.createdAt,
+      createdBy: h.userId,
+      totalSize: 20,
+      totalFiles: 4,
+      parentVersionId: null,
+      signature: r.signature,
+      signingKeyId: r.signingKeyId,
+    };
     expect(r.metadata).toEqual(metadata);
     expect(r).toMatchObject(metadata);
-    expect(r.versionUrl).toMatch(new RegExp(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roostId}/versions/${v[0].versionId}\\.json$`));
+    expect(r.versionUrl).toMatch(
+      new RegExp(`/${h.deps.blob.containerName('versions')}/sites/${h.siteId}/roosts/${roostId}/versions/${v[0].versionId}\\.json$`),
+    );
     expect((await get(vurl('2'))).json().parentVersionId).toBe(v[0].versionId);
   });
 
@@ -488,9 +593,26 @@ describe('version refs and reads', () => {
     expect(body.next_page_token).toBe('');
     expect(body.nextPageToken).toBe('');
     expect(Object.keys(body.versions[0]).sort()).toEqual(
-      ['createdAt', 'createdBy', 'description', 'parentVersionId', 'signature', 'signingKeyId', 'totalFiles', 'totalSize', 'versionId', 'versionNumber', 'versionUrl'].sort(),
+      [
+        'createdAt',
+        'createdBy',
+        'description',
+        'parentVersionId',
+        'signature',
+        'signingKeyId',
+        'totalFiles',
+        'totalSize',
+        'versionId',
+        'versionNumber',
+        'versionUrl',
+      ].sort(),
     );
-    expect(body.versions[0]).toMatchObject({ versionId: v[2].versionId, description: 'release 3', parentVersionId: v[1].versionId, totalFiles: 2 });
+    expect(body.versions[0]).toMatchObject({
+      versionId: v[2].versionId,
+      description: 'release 3',
+      parentVersionId: v[1].versionId,
+      totalFiles: 2,
+    });
   });
 
   it('pages the version list with both name families; canonical wins; bad sizes fail', async () => {
@@ -525,7 +647,8 @@ describe('version refs and reads', () => {
     expect(p2.files.map((f: { path: string }) => f.path)).toEqual(['app/lib.dll']);
     expect(p2.next_page_token).toBe('');
     expect((await get(vurl('1', '/files', '&prefix=nothing/'))).json()).toMatchObject({ total: 0, files: [] });
-    for (const q of ['&page_size=501', '&page_size=0', '&page_token=nope']) expect((await get(vurl('1', '/files', q))).json().code).toBe('validation_failed');
+    for (const q of ['&page_size=501', '&page_size=0', '&page_token=nope'])
+      expect((await get(vurl('1', '/files', q))).json().code).toBe('validation_failed');
     expect((await get(vurl('v9', '/files'))).json().code).toBe('version_not_found');
   });
 
@@ -533,7 +656,14 @@ describe('version refs and reads', () => {
     const res = await get(vurl('2', '/diff', '&against=1'));
     expect(res.statusCode).toBe(200);
     const d = res.json();
-    expect(d).toMatchObject({ versionId: v[1].versionId, toVersion: v[1].versionId, fromVersion: v[0].versionId, against: '1', roostId, siteId: h.siteId });
+    expect(d).toMatchObject({
+      versionId: v[1].versionId,
+      toVersion: v[1].versionId,
+      fromVersion: v[0].versionId,
+      against: '1',
+      roostId,
+      siteId: h.siteId,
+    });
     expect(d.summary).toEqual({ added: 1, removed: 1, changed: 2, unchanged: 1, hasChanges: true, netBytesDelta: 33 - 20 });
     expect(d.added).toEqual([{ path: 'new.txt', size: 8, reason: 'added', chunks: 1 }]);
     expect(d.removed).toEqual([{ path: 'old.txt', size: 3, reason: 'removed', chunks: 1 }]);
@@ -559,7 +689,12 @@ describe('version refs and reads', () => {
 
   it('reads are site-scoped and need read scope', async () => {
     const other = await h.other();
-    for (const url of [vurl('1'), vurl('1', '/files'), vurl('1', '/diff', '&against=2'), `/api/roosts/${roostId}/versions?siteId=${h.siteId}`]) {
+    for (const url of [
+      vurl('1'),
+      vurl('1', '/files'),
+      vurl('1', '/diff', '&against=2'),
+      `/api/roosts/${roostId}/versions?siteId=${h.siteId}`,
+    ]) {
       expect((await get(url, other.apiKey)).statusCode).toBe(404);
     }
     const writer = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['write'] }]);
@@ -588,7 +723,15 @@ describe('PATCH /api/roosts/{roostId}/versions/{versionRef}', () => {
     const res = await patch('%231', { description: 'after' });
     expect(res.statusCode).toBe(200);
     const r = res.json();
-    expect(r).toMatchObject({ versionId: v1.versionId, versionNumber: 1, description: 'after', roostId, siteId: h.siteId, createdBy: h.userId, parentVersionId: null });
+    expect(r).toMatchObject({
+      versionId: v1.versionId,
+      versionNumber: 1,
+      description: 'after',
+      roostId,
+      siteId: h.siteId,
+      createdBy: h.userId,
+      parentVersionId: null,
+    });
     expect(Date.parse(r.updatedAt)).toBeGreaterThanOrEqual(Date.parse(r.createdAt));
     expect((await get(`/api/roosts/${roostId}/versions/1?siteId=${h.siteId}`)).json().description).toBe('after');
     expect((await patch('current', { description: '' })).json().description).toBeNull();
@@ -622,7 +765,13 @@ describe('PATCH /api/roosts/{roostId}/versions/{versionRef}', () => {
 
 describe('POST /api/roosts/{roostId}/rollback', () => {
   const rollback = (roostId: string, payload: Record<string, unknown> = {}, opts: { key?: string; idem?: string | true } = {}) =>
-    h.request({ method: 'POST', url: `/api/roosts/${roostId}/rollback`, body: { siteId: h.siteId, ...payload }, key: opts.key, idempotencyKey: opts.idem ?? true });
+    h.request({
+      method: 'POST',
+      url: `/api/roosts/${roostId}/rollback`,
+      body: { siteId: h.siteId, ...payload },
+      key: opts.key,
+      idempotencyKey: opts.idem ?? true,
+    });
 
   async function threeVersions() {
     const roostId = await newRoost();
@@ -636,10 +785,23 @@ describe('POST /api/roosts/{roostId}/rollback', () => {
     const { roostId, vs } = await threeVersions();
     const res = await rollback(roostId);
     expect(res.statusCode).toBe(200);
-    expect(res.json()).toEqual({ ok: true, roostId, siteId: h.siteId, currentVersionId: vs[1].versionId, currentVersionNumber: 2, previousVersionId: vs[2].versionId });
-    expect(await roost(roostId)).toMatchObject({ versionCounter: 3, currentVersionId: vs[1].versionId, previousVersionId: vs[2].versionId });
+    expect(res.json()).toEqual({
+      ok: true,
+      roostId,
+      siteId: h.siteId,
+      currentVersionId: vs[1].versionId,
+      currentVersionNumber: 2,
+      previousVersionId: vs[2].versionId,
+    });
+    expect(await roost(roostId)).toMatchObject({
+      versionCounter: 3,
+      currentVersionId: vs[1].versionId,
+      previousVersionId: vs[2].versionId,
+    });
     expect((await get(`/api/roosts/${roostId}/versions?siteId=${h.siteId}`)).json().versions).toHaveLength(3);
-    expect(await eventsOf('version.rolled_back', roostId)).toEqual([{ roostId, siteId: h.siteId, fromVersion: vs[2].versionId, toVersion: vs[1].versionId, triggeredBy: h.userId }]);
+    expect(await eventsOf('version.rolled_back', roostId)).toEqual([
+      { roostId, siteId: h.siteId, fromVersion: vs[2].versionId, toVersion: vs[1].versionId, triggeredBy: h.userId },
+    ]);
 
     // "previous" is now version 3 again: rolling back twice returns to where we started.
     expect((await rollback(roostId)).json().currentVersionId).toBe(vs[2].versionId);
@@ -656,7 +818,10 @@ describe('POST /api/roosts/{roostId}/rollback', () => {
       expect(res.statusCode).toBe(400);
       expect(res.json().code).toBe('rollback_no_op');
     }
-    expect((await rollback(roostId, { targetVersion: 'v0' })).json()).toMatchObject({ code: 'version_ref_malformed', param: 'targetVersion' });
+    expect((await rollback(roostId, { targetVersion: 'v0' })).json()).toMatchObject({
+      code: 'version_ref_malformed',
+      param: 'targetVersion',
+    });
     expect((await rollback(roostId, { targetVersion: '12' })).json()).toMatchObject({ code: 'version_not_found', status: 404 });
     expect((await rollback(roostId, { extra: true })).json().code).toBe('validation_failed');
     expect((await rollback(roostId, { siteId: undefined })).json().code).toBe('validation_failed');
@@ -691,7 +856,10 @@ describe('POST /api/roosts/{roostId}/rollback', () => {
     const writer = await scopedKey([{ resource: 'roost', id: '*', permissions: ['read', 'write', 'deploy', 'admin'] }]);
     const denied = await rollback(roostId, {}, { key: writer });
     expect(denied.statusCode).toBe(403);
-    expect(denied.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'roost', id: roostId, permission: 'rollback' } });
+    expect(denied.json()).toMatchObject({
+      code: 'scope_insufficient',
+      required: { resource: 'roost', id: roostId, permission: 'rollback' },
+    });
     const roller = await scopedKey([{ resource: 'roost', id: roostId, permissions: ['rollback'] }]);
     expect((await rollback(roostId, {}, { key: roller })).statusCode).toBe(200);
     const siteRoller = await scopedKey([{ resource: 'site', id: h.siteId, permissions: ['rollback'] }]);

@@ -11,9 +11,9 @@ import http from 'node:http';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { randomBytes } from 'node:crypto';
-import { createHarness, Harness } from '../support/harness';
-import { publishFiles, scopedKey, startTestWorker, terminateAll, TestWorker } from './rollout-fixtures';
-import { SignatureCheck, verifySignature } from '../../domain/webhook-signature';
+import { createHarness, type Harness } from '../support/harness';
+import { publishFiles, scopedKey, startTestWorker, terminateAll, type TestWorker } from './rollout-fixtures';
+import { type SignatureCheck, verifySignature } from '../../domain/webhook-signature';
 import { ensureEventRelay } from '../../worker/background';
 import { relayPass } from '../../activities/events';
 import { deliveryWorkflowId, nonPublicAddressesOf } from '../../activities/webhooks';
@@ -100,8 +100,17 @@ async function until<T>(what: string, fn: () => Promise<T | undefined | null | f
 
 const hooks = () => `/api/sites/${h.siteId}/webhooks`;
 
-async function createWebhook(p: string, events: string[], extra: Record<string, unknown> = {}): Promise<{ webhookId: string; signingSecret: string; body: any }> {
-  const res = await h.request({ method: 'POST', url: hooks(), body: { url: `${rx.base}${p}`, name: `hook ${p}`, events, ...extra }, idempotencyKey: true });
+async function createWebhook(
+  p: string,
+  events: string[],
+  extra: Record<string, unknown> = {},
+): Promise<{ webhookId: string; signingSecret: string; body: any }> {
+  const res = await h.request({
+    method: 'POST',
+    url: hooks(),
+    body: { url: `${rx.base}${p}`, name: `hook ${p}`, events, ...extra },
+    idempotencyKey: true,
+  });
   if (res.statusCode !== 201) throw new Error(`create failed: ${res.statusCode} ${res.body}`);
   const body = res.json();
   rx.secrets.set(p, [body.signingSecret]);
@@ -122,7 +131,11 @@ async function webhook(webhookId: string): Promise<any> {
 
 /** Publishes a new version to a fresh roost; returns ids and the event's seq once sequenced and fanned out. */
 async function publish(): Promise<{ roostId: string; versionId: string; versionNumber: number; eventId: string }> {
-  const r = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: `wh ${randomBytes(3).toString('hex')}`, targets: [], extractPath: 'apps/wh' } });
+  const r = await h.request({
+    method: 'POST',
+    url: '/api/roosts',
+    body: { siteId: h.siteId, name: `wh ${randomBytes(3).toString('hex')}`, targets: [], extractPath: 'apps/wh' },
+  });
   expect(r.statusCode).toBe(201);
   const roostId = r.json().roostId as string;
   const v = await publishFiles(h, roostId, { 'a.txt': `hello ${randomBytes(4).toString('hex')}\n` });
@@ -146,7 +159,9 @@ async function fannedOut(eventId: string): Promise<void> {
 }
 
 async function deliveryOf(webhookId: string, eventId: string, status: string): Promise<any> {
-  return until(`delivery of ${eventId} to ${webhookId} (${status})`, async () => (await deliveries(webhookId)).find((d) => d.eventId === eventId && d.status === status));
+  return until(`delivery of ${eventId} to ${webhookId} (${status})`, async () =>
+    (await deliveries(webhookId)).find((d) => d.eventId === eventId && d.status === status),
+  );
 }
 
 /** Records the delivery's (closed) workflow run under test/replay/histories/webhooks/. */
@@ -184,7 +199,10 @@ afterAll(async () => {
   if (RECORD && relayId) {
     // A closed run of the relay (it continued as new at least once by now).
     const first = relayFirstRun;
-    await until('relay continued as new', async () => (await h.deps.temporal.workflow.getHandle(relayId, first).describe()).status.name !== 'RUNNING');
+    await until(
+      'relay continued as new',
+      async () => (await h.deps.temporal.workflow.getHandle(relayId, first).describe()).status.name !== 'RUNNING',
+    );
     await recordHistory(h.deps.temporal, relayId, path.join(HISTORIES, 'relay.json'), first);
   }
   await terminateAll(h, workflows);
@@ -198,7 +216,15 @@ describe('delivery of real events', () => {
     const a = await createWebhook('/published', ['version.published']);
     const other = await createWebhook('/offline-only', ['machine.offline']);
     const disabled = await createWebhook('/disabled', ['version.published'], { enabled: false });
-    expect(a.body).toMatchObject({ url: `${rx.base}/published`, events: ['version.published'], enabled: true, paused: false, failCount: 0, lastStatus: null, createdBy: h.userId });
+    expect(a.body).toMatchObject({
+      url: `${rx.base}/published`,
+      events: ['version.published'],
+      enabled: true,
+      paused: false,
+      failCount: 0,
+      lastStatus: null,
+      createdBy: h.userId,
+    });
     expect(a.signingSecret).toMatch(/^whsec_[A-Za-z0-9_-]{43}$/);
 
     const v = await publish();
@@ -217,8 +243,17 @@ describe('delivery of real events', () => {
     expect(Object.keys(envelope).sort()).toEqual(['data', 'event', 'occurredAt', 'siteId']);
     expect(envelope).toMatchObject({ event: 'version.published', siteId: h.siteId });
     expect(envelope.occurredAt).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$/);
-    expect(Object.keys(envelope.data).sort()).toEqual(['createdBy', 'description', 'roostId', 'siteId', 'totalFiles', 'totalSize', 'versionId', 'versionNumber'].sort());
-    expect(envelope.data).toMatchObject({ roostId: v.roostId, siteId: h.siteId, versionId: v.versionId, versionNumber: v.versionNumber, totalFiles: 1, createdBy: h.userId });
+    expect(Object.keys(envelope.data).sort()).toEqual(
+      ['createdBy', 'description', 'roostId', 'siteId', 'totalFiles', 'totalSize', 'versionId', 'versionNumber'].sort(),
+    );
+    expect(envelope.data).toMatchObject({
+      roostId: v.roostId,
+      siteId: h.siteId,
+      versionId: v.versionId,
+      versionNumber: v.versionNumber,
+      totalFiles: 1,
+      createdBy: h.userId,
+    });
     expect(d.envelope).toEqual(envelope);
     expect(d.attempts).toEqual([expect.objectContaining({ attempt: 1, status: 'succeeded', responseCode: 200, error: null })]);
     expect(d.attempts[0].latencyMs).toBeGreaterThanOrEqual(0);
@@ -270,9 +305,18 @@ describe('delivery of real events', () => {
     if (RECORD) await recordDelivery(d.deliveryId, 'delivery-retried.json');
 
     // Manual retry of the succeeded delivery: same Roost-Delivery, the receiver answers 200 without reprocessing.
-    const res = await h.request({ method: 'POST', url: `${hooks()}/${a.webhookId}/deliveries/${d.deliveryId}/retry`, idempotencyKey: true });
+    const res = await h.request({
+      method: 'POST',
+      url: `${hooks()}/${a.webhookId}/deliveries/${d.deliveryId}/retry`,
+      idempotencyKey: true,
+    });
     expect(res.statusCode).toBe(202);
-    expect(res.json()).toMatchObject({ deliveryId: d.deliveryId, webhookId: a.webhookId, status: 'pending', workflowId: `webhook-delivery:${d.deliveryId}` });
+    expect(res.json()).toMatchObject({
+      deliveryId: d.deliveryId,
+      webhookId: a.webhookId,
+      status: 'pending',
+      workflowId: `webhook-delivery:${d.deliveryId}`,
+    });
     const again = await until('redelivery', async () => {
       const x = (await deliveries(a.webhookId)).find((y) => y.deliveryId === d.deliveryId);
       return x?.status === 'succeeded' && x.attempts.length === 4 ? x : undefined;
@@ -295,7 +339,11 @@ describe('delivery of real events', () => {
 
     // Manual retry once the receiver is back: a new run, attempts appended, failCount reset.
     rx.fallback.set('/down', 200);
-    const retry = await h.request({ method: 'POST', url: `${hooks()}/${a.webhookId}/deliveries/${d1.deliveryId}/retry`, idempotencyKey: true });
+    const retry = await h.request({
+      method: 'POST',
+      url: `${hooks()}/${a.webhookId}/deliveries/${d1.deliveryId}/retry`,
+      idempotencyKey: true,
+    });
     expect(retry.statusCode).toBe(202);
     const retried = await until('manual retry', async () => {
       const x = (await deliveries(a.webhookId)).find((y) => y.deliveryId === d1.deliveryId);
@@ -352,7 +400,12 @@ describe('delivery of real events', () => {
     expect(verifyWith([newSecret])).toEqual({ ok: true });
 
     // Rotate again with no grace: only the newest secret signs.
-    const rot2 = await h.request({ method: 'POST', url: `${hooks()}/${a.webhookId}/rotate-secret`, body: { graceHours: 0 }, idempotencyKey: true });
+    const rot2 = await h.request({
+      method: 'POST',
+      url: `${hooks()}/${a.webhookId}/rotate-secret`,
+      body: { graceHours: 0 },
+      idempotencyKey: true,
+    });
     expect(rot2.statusCode).toBe(200);
     expect(rot2.json().previousSecretExpiresAt).toBeNull();
     const newest = rot2.json().signingSecret as string;
@@ -369,11 +422,17 @@ describe('delivery of real events', () => {
 });
 
 describe('the probe', () => {
-  const probe = (body: Record<string, unknown>, key?: string) => h.request({ method: 'POST', url: `/api/webhooks/probe?siteId=${h.siteId}`, body, key });
+  const probe = (body: Record<string, unknown>, key?: string) =>
+    h.request({ method: 'POST', url: `/api/webhooks/probe?siteId=${h.siteId}`, body, key });
 
   it('sends one signed probe envelope and reports success', async () => {
     rx.secrets.set('/probe-ok', ['whsec_probe_secret']);
-    const res = await probe({ url: `${rx.base}/probe-ok`, event: 'machine.offline', payload: { machineId: 'm1', siteId: h.siteId, lastHeartbeat: null }, signingSecret: 'whsec_probe_secret' });
+    const res = await probe({
+      url: `${rx.base}/probe-ok`,
+      event: 'machine.offline',
+      payload: { machineId: 'm1', siteId: h.siteId, lastHeartbeat: null },
+      signingSecret: 'whsec_probe_secret',
+    });
     expect(res.statusCode).toBe(200);
     const r = res.json();
     expect(r).toMatchObject({ ok: true, statusCode: 200, error: null, event: 'machine.offline' });
@@ -385,7 +444,13 @@ describe('the probe', () => {
     expect(got[0].headers['roost-event']).toBe('machine.offline');
     const env = JSON.parse(got[0].raw);
     expect(Object.keys(env).sort()).toEqual(['data', 'event', 'id', 'occurredAt', 'siteId']);
-    expect(env).toEqual({ id: r.id, event: 'machine.offline', occurredAt: r.occurredAt, siteId: h.siteId, data: { machineId: 'm1', siteId: h.siteId, lastHeartbeat: null } });
+    expect(env).toEqual({
+      id: r.id,
+      event: 'machine.offline',
+      occurredAt: r.occurredAt,
+      siteId: h.siteId,
+      data: { machineId: 'm1', siteId: h.siteId, lastHeartbeat: null },
+    });
     expect(env.occurredAt).toMatch(/Z$/);
 
     // Without a secret, a fresh one signs and comes back; ids are unique per probe.
@@ -393,13 +458,20 @@ describe('the probe', () => {
     expect(res2.statusCode).toBe(200);
     expect(res2.json().id).not.toBe(r.id);
     const gen = rx.at('/probe-gen')[0];
-    expect(verifySignature({ header: gen.headers['roost-signature'], rawBody: gen.raw, secrets: [res2.json().signingSecret] })).toEqual({ ok: true });
+    expect(verifySignature({ header: gen.headers['roost-signature'], rawBody: gen.raw, secrets: [res2.json().signingSecret] })).toEqual({
+      ok: true,
+    });
   });
 
   it('reports a failing receiver without retrying, and an unreachable one', async () => {
     rx.fallback.set('/probe-fail', 500);
     rx.secrets.set('/probe-fail', ['whsec_probe_secret']);
-    const res = await probe({ url: `${rx.base}/probe-fail`, event: 'version.published', payload: { a: 1 }, signingSecret: 'whsec_probe_secret' });
+    const res = await probe({
+      url: `${rx.base}/probe-fail`,
+      event: 'version.published',
+      payload: { a: 1 },
+      signingSecret: 'whsec_probe_secret',
+    });
     expect(res.statusCode).toBe(200);
     expect(res.json()).toMatchObject({ ok: false, statusCode: 500, error: 'HTTP 500' });
     expect(rx.at('/probe-fail')).toHaveLength(1);
@@ -427,7 +499,11 @@ describe('the probe', () => {
     expect(badUrl.json()).toMatchObject({ code: 'validation_failed', param: 'url' });
     const noPayload = await probe({ url: `${rx.base}/p`, event: 'version.published' });
     expect(noPayload.statusCode).toBe(400);
-    const noSite = await h.request({ method: 'POST', url: '/api/webhooks/probe', body: { url: `${rx.base}/p`, event: 'version.published', payload: {} } });
+    const noSite = await h.request({
+      method: 'POST',
+      url: '/api/webhooks/probe',
+      body: { url: `${rx.base}/p`, event: 'version.published', payload: {} },
+    });
     expect(noSite.statusCode).toBe(400);
     expect(noSite.json().code).toBe('validation_failed');
     expect(rx.at('/p')).toHaveLength(0);
@@ -508,7 +584,11 @@ describe('subscription management', () => {
     expect(malformed.json().code).toBe('validation_failed');
     const missing = await h.request({ method: 'GET', url: `${hooks()}/wh_${'0'.repeat(24)}` });
     expect(missing.statusCode).toBe(404);
-    const noDelivery = await h.request({ method: 'POST', url: `${hooks()}/${second.webhookId}/deliveries/dlv_${'0'.repeat(24)}/retry`, idempotencyKey: true });
+    const noDelivery = await h.request({
+      method: 'POST',
+      url: `${hooks()}/${second.webhookId}/deliveries/dlv_${'0'.repeat(24)}/retry`,
+      idempotencyKey: true,
+    });
     expect(noDelivery.statusCode).toBe(404);
 
     await remove(first.json().webhookId);
@@ -522,7 +602,13 @@ describe('subscription management', () => {
     const other = await h.other();
     const foreign = await h.request({ method: 'GET', url: `${hooks()}/${a.webhookId}`, key: other.apiKey });
     expect(foreign.statusCode).toBe(404);
-    const foreignCreate = await h.request({ method: 'POST', url: hooks(), key: other.apiKey, body: { url: `${rx.base}/x`, name: 'x', events: ['version.published'] }, idempotencyKey: true });
+    const foreignCreate = await h.request({
+      method: 'POST',
+      url: hooks(),
+      key: other.apiKey,
+      body: { url: `${rx.base}/x`, name: 'x', events: ['version.published'] },
+      idempotencyKey: true,
+    });
     expect(foreignCreate.statusCode).toBe(404);
     // The other site's own list does not show this site's subscription.
     const theirs = await h.request({ method: 'GET', url: `/api/sites/${other.siteId}/webhooks`, key: other.apiKey });
@@ -537,10 +623,18 @@ describe('subscription management', () => {
       expect(res.statusCode).toBe(403);
       expect(res.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'site', id: h.siteId, permission: 'admin' } });
     }
-    const probe = await h.request({ method: 'POST', url: `/api/webhooks/probe?siteId=${h.siteId}`, key: reader, body: { url: `${rx.base}/x`, event: 'version.published', payload: {} } });
+    const probe = await h.request({
+      method: 'POST',
+      url: `/api/webhooks/probe?siteId=${h.siteId}`,
+      key: reader,
+      body: { url: `${rx.base}/x`, event: 'version.published', payload: {} },
+    });
     expect(probe.statusCode).toBe(403);
     const none = await scopedKey(h, [{ resource: 'roost', id: '*', permissions: ['read'] }]);
-    expect((await h.request({ method: 'GET', url: hooks(), key: none })).json()).toMatchObject({ code: 'scope_insufficient', required: { permission: 'read' } });
+    expect((await h.request({ method: 'GET', url: hooks(), key: none })).json()).toMatchObject({
+      code: 'scope_insufficient',
+      required: { permission: 'read' },
+    });
     expect(await webhook(a.webhookId)).toMatchObject({ name: 'hook /authz' });
     expect(rx.at('/x')).toHaveLength(0);
     await remove(a.webhookId);
@@ -556,15 +650,31 @@ describe('address rules without ROOST_WEBHOOK_ALLOW_PRIVATE', () => {
 
   it('refuses loopback, private, link-local and mapped addresses with url_not_allowed, and plain http', async () => {
     const create = (url: string) =>
-      strict.request({ method: 'POST', url: `/api/sites/${strict.siteId}/webhooks`, body: { url, name: 'x', events: ['version.published'] }, idempotencyKey: true });
-    for (const url of ['https://127.0.0.1/hook', 'https://[::1]/hook', 'https://[::ffff:127.0.0.1]/hook', 'https://10.0.0.7/hook', 'https://169.254.169.254/latest', 'https://localhost:8443/hook']) {
+      strict.request({
+        method: 'POST',
+        url: `/api/sites/${strict.siteId}/webhooks`,
+        body: { url, name: 'x', events: ['version.published'] },
+        idempotencyKey: true,
+      });
+    for (const url of [
+      'https://127.0.0.1/hook',
+      'https://[::1]/hook',
+      'https://[::ffff:127.0.0.1]/hook',
+      'https://10.0.0.7/hook',
+      'https://169.254.169.254/latest',
+      'https://localhost:8443/hook',
+    ]) {
       const res = await create(url);
       expect([url, res.statusCode, res.json().code, res.json().param]).toEqual([url, 400, 'url_not_allowed', 'url']);
       expect(res.headers['content-type']).toContain('application/problem+json');
     }
     const http1 = await create('http://example.com/hook');
     expect(http1.json()).toMatchObject({ code: 'validation_failed', param: 'url' });
-    const probe = await strict.request({ method: 'POST', url: `/api/webhooks/probe?siteId=${strict.siteId}`, body: { url: rx.base.replace('http:', 'https:') + '/p', event: 'version.published', payload: {} } });
+    const probe = await strict.request({
+      method: 'POST',
+      url: `/api/webhooks/probe?siteId=${strict.siteId}`,
+      body: { url: rx.base.replace('http:', 'https:') + '/p', event: 'version.published', payload: {} },
+    });
     expect(probe.statusCode).toBe(400);
     expect(probe.json().code).toBe('url_not_allowed');
     const { rows } = await strict.deps.db.query('SELECT count(*)::int AS n FROM webhooks WHERE site_id = $1', [strict.siteId]);

@@ -9,10 +9,10 @@ import os from 'node:os';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { temporal } from '@temporalio/proto';
-import { startFleet, Fleet } from '../../agent/fleet';
+import { startFleet, type Fleet } from '../../agent/fleet';
 import { closeWorkerConnections } from '../../worker/worker';
-import { createHarness, Harness } from '../support/harness';
-import { TestWorker, deployRoute, machineStatuses, rolloutEvents, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';
+import { createHarness, type Harness } from '../support/harness';
+import { type TestWorker, deployRoute, machineStatuses, rolloutEvents, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';
 
 let h: Harness;
 let tmpRoot: string;
@@ -36,7 +36,10 @@ afterAll(async () => {
 });
 
 async function rolloutStage(rolloutId: string): Promise<{ stage: string; active: boolean }> {
-  const { rows } = await h.deps.db.query('SELECT stage, active FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [h.siteId, rolloutId]);
+  const { rows } = await h.deps.db.query('SELECT stage, active FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
+    h.siteId,
+    rolloutId,
+  ]);
   return rows[0];
 }
 
@@ -48,7 +51,16 @@ async function waitFor(check: () => Promise<boolean>): Promise<void> {
 it('completes a rollout after its worker is shut down mid-fleet-wave and a new worker starts', async () => {
   const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
   const secret = await h.enrolmentSecret();
-  fleet = await startFleet({ baseUrl, siteId: h.siteId, enrolmentSecret: secret, count: 8, rootDir: tmpRoot, syncDelayMs: 3000, pollWaitSeconds: 5, heartbeatMs: 0 });
+  fleet = await startFleet({
+    baseUrl,
+    siteId: h.siteId,
+    enrolmentSecret: secret,
+    count: 8,
+    rootDir: tmpRoot,
+    syncDelayMs: 3000,
+    pollWaitSeconds: 5,
+    heartbeatMs: 0,
+  });
   const first = await startTestWorker(h, 'worker-before-restart');
   workers.push(first);
   const roost = await seedRoost(h, { targets: fleet.machineIds });
@@ -61,7 +73,9 @@ it('completes a rollout after its worker is shut down mid-fleet-wave and a new w
   await waitFor(async () => {
     if ((await rolloutStage(r.rolloutId)).stage !== 'started') return false;
     const pending = (await handle.describe()).raw.pendingActivities ?? [];
-    return pending.some((a) => a.activityType?.name === 'watchWave' && a.state === temporal.api.enums.v1.PendingActivityState.PENDING_ACTIVITY_STATE_STARTED);
+    return pending.some(
+      (a) => a.activityType?.name === 'watchWave' && a.state === temporal.api.enums.v1.PendingActivityState.PENDING_ACTIVITY_STATE_STARTED,
+    );
   });
   expect((await machineStatuses(h, r.rolloutId)).succeeded ?? 0).toBeLessThan(8);
   await first.stop();
@@ -81,14 +95,19 @@ it('completes a rollout after its worker is shut down mid-fleet-wave and a new w
   expect(rows).toEqual(fleet.machineIds.map((m) => ({ machine_id: m, reported_version_id: roost.versionId, status: 'committed' })));
   expect((await rolloutEvents(h, r.rolloutId)).map((e) => e.type)).toEqual(['deployment.started', 'deployment.completed']);
   // Each machine got one sync_pull: the restart re-dispatched nothing.
-  const { rows: cmds } = await h.deps.db.query(`SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2`, [h.siteId, r.rolloutId]);
+  const { rows: cmds } = await h.deps.db.query(`SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2`, [
+    h.siteId,
+    r.rolloutId,
+  ]);
   expect(cmds[0].n).toBe(8);
 
   // The fleet watcher ran again on the new worker (attempt 2 or later).
   const history = await handle.fetchHistory();
   const events = history.events ?? [];
   const watchFleet = events.filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'watchWave').pop();
-  const started = events.find((e) => e.activityTaskStartedEventAttributes?.scheduledEventId?.toString() === watchFleet?.eventId?.toString());
+  const started = events.find(
+    (e) => e.activityTaskStartedEventAttributes?.scheduledEventId?.toString() === watchFleet?.eventId?.toString(),
+  );
   expect(started?.activityTaskStartedEventAttributes?.attempt).toBeGreaterThanOrEqual(2);
   expect(started?.activityTaskStartedEventAttributes?.identity).toBe('worker-after-restart');
   const identities = new Set(events.map((e) => e.workflowTaskCompletedEventAttributes?.identity).filter(Boolean));

@@ -14,7 +14,10 @@ import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories');
 /** Rollout histories only (other workflows keep theirs in the same folder, with their own replay tests). */
-const files = fs.readdirSync(HISTORIES).filter((f) => f.startsWith('rollout-') && f.endsWith('.json')).sort();
+const files = fs
+  .readdirSync(HISTORIES)
+  .filter((f) => f.startsWith('rollout-') && f.endsWith('.json'))
+  .sort();
 /** Histories recorded before the issue #5 control path existed (they must replay on the issue #2 path). */
 const PRE_CONTROL = ['rollout-completed.json', 'rollout-canary-failed.json', 'rollout-scheduled.json'];
 /** Histories of the issue #5 paths (test/integration/rollout-control.test.ts with ROOST_RECORD_HISTORIES=1). */
@@ -44,7 +47,11 @@ it('has recorded histories of a completed, a failed and a scheduled rollout, and
 it('recorded the pre-control histories without the control patch marker, and the control ones with it', () => {
   const hasMarker = (f: string) =>
     (load(f).events ?? []).some((e) =>
-      (e.markerRecordedEventAttributes?.details?.['patch-data']?.payloads ?? []).some((p) => Buffer.from(p.data ?? []).toString('utf8').includes('"rollout-control-v1"')),
+      (e.markerRecordedEventAttributes?.details?.['patch-data']?.payloads ?? []).some((p) =>
+        Buffer.from(p.data ?? [])
+          .toString('utf8')
+          .includes('"rollout-control-v1"'),
+      ),
     );
   for (const f of PRE_CONTROL) expect(hasMarker(f)).toBe(false);
   for (const f of CONTROL.filter((x) => files.includes(x))) expect(hasMarker(f)).toBe(true);
@@ -55,7 +62,10 @@ it.each(files)('replays %s against the current workflow code', async (file) => {
 });
 
 it('fails replay with a DeterminismViolationError when the workflow gained an activity call', async () => {
-  const changed = await bundleWorkflowCode({ workflowsPath: require.resolve('./fixtures/rollout-changed'), logger: new DefaultLogger('ERROR') });
+  const changed = await bundleWorkflowCode({
+    workflowsPath: require.resolve('./fixtures/rollout-changed'),
+    logger: new DefaultLogger('ERROR'),
+  });
   await expect(Worker.runReplayHistory({ workflowBundle: changed }, load('rollout-completed.json'), 'changed')).rejects.toBeInstanceOf(
     DeterminismViolationError,
   );

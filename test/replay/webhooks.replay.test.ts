@@ -14,7 +14,10 @@ import { loadHistory, quietRuntime } from './histories';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories', 'webhooks');
-const files = fs.readdirSync(HISTORIES).filter((f) => f.endsWith('.json')).sort();
+const files = fs
+  .readdirSync(HISTORIES)
+  .filter((f) => f.endsWith('.json'))
+  .sort();
 
 const load = (file: string) => loadHistory(HISTORIES, file);
 
@@ -39,6 +42,11 @@ it.each(files)('replays %s against the current workflow code', async (file) => {
 });
 
 it('fails replay with a DeterminismViolationError when the delivery workflow gained an activity call', async () => {
-  const changed = await bundleWorkflowCode({ workflowsPath: require.resolve('./fixtures/webhooks-changed'), logger: new DefaultLogger('ERROR') });
-  await expect(Worker.runReplayHistory({ workflowBundle: changed }, load('delivery-succeeded.json'), 'changed')).rejects.toBeInstanceOf(DeterminismViolationError);
+  const changed = await bundleWorkflowCode({
+    workflowsPath: require.resolve('./fixtures/webhooks-changed'),
+    logger: new DefaultLogger('ERROR'),
+  });
+  await expect(Worker.runReplayHistory({ workflowBundle: changed }, load('delivery-succeeded.json'), 'changed')).rejects.toBeInstanceOf(
+    DeterminismViolationError,
+  );
 });

@@ -14,7 +14,8 @@ export default async function globalSetup(): Promise<void> {
   if (!process.env.ROOST_TEST_DATABASE) process.env.ROOST_TEST_DATABASE = `roost_test_${randomBytes(4).toString('hex')}`;
   // Blob containers of this run's own (t<hex>-chunks, …), deleted by global-teardown: test runs leave no
   // blobs in the shared Azurite (each GET there costs more the more blobs it holds).
-  if (!process.env.ROOST_BLOB_CONTAINER_PREFIX) process.env.ROOST_BLOB_CONTAINER_PREFIX = `t${process.env.ROOST_TEST_DATABASE.replace(/^roost_test_/, '').replace(/[^a-z0-9]/g, '')}-`;
+  if (!process.env.ROOST_BLOB_CONTAINER_PREFIX)
+    process.env.ROOST_BLOB_CONTAINER_PREFIX = `t${process.env.ROOST_TEST_DATABASE.replace(/^roost_test_/, '').replace(/[^a-z0-9]/g, '')}-`;
   // The suite sends hundreds of requests per key within minutes: every rate limit is multiplied (the
   // rate-limit tests set their own numbers; docs/decisions/rate-limit-buckets.md).
   if (!process.env.ROOST_RATE_LIMIT_SCALE) process.env.ROOST_RATE_LIMIT_SCALE = '1000';

@@ -1,5 +1,5 @@
 /** Jest global teardown: drops this run's database and blob containers, and stops the services global-setup started. */
-import { dropDatabase, ServiceHandle, stopServices } from '../../stack/services';
+import { dropDatabase, type ServiceHandle, stopServices } from '../../stack/services';
 import { testConfig } from './env';
 import { BlobStore } from '../../storage/blob';
 

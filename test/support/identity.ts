@@ -7,11 +7,14 @@ import type { Pool } from 'pg';
 import { newId, sha256Hex } from '../../domain/hex';
 import { generateApiKey, keyPrefix } from '../../domain/keys';
 import type { Scope } from '../../domain/scopes';
-import { signLocalIdToken, LocalIdTokenClaims } from '../../stack/oidc';
+import { signLocalIdToken, type LocalIdTokenClaims } from '../../stack/oidc';
 import type { Harness } from './harness';
 
 /** Creates a user (member unless `role` says otherwise); returns uid and email. */
-export async function makeUser(db: Pool, opts: { role?: 'member' | 'admin' | 'superadmin'; email?: string } = {}): Promise<{ uid: string; email: string }> {
+export async function makeUser(
+  db: Pool,
+  opts: { role?: 'member' | 'admin' | 'superadmin'; email?: string } = {},
+): Promise<{ uid: string; email: string }> {
   const uid = newId('usr');
   const email = opts.email ?? `user-${randomBytes(4).toString('hex')}@example.test`;
   await db.query('INSERT INTO users (uid, email, role) VALUES ($1, $2, $3)', [uid, email, opts.role ?? 'member']);
@@ -62,12 +65,19 @@ export async function insertKey(
 }
 
 /** An ID token from the local issuer for `sub`/`email` (claims may override ttl, nbf, aud, iss). */
-export async function idTokenFor(h: Harness, who: { uid: string; email: string }, claims: Partial<LocalIdTokenClaims> = {}): Promise<string> {
+export async function idTokenFor(
+  h: Harness,
+  who: { uid: string; email: string },
+  claims: Partial<LocalIdTokenClaims> = {},
+): Promise<string> {
   return (await signLocalIdToken(h.deps.cfg, { sub: who.uid, email: who.email, ...claims })).idToken;
 }
 
 /** Exchanges an ID token for a session through the API; returns the raw `sst_` token and the body. */
-export async function sessionFor(h: Harness, who: { uid: string; email: string }): Promise<{ token: string; body: Record<string, unknown> }> {
+export async function sessionFor(
+  h: Harness,
+  who: { uid: string; email: string },
+): Promise<{ token: string; body: Record<string, unknown> }> {
   const res = await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: { idToken: await idTokenFor(h, who) } });
   if (res.statusCode !== 201) throw new Error(`session exchange failed: ${res.statusCode} ${res.body}`);
   const body = res.json();

@@ -137,7 +137,13 @@ describe('scanTree', () => {
     expect(body.config).toMatchObject({ producer: 'roost-cli', hostname: os.hostname(), platform: process.platform });
     expect(typeof body.config.cliVersion).toBe('string');
     expect(new Date(String(body.config.createdAt)).toISOString()).toBe(body.config.createdAt);
-    expect(body.files.map((f) => f.path)).toEqual(['bin/app.exe', 'config/empty.cfg', 'config/settings.json', 'dup/copy.txt', 'readme.txt']);
+    expect(body.files.map((f) => f.path)).toEqual([
+      'bin/app.exe',
+      'config/empty.cfg',
+      'config/settings.json',
+      'dup/copy.txt',
+      'readme.txt',
+    ]);
     expect(body.files[1]).toEqual({ path: 'config/empty.cfg', size: 0, chunks: [] });
     expect(body.files[0].chunks.map((c) => c.size)).toEqual([CHUNK_SIZE, 100]);
     expect(scan.bytesTotal).toBe(CHUNK_SIZE + 100 + 7 + 5 + 5);

@@ -29,7 +29,11 @@ beforeAll(async () => {
       const reply = script.shift() ?? { status: 200, body: { ok: true } };
       if (reply === 'destroy') return void req.socket.destroy();
       const isProblem = reply.status >= 400;
-      res.writeHead(reply.status, { 'content-type': isProblem ? 'application/problem+json' : 'application/json', 'x-request-id': `req_${seen.length}`, ...reply.headers });
+      res.writeHead(reply.status, {
+        'content-type': isProblem ? 'application/problem+json' : 'application/json',
+        'x-request-id': `req_${seen.length}`,
+        ...reply.headers,
+      });
       res.end(reply.body === undefined ? '' : typeof reply.body === 'string' ? reply.body : JSON.stringify(reply.body));
     });
   });
@@ -47,23 +51,42 @@ beforeEach(() => {
 function client(delays: number[], random = () => 0) {
   return new RoostClient({ baseUrl: `${base}/`, apiKey: 'svk_test_abc', sleep: async (ms) => void delays.push(ms), random });
 }
-const problem = (status: number, code: string, extra: Record<string, unknown> = {}) => ({ status, body: { type: `x/problems/${code}`, title: code, status, code, detail: `${code} happened`, ...extra } });
+const problem = (status: number, code: string, extra: Record<string, unknown> = {}) => ({
+  status,
+  body: { type: `x/problems/${code}`, title: code, status, code, detail: `${code} happened`, ...extra },
+});
 
 describe('requests', () => {
   it('sends the key, JSON body and query, and returns the parsed body', async () => {
     script = [{ status: 201, body: { id: 'x' }, headers: { 'idempotent-replayed': 'true' } }];
-    const res = await client([]).request('POST', '/api/things', { query: { siteId: 's1', hash: ['a', 'b'], skip: undefined }, body: { n: 1 }, idempotencyKey: 'k-1' });
+    const res = await client([]).request('POST', '/api/things', {
+      query: { siteId: 's1', hash: ['a', 'b'], skip: undefined },
+      body: { n: 1 },
+      idempotencyKey: 'k-1',
+    });
     expect(res).toMatchObject({ status: 201, body: { id: 'x' }, replayed: true, requestId: 'req_1', idempotencyKey: 'k-1', attempts: 1 });
     expect(seen[0]).toMatchObject({ method: 'POST', url: '/api/things?siteId=s1&hash=a&hash=b', body: '{"n":1}' });
-    expect(seen[0].headers).toMatchObject({ authorization: 'Bearer svk_test_abc', 'content-type': 'application/json', 'idempotency-key': 'k-1' });
+    expect(seen[0].headers).toMatchObject({
+      authorization: 'Bearer svk_test_abc',
+      'content-type': 'application/json',
+      'idempotency-key': 'k-1',
+    });
   });
 
   it('turns problem+json into a ClientError with code, status, detail and extras, without retrying a 400', async () => {
     script = [problem(400, 'validation_failed', { errors: { 'version.files': ['must not be empty'] } })];
     const delays: number[] = [];
-    const err = (await client(delays).get('/api/x').catch((e) => e)) as ClientError;
+    const err = (await client(delays)
+      .get('/api/x')
+      .catch((e) => e)) as ClientError;
     expect(err).toBeInstanceOf(ClientError);
-    expect(err).toMatchObject({ code: 'validation_failed', status: 400, detail: 'validation_failed happened', requestId: 'req_1', attempts: 1 });
+    expect(err).toMatchObject({
+      code: 'validation_failed',
+      status: 400,
+      detail: 'validation_failed happened',
+      requestId: 'req_1',
+      attempts: 1,
+    });
     expect(err.body.errors).toEqual({ 'version.files': ['must not be empty'] });
     expect(seen).toHaveLength(1);
     expect(delays).toEqual([]);
@@ -78,7 +101,13 @@ describe('requests', () => {
 
 describe('retries', () => {
   it('retries a GET on 500/502/503/504 with the fallback backoff, then succeeds', async () => {
-    script = [problem(500, 'internal_error'), problem(502, 'bad_gateway'), problem(503, 'service_unavailable'), problem(504, 'timeout'), { status: 200, body: { ok: 1 } }];
+    script = [
+      problem(500, 'internal_error'),
+      problem(502, 'bad_gateway'),
+      problem(503, 'service_unavailable'),
+      problem(504, 'timeout'),
+      { status: 200, body: { ok: 1 } },
+    ];
     const delays: number[] = [];
     expect(await client(delays, () => 0).get('/api/x')).toEqual({ ok: 1 });
     expect(seen).toHaveLength(5);
@@ -185,12 +214,22 @@ describe('putBlob', () => {
     await client([]).putBlob(`${base}/chunks/abc?sig=1`, Buffer.from('bytes!'));
     expect(seen).toHaveLength(2);
     expect(seen[1]).toMatchObject({ method: 'PUT', url: '/chunks/abc?sig=1', body: 'bytes!' });
-    expect(seen[1].headers).toMatchObject({ 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': '6' });
+    expect(seen[1].headers).toMatchObject({
+      'x-ms-blob-type': 'BlockBlob',
+      'content-type': 'application/octet-stream',
+      'content-length': '6',
+    });
     expect(seen[1].headers.authorization).toBeUndefined();
   });
 
   it('reports a refused URL as upload_forbidden with the storage error code', async () => {
-    script = [{ status: 403, body: '<?xml version="1.0"?><Error><Code>AuthenticationFailed</Code></Error>', headers: { 'content-type': 'application/xml' } }];
+    script = [
+      {
+        status: 403,
+        body: '<?xml version="1.0"?><Error><Code>AuthenticationFailed</Code></Error>',
+        headers: { 'content-type': 'application/xml' },
+      },
+    ];
     await expect(client([]).putBlob(`${base}/chunks/abc?sig=1`, Buffer.from('x'))).rejects.toMatchObject({
       code: 'upload_forbidden',
       status: 403,

@@ -27,7 +27,14 @@ describe('key format', () => {
   });
 
   it('rejects other shapes', () => {
-    for (const bad of ['svk_live_' + 'A'.repeat(42), 'svk_live_' + 'A'.repeat(44), 'svk_prod_' + 'A'.repeat(43), 'svk_live_' + 'A'.repeat(42) + '=', 'sst_' + 'A'.repeat(43), '']) {
+    for (const bad of [
+      'svk_live_' + 'A'.repeat(42),
+      'svk_live_' + 'A'.repeat(44),
+      'svk_prod_' + 'A'.repeat(43),
+      'svk_live_' + 'A'.repeat(42) + '=',
+      'sst_' + 'A'.repeat(43),
+      '',
+    ]) {
       expect(API_KEY_RE.test(bad)).toBe(false);
     }
     expect(() => keyEnvironmentOf('nope')).toThrow();

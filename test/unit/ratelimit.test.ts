@@ -4,13 +4,7 @@
  * ioredis client against a port nothing listens on), headers and the 429 problem.
  */
 import net from 'node:net';
-import {
-  CAPABILITY_BUCKETS,
-  parseOverrides,
-  rateLimitSettings,
-  RateLimitConfig,
-  wrapperReason,
-} from '../../api/ratelimit/buckets';
+import { CAPABILITY_BUCKETS, parseOverrides, rateLimitSettings, type RateLimitConfig, wrapperReason } from '../../api/ratelimit/buckets';
 import { RateLimits, rateLimitedError, rateLimitHeaders, rateLimitHint, redisUrlOf } from '../../api/ratelimit/limits';
 import { CounterStore } from '../../api/ratelimit/store';
 
@@ -56,7 +50,11 @@ describe('bucket settings', () => {
     const s = rateLimitSettings({
       ...base,
       ROOST_RATE_LIMIT_SCALE: 2,
-      ROOST_RATE_LIMIT_OVERRIDES: JSON.stringify({ api: { points: 5, durationSeconds: 60 }, fallback: { points: 3 }, MACHINE_REMOVE: { user: 1 } }),
+      ROOST_RATE_LIMIT_OVERRIDES: JSON.stringify({
+        api: { points: 5, durationSeconds: 60 },
+        fallback: { points: 3 },
+        MACHINE_REMOVE: { user: 1 },
+      }),
     });
     expect(s.buckets.api).toEqual({ subject: 'keyOrIp', points: 10, durationSeconds: 60 });
     expect(s.buckets.auth.points).toBe(20);
@@ -105,7 +103,11 @@ describe('a Redis store that cannot be reached', () => {
   it('lets the per-process fallback decide: 15 per minute per identifier', async () => {
     const port = await unusedPort();
     const errors: Error[] = [];
-    const store = await CounterStore.redis(`redis://127.0.0.1:${port}`, { points: 15, durationSeconds: 60 }, { onError: (e) => errors.push(e), connectTimeoutMs: 500 });
+    const store = await CounterStore.redis(
+      `redis://127.0.0.1:${port}`,
+      { points: 15, durationSeconds: 60 },
+      { onError: (e) => errors.push(e), connectTimeoutMs: 500 },
+    );
     try {
       expect(store.kind).toBe('redis');
       expect(store.status).not.toBe('ready');
@@ -146,7 +148,15 @@ describe('capability buckets', () => {
 });
 
 describe('headers and the 429 problem', () => {
-  const refused = { allowed: false, limit: 5, remaining: 0, resetSeconds: 42, fallback: false, scope: 'bucket:api', reason: 'key-rate' as const };
+  const refused = {
+    allowed: false,
+    limit: 5,
+    remaining: 0,
+    resetSeconds: 42,
+    fallback: false,
+    scope: 'bucket:api',
+    reason: 'key-rate' as const,
+  };
 
   it('report limit, remaining and reset seconds under both header names', () => {
     expect(rateLimitHeaders({ allowed: true, limit: 300, remaining: 299, resetSeconds: 3600, fallback: false })).toEqual({
@@ -164,12 +174,20 @@ describe('headers and the 429 problem', () => {
     expect(err.code).toBe('rate_limited');
     expect(err.status).toBe(429);
     expect(err.extras).toEqual({ retryAfter: 42 });
-    expect(err.headers).toMatchObject({ 'Retry-After': '42', 'Roost-Rate-Limited-Reason': 'key-rate', 'RateLimit-Remaining': '0', 'X-RateLimit-Limit': '5' });
+    expect(err.headers).toMatchObject({
+      'Retry-After': '42',
+      'Roost-Rate-Limited-Reason': 'key-rate',
+      'RateLimit-Remaining': '0',
+      'X-RateLimit-Limit': '5',
+    });
   });
 
   it('turn the api bucket into the per-minute hint of whoami', () => {
     expect(rateLimitHint(rateLimitSettings(base), 'standard')).toMatchObject({ tier: 'standard', limitPerMinute: 5 });
-    expect(rateLimitHint(rateLimitSettings({ ...base, ROOST_RATE_LIMIT_OVERRIDES: '{"api":{"points":120,"durationSeconds":60}}' }), 'pro').limitPerMinute).toBe(120);
+    expect(
+      rateLimitHint(rateLimitSettings({ ...base, ROOST_RATE_LIMIT_OVERRIDES: '{"api":{"points":120,"durationSeconds":60}}' }), 'pro')
+        .limitPerMinute,
+    ).toBe(120);
   });
 
   it('point at the embedded redis-server unless ROOST_REDIS_URL is set', () => {

@@ -149,7 +149,8 @@ describe('thresholds', () => {
 
 describe('windowDelayMs', () => {
   const at = (iso: string) => Date.parse(iso);
-  const w = (start: string, end: string, days = ['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat']) => validatePolicy({ maintenanceWindow: { start, end, days } }).spec!.maintenanceWindow!;
+  const w = (start: string, end: string, days = ['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat']) =>
+    validatePolicy({ maintenanceWindow: { start, end, days } }).spec!.maintenanceWindow!;
 
   it('is 0 inside the window and the time to the next opening outside it', () => {
     expect(windowDelayMs(w('01:00', '05:00'), 'UTC', at('2026-03-02T02:00:00Z'))).toBe(0);

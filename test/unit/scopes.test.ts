@@ -1,8 +1,12 @@
 /** Scope rules (domain/scopes.ts; SPEC.md "API key and scope", Authentication 5-7). */
-import { parseScopeSpec, presetScopes, PRESETS, Requirement, Scope, scopeGrants, scopesAllow } from '../../domain/scopes';
+import { parseScopeSpec, presetScopes, PRESETS, type Requirement, type Scope, scopeGrants, scopesAllow } from '../../domain/scopes';
 import { roostRequirement } from '../../api/plugins/auth';
 
-const req = (resource: Requirement['resource'], id: string, permission: Requirement['permission']): Requirement => ({ resource, id, permission });
+const req = (resource: Requirement['resource'], id: string, permission: Requirement['permission']): Requirement => ({
+  resource,
+  id,
+  permission,
+});
 
 describe('scopeGrants / scopesAllow', () => {
   const s: Scope = { resource: 'roost', id: 'rst_1', permissions: ['read', 'write'] };
@@ -25,7 +29,10 @@ describe('scopeGrants / scopesAllow', () => {
   });
 
   it('allows when any scope grants any requirement', () => {
-    const scopes: Scope[] = [{ resource: 'machine', id: '*', permissions: ['read'] }, { resource: 'site', id: 's1', permissions: ['rollback'] }];
+    const scopes: Scope[] = [
+      { resource: 'machine', id: '*', permissions: ['read'] },
+      { resource: 'site', id: 's1', permissions: ['rollback'] },
+    ];
     expect(scopesAllow(scopes, roostRequirement('s1', 'rst_9', 'rollback'))).toBe(true);
     expect(scopesAllow(scopes, roostRequirement('s2', 'rst_9', 'rollback'))).toBe(false);
     expect(scopesAllow([], roostRequirement('s1', 'rst_9', 'read'))).toBe(false);
@@ -46,12 +53,20 @@ describe('parseScopeSpec', () => {
     expect(parseScopeSpec('deploy=x:deploy,deploy')).toEqual({ resource: 'deploy', id: 'x', permissions: ['deploy'] });
   });
 
-  it.each(['roost', 'roost=:read', 'roost=x', 'roost=x:', 'roost=x:read,', 'boat=x:read', 'roost=x:execute', 'roost=x:Read', 'roost=a b:read', 'roost=x:y:read'])(
-    'rejects %p',
-    (spec) => {
-      expect(() => parseScopeSpec(spec)).toThrow(/bad scope/);
-    },
-  );
+  it.each([
+    'roost',
+    'roost=:read',
+    'roost=x',
+    'roost=x:',
+    'roost=x:read,',
+    'boat=x:read',
+    'roost=x:execute',
+    'roost=x:Read',
+    'roost=a b:read',
+    'roost=x:y:read',
+  ])('rejects %p', (spec) => {
+    expect(() => parseScopeSpec(spec)).toThrow(/bad scope/);
+  });
 });
 
 describe('presets', () => {

@@ -21,19 +21,38 @@ describe('parseVersionRef', () => {
     for (const a of ['current', 'previous', 'first'] as const) expect(parseVersionRef(a)).toEqual({ kind: 'alias', alias: a });
   });
 
-  it.each(['', '0', '#0', 'v0', '-1', '03', '1.5', '#', 'v', 'vv3', '# 3', 'latest', 'Current', 'HEAD', ID.toUpperCase(), ID + '0', `vrs_${ID.slice(0, 7)}`, 'vrs_', 'sha256:' + ID, '2147483648', '99999999999'])(
-    'rejects %p as version_ref_malformed',
-    (raw) => {
-      let err: unknown;
-      try {
-        parseVersionRef(raw, 'targetVersion');
-      } catch (e) {
-        err = e;
-      }
-      expect(err).toBeInstanceOf(ApiError);
-      expect(err).toMatchObject({ code: 'version_ref_malformed', status: 400, extras: { param: 'targetVersion' } });
-    },
-  );
+  it.each([
+    '',
+    '0',
+    '#0',
+    'v0',
+    '-1',
+    '03',
+    '1.5',
+    '#',
+    'v',
+    'vv3',
+    '# 3',
+    'latest',
+    'Current',
+    'HEAD',
+    ID.toUpperCase(),
+    ID + '0',
+    `vrs_${ID.slice(0, 7)}`,
+    'vrs_',
+    'sha256:' + ID,
+    '2147483648',
+    '99999999999',
+  ])('rejects %p as version_ref_malformed', (raw) => {
+    let err: unknown;
+    try {
+      parseVersionRef(raw, 'targetVersion');
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(ApiError);
+    expect(err).toMatchObject({ code: 'version_ref_malformed', status: 400, extras: { param: 'targetVersion' } });
+  });
 
   it('rejects non-strings', () => {
     expect(() => parseVersionRef(3)).toThrow(ApiError);

@@ -13,7 +13,7 @@ import {
   summarize,
   validateVersionBody,
   VERSION_MEDIA_TYPE,
-  VersionBody,
+  type VersionBody,
 } from '../../domain/version';
 import { chunkTable, diffBodies } from '../../api/routes/versions';
 import { BodyCache } from '../../db/roosts';
@@ -46,10 +46,18 @@ describe('computeVersionId', () => {
 });
 
 describe('validateVersionBody', () => {
-  const good = () => body([
-    { path: 'big.bin', size: CHUNK_SIZE + 5, chunks: [{ hash: H('a'), size: CHUNK_SIZE }, { hash: H('b'), size: 5 }] },
-    { path: 'dir/empty.txt', size: 0, chunks: [] },
-  ]);
+  const good = () =>
+    body([
+      {
+        path: 'big.bin',
+        size: CHUNK_SIZE + 5,
+        chunks: [
+          { hash: H('a'), size: CHUNK_SIZE },
+          { hash: H('b'), size: 5 },
+        ],
+      },
+      { path: 'dir/empty.txt', size: 0, chunks: [] },
+    ]);
 
   it('accepts a valid body (zero-byte files have no chunks)', () => {
     expect(validateVersionBody(good())).toBeNull();
@@ -68,8 +76,16 @@ describe('validateVersionBody', () => {
   it.each([
     ['not an object', [], 'version'],
     ['files missing', { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: {} }, 'version.files'],
-    ['config not an object', { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: 'x', files: [{ path: 'a', size: 0, chunks: [] }] }, 'version.config'],
-    ['wrong media type', { schemaVersion: 2, mediaType: 'application/json', config: {}, files: [{ path: 'a', size: 0, chunks: [] }] }, 'version.mediaType'],
+    [
+      'config not an object',
+      { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: 'x', files: [{ path: 'a', size: 0, chunks: [] }] },
+      'version.config',
+    ],
+    [
+      'wrong media type',
+      { schemaVersion: 2, mediaType: 'application/json', config: {}, files: [{ path: 'a', size: 0, chunks: [] }] },
+      'version.mediaType',
+    ],
     ['empty files', { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: {}, files: [] }, 'version.files'],
   ])('rejects %s', (_n, b, key) => {
     expect(Object.keys(validateVersionBody(b)!)).toContain(key);
@@ -77,7 +93,17 @@ describe('validateVersionBody', () => {
 
   it('enforces chunk sizing: inner chunks exactly 4 MiB, last 1..4 MiB, sizes positive integers', () => {
     const cases: [VersionBody['files'][number], string][] = [
-      [{ path: 'a', size: 10, chunks: [{ hash: H('a'), size: 5 }, { hash: H('b'), size: 5 }] }, 'version.files.0.chunks.0.size'],
+      [
+        {
+          path: 'a',
+          size: 10,
+          chunks: [
+            { hash: H('a'), size: 5 },
+            { hash: H('b'), size: 5 },
+          ],
+        },
+        'version.files.0.chunks.0.size',
+      ],
       [{ path: 'a', size: CHUNK_SIZE + 1, chunks: [{ hash: H('a'), size: CHUNK_SIZE + 1 }] }, 'version.files.0.chunks.0.size'],
       [{ path: 'a', size: 1, chunks: [{ hash: H('a'), size: 0 }] }, 'version.files.0.chunks.0.size'],
       [{ path: 'a', size: 1.5, chunks: [{ hash: H('a'), size: 1.5 }] }, 'version.files.0.size'],
@@ -87,7 +113,10 @@ describe('validateVersionBody', () => {
   });
 
   it('rejects duplicate paths and unsafe paths', () => {
-    const dup = body([{ path: 'a', size: 0, chunks: [] }, { path: 'a', size: 0, chunks: [] }]);
+    const dup = body([
+      { path: 'a', size: 0, chunks: [] },
+      { path: 'a', size: 0, chunks: [] },
+    ]);
     expect(validateVersionBody(dup)).toEqual({ 'version.files.1.path': ['duplicate path'] });
     for (const p of ['', '/abs', 'a\\b', 'C:/x', 'a//b', './a', 'a/..', 'a\0b']) expect(isSafeRelativePath(p)).toBe(false);
     for (const p of ['a', 'a/b/c.txt', '.hidden', 'dir/...x']) expect(isSafeRelativePath(p)).toBe(true);
@@ -109,9 +138,23 @@ describe('summarize and distinctChunks', () => {
 describe('chunkTable', () => {
   it('keeps first-use order and counts the files using each chunk', () => {
     const b = body([
-      { path: 'a', size: CHUNK_SIZE + 1, chunks: [{ hash: H('b'), size: CHUNK_SIZE }, { hash: H('a'), size: 1 }] },
+      {
+        path: 'a',
+        size: CHUNK_SIZE + 1,
+        chunks: [
+          { hash: H('b'), size: CHUNK_SIZE },
+          { hash: H('a'), size: 1 },
+        ],
+      },
       { path: 'b', size: 1, chunks: [{ hash: H('a'), size: 1 }] },
-      { path: 'c', size: CHUNK_SIZE * 2, chunks: [{ hash: H('b'), size: CHUNK_SIZE }, { hash: H('b'), size: CHUNK_SIZE }] },
+      {
+        path: 'c',
+        size: CHUNK_SIZE * 2,
+        chunks: [
+          { hash: H('b'), size: CHUNK_SIZE },
+          { hash: H('b'), size: CHUNK_SIZE },
+        ],
+      },
     ]);
     expect(chunkTable(b)).toEqual({
       refs: [
@@ -132,11 +175,21 @@ describe('chunkTable', () => {
 });
 
 describe('diffBodies', () => {
-  const f = (path: string, ...hashes: [string, number][]) => ({ path, size: hashes.reduce((s, [, n]) => s + n, 0), chunks: hashes.map(([c, size]) => ({ hash: H(c), size })) });
+  const f = (path: string, ...hashes: [string, number][]) => ({
+    path,
+    size: hashes.reduce((s, [, n]) => s + n, 0),
+    chunks: hashes.map(([c, size]) => ({ hash: H(c), size })),
+  });
 
   it('classifies by path and ordered chunk sequence, sorted by path', () => {
     const from = body([f('z', ['a', 1]), f('same', ['b', 2]), f('gone', ['c', 3]), f('reorder', ['d', 4], ['e', 4]), f('swap', ['f', 5])]);
-    const to = body([f('same', ['b', 2]), f('z', ['a', 1], ['a', 1]), f('new', ['g', 7]), f('reorder', ['e', 4], ['d', 4]), f('swap', ['h', 5])]);
+    const to = body([
+      f('same', ['b', 2]),
+      f('z', ['a', 1], ['a', 1]),
+      f('new', ['g', 7]),
+      f('reorder', ['e', 4], ['d', 4]),
+      f('swap', ['h', 5]),
+    ]);
     const d = diffBodies(from, to);
     expect(d.added).toEqual([{ path: 'new', size: 7, reason: 'added', chunks: 1 }]);
     expect(d.removed).toEqual([{ path: 'gone', size: 3, reason: 'removed', chunks: 1 }]);
@@ -150,7 +203,12 @@ describe('diffBodies', () => {
 
   it('finds nothing between a body and itself', () => {
     const b = body([f('a', ['a', 1]), { path: 'empty', size: 0, chunks: [] }]);
-    expect(diffBodies(b, b)).toEqual({ summary: { added: 0, removed: 0, changed: 0, unchanged: 2, hasChanges: false, netBytesDelta: 0 }, added: [], removed: [], modified: [] });
+    expect(diffBodies(b, b)).toEqual({
+      summary: { added: 0, removed: 0, changed: 0, unchanged: 2, hasChanges: false, netBytesDelta: 0 },
+      added: [],
+      removed: [],
+      modified: [],
+    });
   });
 });
 

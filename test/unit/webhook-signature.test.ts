@@ -49,7 +49,9 @@ describe('verifySignature', () => {
 
   it('accepts any matching v1, under any accepted secret (rotation grace)', () => {
     expect(ok(signPayload([OTHER, SECRET], BODY, T))).toEqual({ ok: true });
-    expect(verifySignature({ header: signPayload(OTHER, BODY, T), rawBody: BODY, secrets: [SECRET, OTHER], nowSeconds: T })).toEqual({ ok: true });
+    expect(verifySignature({ header: signPayload(OTHER, BODY, T), rawBody: BODY, secrets: [SECRET, OTHER], nowSeconds: T })).toEqual({
+      ok: true,
+    });
     expect(ok(`t=${T},v1=${'0'.repeat(64)},v1=${computeSignature(SECRET, BODY, T)}`)).toEqual({ ok: true });
   });
 
@@ -62,7 +64,15 @@ describe('verifySignature', () => {
   });
 
   it('malformed_header: not key=value pairs, a non-numeric or repeated t, several headers', () => {
-    for (const h of ['garbage', `t=${T},v1`, `t=${T},=abc`, `t=abc,v1=${'a'.repeat(64)}`, `t=${T},t=${T},v1=aa`, `t=${T},,v1=aa`, [`t=${T}`, `v1=aa`]]) {
+    for (const h of [
+      'garbage',
+      `t=${T},v1`,
+      `t=${T},=abc`,
+      `t=abc,v1=${'a'.repeat(64)}`,
+      `t=${T},t=${T},v1=aa`,
+      `t=${T},,v1=aa`,
+      [`t=${T}`, `v1=aa`],
+    ]) {
       expect(ok(h)).toEqual({ ok: false, reason: 'malformed_header' });
     }
   });
@@ -75,10 +85,16 @@ describe('verifySignature', () => {
 
   it('bad_signature: other secret, changed body, changed t, not hex', () => {
     expect(ok(signPayload(OTHER, BODY, T))).toEqual({ ok: false, reason: 'bad_signature' });
-    expect(verifySignature({ header: signPayload(SECRET, BODY, T), rawBody: `${BODY} `, secrets: [SECRET], nowSeconds: T })).toEqual({ ok: false, reason: 'bad_signature' });
+    expect(verifySignature({ header: signPayload(SECRET, BODY, T), rawBody: `${BODY} `, secrets: [SECRET], nowSeconds: T })).toEqual({
+      ok: false,
+      reason: 'bad_signature',
+    });
     expect(ok(`t=${T + 1},v1=${computeSignature(SECRET, BODY, T)}`)).toEqual({ ok: false, reason: 'bad_signature' });
     expect(ok(`t=${T},v1=not-hex`)).toEqual({ ok: false, reason: 'bad_signature' });
-    expect(verifySignature({ header: signPayload(SECRET, BODY, T), rawBody: BODY, secrets: [], nowSeconds: T })).toEqual({ ok: false, reason: 'bad_signature' });
+    expect(verifySignature({ header: signPayload(SECRET, BODY, T), rawBody: BODY, secrets: [], nowSeconds: T })).toEqual({
+      ok: false,
+      reason: 'bad_signature',
+    });
   });
 
   it('timestamp_out_of_tolerance: more than 300 s either way (exactly 300 s is accepted)', () => {
@@ -93,20 +109,44 @@ describe('verifySignature', () => {
   it('uses the system clock by default', () => {
     const now = Math.floor(Date.now() / 1000);
     expect(verifySignature({ header: signPayload(SECRET, BODY, now), rawBody: BODY, secrets: [SECRET] })).toEqual({ ok: true });
-    expect(verifySignature({ header: signPayload(SECRET, BODY, now - 3600), rawBody: BODY, secrets: [SECRET] })).toEqual({ ok: false, reason: 'timestamp_out_of_tolerance' });
+    expect(verifySignature({ header: signPayload(SECRET, BODY, now - 3600), rawBody: BODY, secrets: [SECRET] })).toEqual({
+      ok: false,
+      reason: 'timestamp_out_of_tolerance',
+    });
   });
 });
 
 describe('delivery URL rules', () => {
   it('classifies loopback, private, link-local and mapped addresses as non-public', () => {
-    for (const a of ['127.0.0.1', '10.1.2.3', '172.16.0.1', '192.168.1.1', '169.254.169.254', '100.64.0.1', '0.0.0.0', '::1', '[::1]', 'fe80::1', 'fd00::1', '::ffff:127.0.0.1', '::ffff:a00:1', '::', 'ff02::1']) {
+    for (const a of [
+      '127.0.0.1',
+      '10.1.2.3',
+      '172.16.0.1',
+      '192.168.1.1',
+      '169.254.169.254',
+      '100.64.0.1',
+      '0.0.0.0',
+      '::1',
+      '[::1]',
+      'fe80::1',
+      'fd00::1',
+      '::ffff:127.0.0.1',
+      '::ffff:a00:1',
+      '::',
+      'ff02::1',
+    ]) {
       expect([a, isNonPublicAddress(a)]).toEqual([a, true]);
     }
-    for (const a of ['93.184.216.34', '8.8.8.8', '2606:4700:4700::1111', 'example.com']) expect([a, isNonPublicAddress(a)]).toEqual([a, false]);
+    for (const a of ['93.184.216.34', '8.8.8.8', '2606:4700:4700::1111', 'example.com'])
+      expect([a, isNonPublicAddress(a)]).toEqual([a, false]);
   });
 
   it('needs https, a host, no credentials, no fragment, at most 2048 chars', () => {
-    expect(checkWebhookUrl('https://example.com/hooks', false)).toEqual({ ok: true, url: 'https://example.com/hooks', host: 'example.com' });
+    expect(checkWebhookUrl('https://example.com/hooks', false)).toEqual({
+      ok: true,
+      url: 'https://example.com/hooks',
+      host: 'example.com',
+    });
     const bad = (u: string, allow = false) => {
       const r = checkWebhookUrl(u, allow);
       return r.ok ? 'ok' : r.problem.kind;
@@ -121,7 +161,16 @@ describe('delivery URL rules', () => {
   });
 
   it('refuses private addresses and localhost unless allowed (IPv4 forms and IPv6 normalised)', () => {
-    for (const u of ['https://127.0.0.1/', 'https://[::1]:8443/', 'https://[::ffff:127.0.0.1]/', 'https://0x7f.1/', 'https://2130706433/', 'https://localhost/', 'https://a.localhost/', 'https://169.254.169.254/latest']) {
+    for (const u of [
+      'https://127.0.0.1/',
+      'https://[::1]:8443/',
+      'https://[::ffff:127.0.0.1]/',
+      'https://0x7f.1/',
+      'https://2130706433/',
+      'https://localhost/',
+      'https://a.localhost/',
+      'https://169.254.169.254/latest',
+    ]) {
       const r = checkWebhookUrl(u, false);
       expect([u, r.ok ? 'ok' : r.problem.kind]).toEqual([u, 'address']);
       expect(checkWebhookUrl(u, true).ok).toBe(true);
