@@ -21,7 +21,7 @@ import type { Pool } from 'pg';
 import type { Config } from '../config/env';
 import { checkWebhookUrl, isNonPublicAddress, signPayload } from '../domain/webhook-signature';
 import { openSealed } from '../domain/seal';
-import { secretKey } from '../stack/secrets';
+import { secretKey } from '../config/secrets';
 import { failDelivery, loadDeliveryForSend, noteNextAttempt, recordAttempt, webhookAad } from '../db/webhooks';
 
 /** Workflow type name of deliveries (workflows/webhooks.ts). */

@@ -4,7 +4,7 @@
  *
  * `sync_pull` (a roost version onto this machine):
  *   1. GET the version's signed body URL with the service's signature of the version; refuse it
- *      (`signature_invalid`) unless the signature verifies against a pinned site key (agent/signature.ts;
+ *      (`signature_invalid`) unless the signature verifies against a pinned site key (domain/signature.ts;
  *      keys pinned from the enrolment answer, refreshed only from GET /api/agent/signing-keys when the kid
  *      is unknown). Fetch the body and refuse it unless SHA-256(JCS(body)) equals the versionId
  *      (domain/version.ts computeVersionId) and it is a valid body whose file sizes equal the sum of their
@@ -49,7 +49,7 @@ import pLimit from 'p-limit';
 import { computeVersionId, validateVersionBody, type VersionBody } from '../domain/version';
 import { isSha256Hex } from '../domain/hex';
 import { ApiClient, HttpError, fetchBytes, isTransient, sleep } from './http';
-import { isValidJwk, type SigningJwk, verifyVersionSignature } from './signature';
+import { isValidJwk, type SigningJwk, verifyVersionSignature } from '../domain/signature';
 
 export const AGENT_VERSION = '0.1.0-reference';
 /** Hashes per download-urls call (SPEC.md Limits). */

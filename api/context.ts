@@ -2,18 +2,11 @@
  * Shared types of the API: the dependencies every route reaches through `app.deps`, the authenticated
  * principal on `request.principal`, and the per-route config keys the plugins read.
  */
-import type { Pool } from 'pg';
-import type { Client } from '@temporalio/client';
-import type { Config } from '../config/env';
-import type { BlobStore } from '../storage/blob';
+import type { ServiceDeps } from '../services/deps';
 import type { Scope } from '../domain/scopes';
 
-export interface AppDeps {
-  cfg: Config;
-  db: Pool;
-  blob: BlobStore;
-  temporal: Client;
-}
+/** The API's dependencies are the services' (services/deps.ts). */
+export type AppDeps = ServiceDeps;
 
 /** A user acting through an API key, a first-party session (`sst_`) or an OIDC ID token (SPEC.md Authentication 1). */
 export interface UserPrincipal {

@@ -22,46 +22,16 @@ import fp from 'fastify-plugin';
 import type { FastifyInstance, RouteOptions } from 'fastify';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
-import { Type } from '@sinclair/typebox';
 import { ERROR_STATUS } from '../domain/errors';
 import type { AuthMode } from './context';
 import { CURRENT_API_VERSION, SUPPORTED_API_VERSIONS } from './plugins/api-version';
 import { IDEMPOTENCY_MAX_LENGTH } from './plugins/idempotency';
+import { Problem, PROBLEM_MEDIA_TYPE } from '../domain/schemas';
+export { Problem, PROBLEM_MEDIA_TYPE };
 
-/** Media type of every error response (SPEC.md "Errors"). */
-export const PROBLEM_MEDIA_TYPE = 'application/problem+json';
 /** Where the document is served (stable). The reference page is at `/docs`. */
 export const OPENAPI_PATH = '/api/openapi.json';
 export const DOCS_PREFIX = '/docs';
-
-/**
- * The problem+json envelope (SPEC.md "Errors"). Unknown fields must be ignored by clients; route
- * extras (`required`, `sent`/`supported`, `missingChunks`, `retryAfter`, `quota`, …) ride along.
- */
-export const Problem = Type.Object(
-  {
-    type: Type.String({ description: 'stable URI of the form {base_url}/problems/<slug>' }),
-    title: Type.String(),
-    status: Type.Integer({ description: 'equals the HTTP status' }),
-    detail: Type.String({ description: 'display text, not for parsing' }),
-    code: Type.String({ description: 'stable error code: branch on this (see the error table in the API description)' }),
-    docsUrl: Type.String(),
-    requestId: Type.String({ description: 'also sent as header X-Request-Id' }),
-    param: Type.Optional(Type.String({ description: 'the parameter at fault, when there is one' })),
-    errors: Type.Optional(
-      Type.Record(Type.String(), Type.Array(Type.String()), { description: 'dotted path → messages (validation_failed)' }),
-    ),
-    required: Type.Optional(
-      Type.Object(
-        { resource: Type.String(), id: Type.String(), permission: Type.String() },
-        { description: 'scope_insufficient: the scope that would allow the request' },
-      ),
-    ),
-    sent: Type.Optional(Type.String({ description: 'unsupported_version: the Roost-Version sent' })),
-    supported: Type.Optional(Type.Array(Type.String(), { description: 'unsupported_version: the supported API dates, oldest first' })),
-  },
-  { additionalProperties: true, title: 'Problem', description: 'application/problem+json error document (SPEC.md "Errors")' },
-);
 
 /** One registered route (one entry per method; the implicit HEAD of a GET is not listed). */
 export interface RouteEntry {

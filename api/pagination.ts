@@ -8,23 +8,10 @@
  * server did not issue (garbage, truncated, hand-made or edited) fails the tag and is 400
  * validation_failed; routes still check the position's shape. docs/decisions/pagination-tokens.md.
  */
-import { Type } from '@sinclair/typebox';
 import { createHash } from 'node:crypto';
 import { ApiError } from '../domain/errors';
 
-/**
- * Querystring properties of a paged route (checked by `parsePaging`, which gives the spec's error
- * shape, so they are loose strings here). Spread them into the route's querystring schema: the
- * OpenAPI route table marks a route as paged by the presence of `page_size`.
- */
-export const PagingQuery = {
-  page_size: Type.Optional(
-    Type.String({ description: "page size: an integer from 1 to the route's maximum (SPEC.md Limits); default: the route's default" }),
-  ),
-  page_token: Type.Optional(Type.String({ description: 'opaque: the next_page_token of the previous page, sent back exactly' })),
-  limit: Type.Optional(Type.String({ description: 'legacy alias of page_size (page_size wins when both are sent)' })),
-  cursor: Type.Optional(Type.String({ description: 'legacy alias of page_token (page_token wins when both are sent)' })),
-};
+export { PagingQuery } from '../domain/schemas';
 
 /** Default and maximum page size of a route (SPEC.md Limits), and optionally the shape of its positions. */
 export interface PageLimits {

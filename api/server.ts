@@ -8,7 +8,7 @@ import type { Config } from '../config/env';
 import { loadConfig } from '../config/env';
 import { buildApp } from './app';
 import type { AppDeps } from './context';
-import { closeDeps, createDeps } from './deps';
+import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../services/deps';
 
 export interface RunningApi {
   app: FastifyInstance;

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { loadConfig, type Config } from '../config/env';
 import { startStack, type RunningStack } from '../stack/run';
 import { bootstrap } from '../db/bootstrap';
-import { bootstrapSecret } from '../stack/secrets';
+import { bootstrapSecret } from '../config/secrets';
 import { RoostClient, seg } from './client';
 import { push, type PushResult } from './push';
 import { createProgress } from './progress';

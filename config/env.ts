@@ -66,7 +66,7 @@ export const EnvSchema = Type.Object({
   ROOST_BOOTSTRAP_SECRET: Type.Optional(Type.String({ minLength: 16 })),
   /**
    * Key that seals secrets at rest (webhook signing secrets, per-site manifest signing keys): 32 bytes as
-   * 64 hex chars or base64. Embedded default: a random key kept in DATA/secret-key (stack/secrets.ts).
+   * 64 hex chars or base64. Embedded default: a random key kept in DATA/secret-key (config/secrets.ts).
    */
   ROOST_SECRET_KEY: Type.Optional(Type.String({ minLength: 32 })),
   /**
@@ -108,7 +108,7 @@ export const EnvSchema = Type.Object({
    */
   ROOST_QUOTA_TIERS: Type.Optional(Type.String({ minLength: 1 })),
   /**
-   * OIDC issuer (`iss`) whose ID tokens are accepted. Unset: the embedded local issuer (stack/oidc.ts, key
+   * OIDC issuer (`iss`) whose ID tokens are accepted. Unset: the embedded local issuer (config/oidc.ts, key
    * pair under DATA/oidc, issuer = the public URL, JWKS at /.well-known/jwks.json). Set with ROOST_OIDC_JWKS_URL.
    */
   ROOST_OIDC_ISSUER: Type.Optional(Type.String({ minLength: 1 })),

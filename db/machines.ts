@@ -14,10 +14,10 @@ import type { Pool } from 'pg';
 import { withTx, type Queryable } from './pool';
 import { recordEvent } from './events';
 import type { SyncCounters } from '../domain/target-state';
-
-/** `machineId`: 1..64 chars of [A-Za-z0-9._-] (docs/agent-protocol.md "Enrolment"). */
-export const MACHINE_ID_RE = /^[A-Za-z0-9._-]{1,64}$/;
-export const MACHINE_ID_PATTERN = '^[A-Za-z0-9._-]{1,64}$';
+import { MACHINE_ID_RE } from '../domain/schemas';
+export { MACHINE_ID_RE };
+/** The machine-id pattern as a string (domain/schemas.ts MACHINE_ID_RE). */
+export const MACHINE_ID_PATTERN = MACHINE_ID_RE.source;
 
 /** Seconds after which a delivered command that is still `pending` is handed out again. */
 export const REDELIVER_AFTER_SECONDS = 60;

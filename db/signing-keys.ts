@@ -19,8 +19,8 @@
 import { createPrivateKey, createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
 import type { Config } from '../config/env';
 import { openSealed, seal } from '../domain/seal';
-import { secretKey } from '../stack/secrets';
-import { type SigningJwk, signingKeyId, signVersion, toJwk } from '../agent/signature';
+import { secretKey } from '../config/secrets';
+import { type SigningJwk, signingKeyId, signVersion, toJwk } from '../domain/signature';
 import type { Queryable } from './pool';
 
 /** How long a process keeps a site's opened active key (ms); rotation becomes visible after this. */
@@ -45,7 +45,7 @@ interface KeyRow {
 
 const sealKeys = new WeakMap<object, Buffer>();
 
-/** The 32-byte seal key of a configuration (stack/secrets.ts `secretKey`), read once per config object. */
+/** The 32-byte seal key of a configuration (config/secrets.ts `secretKey`), read once per config object. */
 export function sealKeyOf(cfg: Config): Buffer {
   let k = sealKeys.get(cfg);
   if (!k) sealKeys.set(cfg, (k = secretKey(cfg)));

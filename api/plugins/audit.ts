@@ -27,7 +27,7 @@ import { withTx } from '../../db/pool';
 import { appendAuditRecords, type AuditInput, AUDIT_TX_ATTEMPTS, type KeyUse, noteKeyUse } from '../../db/audit';
 import { apiKeyActor, AUDIT_KIND_API_KEY_USED, AUDIT_KIND_SIGNED_URL_ISSUED, hashSetDigest, userActor } from '../../domain/audit';
 import type { UserPrincipal } from '../context';
-import { SITE_ID_RE } from './auth';
+import { SITE_ID_RE } from '../../domain/schemas';
 
 declare module 'fastify' {
   interface FastifyContextConfig {

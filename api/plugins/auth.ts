@@ -5,7 +5,7 @@
  *   → 401 token_expired;
  * - first-party sessions `sst_…` (api/routes/sessions.ts), digest lookup, expired → token_expired;
  * - OIDC ID tokens (compact JWTs) verified against the configured issuer's JWKS (iss, aud, exp, nbf;
- *   stack/oidc.ts names the issuer), mapped to a user by `sub` (= uid) or verified `email`;
+ *   config/oidc.ts names the issuer), mapped to a user by `sub` (= uid) or verified `email`;
  * - agent tokens `sat_…` bound to one site and machine.
  * The route's `config.auth` says which kinds it accepts. A deleted user's credentials are unauthorized.
  *
@@ -20,9 +20,10 @@ import { hexEqual, sha256Hex } from '../../domain/hex';
 import { API_KEY_RE, keyRejection } from '../../domain/keys';
 import { type Requirement, scopesAllow } from '../../domain/scopes';
 import type { Config } from '../../config/env';
-import { localJwks, oidcSettings } from '../../stack/oidc';
+import { localJwks, oidcSettings } from '../../config/oidc';
 import type { AgentPrincipal, Principal, UserPrincipal } from '../context';
 import type { KeyRow } from '../../db/keys';
+import { SITE_ID_RE } from '../../domain/schemas';
 
 export { API_KEY_RE };
 
@@ -163,7 +164,7 @@ const verifiers = new WeakMap<object, IdTokenVerifier>();
 /**
  * The ID-token verifier of a configuration: `jwtVerify` against the local issuer's JWKS (embedded
  * default) or the remote JWKS of ROOST_OIDC_ISSUER (fetched and cached by jose). One code path.
- * @throws Error on an inconsistent OIDC configuration (see stack/oidc.ts `oidcSettings`).
+ * @throws Error on an inconsistent OIDC configuration (see config/oidc.ts `oidcSettings`).
  */
 export function createIdTokenVerifier(cfg: Config): IdTokenVerifier {
   const settings = oidcSettings(cfg);
@@ -321,9 +322,6 @@ export function requireAgent(request: FastifyRequest): AgentPrincipal {
   if (!p || p.kind !== 'agent') throw new ApiError('unauthorized', 'this route needs an agent token');
   return p;
 }
-
-/** Site ids look like `site_<24 hex>` or any 1..64 chars of [A-Za-z0-9_-]. */
-export const SITE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
 /**
  * Checks that the user may act on `siteId`: the site exists and the user is its owner, a member, or a

@@ -23,9 +23,8 @@ import { Type } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
 import { hexEqual, randomToken, sha256Hex } from '../../domain/hex';
-import { authorizeSite, requireAgent, SITE_ID_RE } from '../plugins/auth';
+import { authorizeSite, requireAgent } from '../plugins/auth';
 import {
-  MACHINE_ID_PATTERN,
   TARGET_STATUSES,
   claimCommands,
   enrolMachine,
@@ -41,7 +40,8 @@ import {
   siteEnrolmentSecretHash,
   upsertTargetState,
 } from '../../db/machines';
-import { CommandState, Problem, SyncCountersProps, commandView } from './machines';
+import { CommandState, SyncCountersProps, commandView } from './machines';
+import { DateTime, MachineId, Problem, RoostId, SiteId } from '../../domain/schemas';
 import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from '../../db/signing-keys';
 import { SigningKeyJwk } from './signing-keys';
 
@@ -157,18 +157,17 @@ export class CommandWaiters {
   }
 }
 
-const Timestamp = Type.String({ format: 'date-time' });
+const Timestamp = DateTime;
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
 const Hex64 = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase SHA-256 hex' });
-const RoostId = Type.String({ minLength: 1, maxLength: 128 });
 const Counter = Type.Integer({ minimum: 0, maximum: 2147483647 });
 const agentErrors = { 400: Problem, 401: Problem, 404: Problem };
 
 const EnrolBody = Type.Object(
   {
-    siteId: Type.String({ pattern: SITE_ID_RE.source }),
+    siteId: SiteId,
     enrolmentSecret: Type.String({ minLength: 1, maxLength: 256 }),
-    machineId: Type.String({ pattern: MACHINE_ID_PATTERN, description: '1..64 chars of [A-Za-z0-9._-]' }),
+    machineId: MachineId,
     hostname: Type.String({ minLength: 1, maxLength: 255 }),
     agentVersion: Type.String({ minLength: 1, maxLength: 64 }),
     timezone: Type.Optional(Type.String({ maxLength: 128 })),
@@ -264,7 +263,7 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
       schema: {
         tags: ['agent'],
         summary: "Create or rotate the site's agent enrolment secret (shown once)",
-        params: Type.Object({ siteId: Type.String({ pattern: SITE_ID_RE.source }) }),
+        params: Type.Object({ siteId: SiteId }),
         response: {
           201: Type.Object({ siteId: Type.String(), enrolmentSecret: Type.String() }),
           400: Problem,

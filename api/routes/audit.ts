@@ -18,7 +18,7 @@ import { SHA256_HEX } from '../../domain/hex';
 import { listAuditRecords, type StoredAuditRecord, verifyStoredRecord } from '../../db/audit';
 import { authorizeSite } from '../plugins/auth';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
-import { Nullable, problems, SiteId } from './roosts';
+import { Nullable, problems, SiteId } from '../../domain/schemas';
 
 /** Audit log page size (SPEC.md Limits). */
 export const AUDIT_PAGE = { defaultSize: 50, maxSize: 200 };

@@ -13,7 +13,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { type Static, type TSchema, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { SHA256_HEX } from '../../domain/hex';
 import type { Requirement } from '../../domain/scopes';
@@ -22,6 +22,7 @@ import { chunkHeld, heldHashes, isReferrerPosition, listReferrers, mountChunk, t
 import { authorizeSite } from '../plugins/auth';
 import { quotaTiers, reserveUploads } from '../../db/quota';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
+import { Nullable, Problem, RoostId, SiteId } from '../../domain/schemas';
 
 /** Hashes per check, upload-urls or download-urls call (SPEC.md Limits). */
 export const MAX_HASHES = 1000;
@@ -31,25 +32,8 @@ export const REFERRERS_PAGE = { defaultSize: 50, maxSize: 200 };
 // ---------------------------------------------------------------------------------------------- schemas
 
 const Digest = Type.String({ pattern: SHA256_HEX.source, description: 'lowercase bare SHA-256 hex (64 chars)' });
-const SiteId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: 'site id' });
-/** Same rule as the roost routes' RoostId (api/routes/roosts.ts). */
-const RoostId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: 'roost id' });
 const Hashes = Type.Array(Digest, { minItems: 1, maxItems: MAX_HASHES, description: `1..${MAX_HASHES} chunk digests` });
-const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
-/** Problem document (SPEC.md "Errors"); route extras such as `errors`, `required`, `param` pass through. */
-const Problem = Type.Object(
-  {
-    type: Type.String(),
-    title: Type.String(),
-    status: Type.Integer(),
-    detail: Type.String(),
-    code: Type.String(),
-    docsUrl: Type.String(),
-    requestId: Type.String(),
-  },
-  { additionalProperties: true },
-);
 const Errors = { '4xx': Problem, '5xx': Problem };
 
 const SiteHashesBody = Type.Object({ siteId: SiteId, hashes: Hashes });

@@ -25,7 +25,7 @@ import { newId } from '../../domain/hex';
 import { parseVersionRef, type VersionRef } from '../../domain/versionRef';
 import { withTx } from '../../db/pool';
 import { getRoost, getVersion, resolveVersionIn, type RoostRow, versionUrlOf, type VersionRow } from '../../db/roosts';
-import { MACHINE_ID_PATTERN } from '../../db/machines';
+
 import {
   MAX_ROLLOUT_MACHINES,
   type Rollout,
@@ -40,7 +40,8 @@ import { planWaves, policyView, validatePolicy, waveNames, type PolicySpec } fro
 import { rolloutWorkflowId, startRolloutWorkflow, workflowUiUrl } from '../temporal';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
-import { DateTime, Nullable, problems, RoostParams, SiteId } from './roosts';
+import { RoostParams } from './roosts';
+import { DateTime, MachineId, Nullable, problems, SiteId } from '../../domain/schemas';
 
 /** scheduleAt at most this far ahead counts as "now" (SPEC.md: more than 60 seconds is scheduled). */
 export const SCHEDULE_THRESHOLD_MS = 60_000;
@@ -60,7 +61,7 @@ const DeployBody = Type.Object(
       }),
     ),
     machines: Type.Optional(
-      Type.Array(Type.String({ pattern: MACHINE_ID_PATTERN }), {
+      Type.Array(MachineId, {
         minItems: 1,
         maxItems: MAX_ROLLOUT_MACHINES,
         description: 'enrolled machine ids of the site; default: the roost targets',

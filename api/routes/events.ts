@@ -23,7 +23,7 @@ import { authenticate, authorizeSite } from '../plugins/auth';
 import { EVENT_TYPES, isEventType } from '../events/catalog';
 import { EventHub } from '../events/hub';
 import { SseConnection } from '../events/sse';
-import { problems, SiteId } from './roosts';
+import { problems, SiteId } from '../../domain/schemas';
 
 /** A stream cursor: a per-site seq as a decimal string (0 = before the first event). */
 const CURSOR_RE = /^(0|[1-9][0-9]{0,15})$/;

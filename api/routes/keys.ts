@@ -46,9 +46,10 @@ import {
   statusOf,
 } from '../../db/keys';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
-import { requireInteractive, requireSuperadmin, SITE_ID_RE } from '../plugins/auth';
+import { requireInteractive, requireSuperadmin } from '../plugins/auth';
+import { SITE_ID_RE } from '../../domain/schemas';
 import type { UserPrincipal } from '../context';
-import { Problem } from './roosts';
+import { Problem } from '../../domain/schemas';
 
 // ---------------------------------------------------------------------------------------------------
 // Schemas

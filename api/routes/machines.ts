@@ -17,13 +17,12 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
 import { newId } from '../../domain/hex';
 import type { Requirement } from '../../domain/scopes';
-import { authorizeSite, SITE_ID_RE } from '../plugins/auth';
+import { authorizeSite } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import type { BlobStore } from '../../storage/blob';
 import {
   type CommandRow,
-  MACHINE_ID_PATTERN,
   type MachineRow,
   createCommand,
   expirePendingCommands,
@@ -33,30 +32,12 @@ import {
   machineDeployments,
   machineExists,
 } from '../../db/machines';
+import { CommandId, DateTime, MachineId, NullableDateTime, Problem, SiteId } from '../../domain/schemas';
+export { MachineId, Problem };
 
-/** The problem+json envelope (SPEC.md "Errors"); extras such as `required` or `errors` pass through. */
-export const Problem = Type.Object(
-  {
-    type: Type.String(),
-    title: Type.String(),
-    status: Type.Integer(),
-    detail: Type.String(),
-    code: Type.String(),
-    requestId: Type.String(),
-    docsUrl: Type.Optional(Type.String()),
-    param: Type.Optional(Type.String()),
-    errors: Type.Optional(Type.Record(Type.String(), Type.Array(Type.String()))),
-  },
-  { additionalProperties: true, description: 'application/problem+json' },
-);
-
-const Timestamp = Type.String({ format: 'date-time' });
-const NullableTimestamp = Type.Union([Timestamp, Type.Null()]);
+const Timestamp = DateTime;
+const NullableTimestamp = NullableDateTime;
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
-
-export const MachineId = Type.String({ pattern: MACHINE_ID_PATTERN, description: '1..64 chars of [A-Za-z0-9._-]' });
-const SiteId = Type.String({ pattern: SITE_ID_RE.source });
-const CommandId = Type.String({ minLength: 1, maxLength: 64, pattern: '^[A-Za-z0-9_-]+$' });
 
 /** Command types a user may queue through the API (sync_pull is queued by rollouts, restart_process by the processes routes). */
 export const USER_COMMAND_TYPES = ['reboot_machine', 'shutdown_machine', 'capture_screenshot'] as const;

@@ -10,7 +10,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { quotaSnapshot, quotaTiers } from '../../db/quota';
 import { authorizeSite } from '../plugins/auth';
-import { problems, SiteId } from './roosts';
+import { problems, SiteId } from '../../domain/schemas';
 
 const QuotaParams = Type.Object({ siteId: SiteId });
 

@@ -38,7 +38,7 @@ import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { type RolloutControl, RolloutControlRefused, controlRollout, startRolloutWorkflow, workflowUiUrl } from '../temporal';
 import { PolicyRecord } from './deploy';
-import { DateTime, Nullable, problems, RoostId, SiteId } from './roosts';
+import { DateTime, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
 
 /** Page limits of the list and of the machines of one rollout. */
 export const ROLLOUT_PAGE = { defaultSize: 20, maxSize: 100 };

@@ -6,7 +6,7 @@
  * Also exports the TypeBox pieces the version routes share (siteId, roostId, roost fields, Problem).
  */
 import type { FastifyInstance } from 'fastify';
-import { type Static, type TSchema, Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { newId } from '../../domain/hex';
 import type { Requirement } from '../../domain/scopes';
@@ -23,52 +23,20 @@ import {
 } from '../../db/roosts';
 import type { BlobStore } from '../../storage/blob';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
-import { authorizeSite, roostRequirement, SITE_ID_RE } from '../plugins/auth';
+import { authorizeSite, roostRequirement } from '../plugins/auth';
+import { DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
 
 // ---------------------------------------------------------------------------------------------------
 // Shared schemas
 
-/** `application/problem+json` body (SPEC.md "Errors"); route extras (errors, required, missingChunks…) ride along. */
-export const Problem = Type.Object(
-  {
-    type: Type.Optional(Type.String()),
-    title: Type.Optional(Type.String()),
-    status: Type.Optional(Type.Integer()),
-    detail: Type.Optional(Type.String()),
-    code: Type.Optional(Type.String()),
-    docsUrl: Type.Optional(Type.String()),
-    requestId: Type.Optional(Type.String()),
-    param: Type.Optional(Type.String()),
-    errors: Type.Optional(Type.Record(Type.String(), Type.Array(Type.String()))),
-  },
-  { additionalProperties: true, description: 'problem+json' },
-);
-
-/** The problem responses every authenticated roost route can return, plus `extra` statuses. */
-export function problems(...extra: number[]): Record<number, TSchema> {
-  const out: Record<number, TSchema> = {};
-  for (const s of [400, 401, 403, 404, ...extra]) out[s] = Problem;
-  return out;
-}
-
-export const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
-
-/** Site ids: `site_<hex>` or any 1..64 of [A-Za-z0-9_-] (same rule as auth). */
-export const SiteId = Type.String({ pattern: SITE_ID_RE.source, description: 'site id' });
-/** Roost ids are server-made (`rst_<24 hex>`); anything outside 1..64 of [A-Za-z0-9_-] is malformed. */
-export const RoostId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: 'roost id (rst_…)' });
 export const RoostParams = Type.Object({ roostId: RoostId });
 export const SiteQuery = Type.Object({ siteId: SiteId });
 
 /** Display name: 1..200 characters, not blank. */
 export const RoostName = Type.String({ minLength: 1, maxLength: 200, pattern: '\\S' });
-/** Machine ids (1..128 of [A-Za-z0-9._:-]), distinct, at most 10,000. */
-export const MachineId = Type.String({ pattern: '^[A-Za-z0-9._:-]{1,128}$' });
 export const Targets = Type.Array(MachineId, { maxItems: 10000, uniqueItems: true, description: 'target machine ids' });
 /** Destination root on the target machines (no control characters). */
 export const ExtractPath = Type.String({ maxLength: 1024, pattern: '^[^\\u0000-\\u001f]*$' });
-
-export const DateTime = Type.String({ format: 'date-time' });
 
 export const VersionSummary = Type.Object({
   versionId: Type.String(),

@@ -14,9 +14,9 @@ import { type Static, Type } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
 import { createSession, findSession, revokeSession, type SessionRow } from '../../db/sessions';
-import { discoveryDocument, localJwks, oidcSettings } from '../../stack/oidc';
+import { discoveryDocument, localJwks, oidcSettings } from '../../config/oidc';
 import { requireUser, userForIdToken, verifyIdToken } from '../plugins/auth';
-import { Problem } from './roosts';
+import { Problem } from '../../domain/schemas';
 
 const ExchangeBody = Type.Object(
   { idToken: Type.String({ minLength: 1, maxLength: 16384, description: 'an OIDC ID token (compact JWT) from the configured issuer' }) },
@@ -163,7 +163,7 @@ export default async function sessionRoutes(root: FastifyInstance): Promise<void
     async (_request, reply) => {
       if (settings.jwks.kind !== 'local') throw notLocal();
       reply.header('Cache-Control', 'public, max-age=300');
-      return discoveryDocument(settings.issuer);
+      return discoveryDocument(settings.issuer) as { issuer: string; jwks_uri: string };
     },
   );
 }

@@ -14,8 +14,8 @@ import { Type } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
 import { listSigningKeys, sealKeyOf } from '../../db/signing-keys';
-import { authorizeSite, requireAgent, SITE_ID_RE } from '../plugins/auth';
-import { Problem } from './machines';
+import { authorizeSite, requireAgent } from '../plugins/auth';
+import { Problem, SiteId } from '../../domain/schemas';
 
 /** A public key in JWK form (RFC 8037) plus whether new signatures use it. */
 export const SigningKeyJwk = Type.Object({
@@ -55,7 +55,7 @@ export default async function signingKeyRoutes(root: FastifyInstance): Promise<v
       schema: {
         tags: ['versions'],
         summary: "The site's public Ed25519 signing keys (JWK set); version signatures verify against them",
-        params: Type.Object({ siteId: Type.String({ pattern: SITE_ID_RE.source }) }),
+        params: Type.Object({ siteId: SiteId }),
         response: { 200: KeySet, 400: Problem, 401: Problem, 403: Problem, 404: Problem },
       },
     },

@@ -29,7 +29,8 @@ import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { quotaTiers, recordChunks } from '../../db/quota';
 import { ensureVersionSignatures, sealKeyOf, signVersionFor } from '../../db/signing-keys';
-import { DateTime, ExtractPath, Nullable, problems, RoostName, RoostParams, SiteId, Targets } from './roosts';
+import { ExtractPath, RoostName, RoostParams, Targets } from './roosts';
+import { DateTime, Nullable, problems, SiteId } from '../../domain/schemas';
 
 // ---------------------------------------------------------------------------------------------------
 // Limits and shared shapes

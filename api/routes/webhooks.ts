@@ -44,11 +44,13 @@ import {
   type WebhookRow,
 } from '../../db/webhooks';
 import { deliveryHeaders, deliveryWorkflowId, nonPublicAddressesOf, postWebhook, startDeliveryWorkflow } from '../../activities/webhooks';
-import { secretKey } from '../../stack/secrets';
-import { authorizeSite, SITE_ID_RE } from '../plugins/auth';
+import { secretKey } from '../../config/secrets';
+import { authorizeSite } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
-import { problems, rejectForeignFields } from './roosts';
+import { rejectForeignFields } from './roosts';
+import { problems } from '../../domain/schemas';
+import { DateTime, NullableDateTime, SiteId } from '../../domain/schemas';
 
 // ---------------------------------------------------------------------------------------------------
 // Catalog and limits
@@ -90,11 +92,10 @@ export const MAX_PROBE_PAYLOAD_BYTES = 64 * 1024;
 // ---------------------------------------------------------------------------------------------------
 // Schemas
 
-const SiteId = Type.String({ pattern: SITE_ID_RE.source, description: 'site id' });
 const WebhookId = Type.String({ pattern: WEBHOOK_ID_RE.source, description: 'webhook id (wh_…)' });
 const DeliveryId = Type.String({ pattern: DELIVERY_ID_RE.source, description: 'delivery id (dlv_…)' });
-const Timestamp = Type.String({ format: 'date-time' });
-const NullableTimestamp = Type.Union([Timestamp, Type.Null()]);
+const Timestamp = DateTime;
+const NullableTimestamp = NullableDateTime;
 
 const Url = Type.String({
   minLength: 1,

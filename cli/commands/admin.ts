@@ -12,7 +12,7 @@ import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
 import { bootstrap } from '../../db/bootstrap';
 import { ensurePostgres } from '../../stack/services';
-import { bootstrapSecret } from '../../stack/secrets';
+import { bootstrapSecret } from '../../config/secrets';
 import { registerToken } from './token';
 
 export function registerAdmin(program: Command): void {

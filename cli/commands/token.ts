@@ -1,6 +1,6 @@
 /**
  * `roost admin token --email <email> [--ttl <minutes>] [--json]`: prints an ID token for an existing user,
- * signed by the embedded default's local OIDC issuer (stack/oidc.ts; SPEC.md Authentication 1 and 4).
+ * signed by the embedded default's local OIDC issuer (config/oidc.ts; SPEC.md Authentication 1 and 4).
  * The token is what the key lifecycle routes need (`POST /api/keys`, …) and what `POST /api/auth/session`
  * exchanges for a session. Reads the database directly (like every `admin` command); refuses when the
  * configuration names an external issuer (ROOST_OIDC_ISSUER), whose tokens come from that issuer.
@@ -15,7 +15,7 @@ import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
 import { findUser } from '../../db/keys';
 import { ensurePostgres } from '../../stack/services';
-import { oidcSettings, signLocalIdToken } from '../../stack/oidc';
+import { oidcSettings, signLocalIdToken } from '../../config/oidc';
 
 /** Longest lifetime `--ttl` accepts, minutes (one day). */
 export const MAX_TOKEN_TTL_MINUTES = 24 * 60;

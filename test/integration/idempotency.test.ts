@@ -21,7 +21,7 @@ import { deliveryWorkflowId } from '../../activities/webhooks';
 import { webhookAad } from '../../db/webhooks';
 import { openSealed } from '../../domain/seal';
 import { newId } from '../../domain/hex';
-import { secretKey } from '../../stack/secrets';
+import { secretKey } from '../../config/secrets';
 import { closeWorkerConnections } from '../../worker/worker';
 import { idempotencyScopeHash, purgeExpiredIdempotencyKeys } from '../../api/plugins/idempotency';
 import type { RouteEntry } from '../../api/openapi';

@@ -11,7 +11,7 @@ import type { FastifyInstance } from 'fastify';
 import { createLocalJWKSet, exportJWK, generateKeyPair, jwtVerify, type KeyLike, SignJWT, UnsecuredJWT } from 'jose';
 import { buildApp } from '../../api/app';
 import { sha256Hex } from '../../domain/hex';
-import { localIssuer } from '../../stack/oidc';
+import { localIssuer } from '../../config/oidc';
 import { createHarness, type Harness } from '../support/harness';
 import { addMember, idTokenFor, insertKey, makeUser, sessionFor } from '../support/identity';
 

@@ -15,7 +15,7 @@ import { DEFAULT_POLICY, insertRollout, splitWaves } from '../../db/rollouts';
 import { insertWebhook, webhookAad } from '../../db/webhooks';
 import { rolloutWorkflowId } from '../../api/temporal';
 import { seal } from '../../domain/seal';
-import { secretKey } from '../../stack/secrets';
+import { secretKey } from '../../config/secrets';
 
 let h: Harness;
 beforeAll(async () => {

@@ -16,7 +16,7 @@ import { openSealed } from '../../domain/seal';
 import { canonicalJson, CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import { activeSigningKey, sealKeyOf } from '../../db/signing-keys';
-import { signVersion, versionSigningMessage, verifyVersionSignature } from '../../agent/signature';
+import { signVersion, versionSigningMessage, verifyVersionSignature } from '../../domain/signature';
 import { Agent, SIGNATURE_INVALID } from '../../agent/agent';
 import { verifyTree } from '../../agent/fleet';
 
@@ -101,7 +101,7 @@ function keySet(siteId = h.siteId, key?: string | null) {
   return h.request({ method: 'GET', url: `/api/sites/${siteId}/signing-keys`, key });
 }
 
-/** node:crypto verification against a served JWK, independent of agent/signature.ts. */
+/** node:crypto verification against a served JWK, independent of domain/signature.ts. */
 function verifiesWith(jwk: { x: string }, message: string, signature: string): boolean {
   const key = createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: jwk.x }, format: 'jwk' });
   return verify(null, Buffer.from(message, 'utf8'), key, Buffer.from(signature, 'base64url'));

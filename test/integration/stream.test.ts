@@ -11,7 +11,7 @@ import type { AddressInfo } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import { EventSource } from 'eventsource';
 import { buildApp } from '../../api/app';
-import { closeDeps, createDeps } from '../../api/deps';
+import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../../services/deps';
 import type { AppDeps } from '../../api/context';
 import { eventHubOf } from '../../api/routes/events';
 import { EVENT_TYPES } from '../../api/events/catalog';

@@ -6,7 +6,7 @@ import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { randomBytes } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { buildApp } from '../../api/app';
-import { closeDeps, createDeps } from '../../api/deps';
+import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../../services/deps';
 import type { AppDeps } from '../../api/context';
 import { bootstrap } from '../../db/bootstrap';
 import { testConfig } from './env';

@@ -7,7 +7,7 @@ import type { Pool } from 'pg';
 import { newId, sha256Hex } from '../../domain/hex';
 import { generateApiKey, keyPrefix } from '../../domain/keys';
 import type { Scope } from '../../domain/scopes';
-import { signLocalIdToken, type LocalIdTokenClaims } from '../../stack/oidc';
+import { signLocalIdToken, type LocalIdTokenClaims } from '../../config/oidc';
 import type { Harness } from './harness';
 
 /** Creates a user (member unless `role` says otherwise); returns uid and email. */

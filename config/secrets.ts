@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import type { Config } from '../config/env';
+import type { Config } from './env';
 
 /** The bootstrap secret: ROOST_BOOTSTRAP_SECRET, else DATA/bootstrap-secret (generated once). */
 export function bootstrapSecret(cfg: Config): string {

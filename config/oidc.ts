@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { calculateJwkThumbprint, exportJWK, generateKeyPair, importJWK, type JWK, SignJWT } from 'jose';
-import type { Config } from '../config/env';
+import type { Config } from './env';
 
 /** The signing algorithm of the local issuer. */
 export const LOCAL_ALG = 'EdDSA';

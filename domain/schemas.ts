@@ -1,0 +1,105 @@
+/**
+ * The shared TypeBox schemas: every id format, the problem+json envelope, paging parameters and timestamps,
+ * each defined once here and used by routes, repositories, the agent and the CLI (docs/architecture.md).
+ * Pure: no I/O. Route-specific shapes stay beside their routes.
+ */
+import { type TSchema, Type } from '@sinclair/typebox';
+
+// ---------------------------------------------------------------------------------------------------
+// Ids
+
+/** Site ids: `site_<hex>` as the service makes them, or any 1..64 of [A-Za-z0-9_-]. */
+export const SITE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
+/** Roost ids are server-made (`rst_<24 hex>`); anything outside 1..64 of [A-Za-z0-9_-] is malformed. */
+export const ROOST_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
+/**
+ * Machine ids: 1..64 of [A-Za-z0-9._-]. One rule for enrolment, roost targets, deploy machine lists and
+ * every machine route, so a roost can only target ids that can enrol (docs/decisions/machine-ids.md).
+ */
+export const MACHINE_ID_RE = /^[A-Za-z0-9._-]{1,64}$/;
+/** Command ids (`cmd_<hex>`): 1..64 of [A-Za-z0-9_-]. */
+export const COMMAND_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
+
+export const SiteId = Type.String({ pattern: SITE_ID_RE.source, description: 'site id' });
+export const RoostId = Type.String({ pattern: ROOST_ID_RE.source, description: 'roost id (rst_…)' });
+export const MachineId = Type.String({ pattern: MACHINE_ID_RE.source, description: '1..64 chars of [A-Za-z0-9._-]' });
+export const CommandId = Type.String({ pattern: COMMAND_ID_RE.source, description: 'command id (cmd_…)' });
+
+/** True when `id` is a well-formed machine id (MACHINE_ID_RE). */
+export function isMachineId(id: unknown): id is string {
+  return typeof id === 'string' && MACHINE_ID_RE.test(id);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Values
+
+/** `T` or null. */
+export const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
+/** An RFC 3339 / ISO 8601 timestamp string (UTC, e.g. `2026-01-02T03:04:05.678Z`). */
+export const DateTime = Type.String({ format: 'date-time' });
+export const NullableDateTime = Nullable(DateTime);
+
+// ---------------------------------------------------------------------------------------------------
+// Errors
+
+/** Media type of every error response. */
+export const PROBLEM_MEDIA_TYPE = 'application/problem+json';
+
+/**
+ * The problem+json envelope every error response carries (docs/errors.md). Unknown fields must be ignored by
+ * clients; route extras (`required`, `sent`/`supported`, `missingChunks`, `retryAfter`, `quota`, …) ride along.
+ */
+export const Problem = Type.Object(
+  {
+    type: Type.String({ description: 'stable URI of the form {base_url}/problems/<slug>' }),
+    title: Type.String(),
+    status: Type.Integer({ description: 'equals the HTTP status' }),
+    detail: Type.String({ description: 'display text, not for parsing' }),
+    code: Type.String({ description: 'stable error code: branch on this (see the error table in the API description)' }),
+    docsUrl: Type.String(),
+    requestId: Type.String({ description: 'also sent as header X-Request-Id' }),
+    param: Type.Optional(Type.String({ description: 'the parameter at fault, when there is one' })),
+    errors: Type.Optional(
+      Type.Record(Type.String(), Type.Array(Type.String()), { description: 'dotted path → messages (validation_failed)' }),
+    ),
+    required: Type.Optional(
+      Type.Object(
+        { resource: Type.String(), id: Type.String(), permission: Type.String() },
+        { description: 'scope_insufficient: the scope that would allow the request' },
+      ),
+    ),
+    sent: Type.Optional(Type.String({ description: 'unsupported_version: the Roost-Version sent' })),
+    supported: Type.Optional(Type.Array(Type.String(), { description: 'unsupported_version: the supported API dates, oldest first' })),
+  },
+  { additionalProperties: true, title: 'Problem', description: 'application/problem+json error document' },
+);
+
+/** Response schemas for the problem statuses every authenticated route can return (400, 401, 403, 404), plus `extra`. */
+export function problems(...extra: number[]): Record<number, TSchema> {
+  const out: Record<number, TSchema> = {};
+  for (const s of [400, 401, 403, 404, ...extra]) out[s] = Problem;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Paging
+
+/**
+ * Querystring properties of a paged route (checked by api/pagination.ts `parsePaging`, which gives the
+ * documented error shape, so they are loose strings here). Spread them into the route's querystring
+ * schema: the OpenAPI route table marks a route as paged by the presence of `page_size`.
+ */
+export const PagingQuery = {
+  page_size: Type.Optional(
+    Type.String({ description: "page size: an integer from 1 to the route's maximum; default: the route's default" }),
+  ),
+  page_token: Type.Optional(Type.String({ description: 'opaque: the next_page_token of the previous page, sent back exactly' })),
+  limit: Type.Optional(Type.String({ description: 'legacy alias of page_size (page_size wins when both are sent)' })),
+  cursor: Type.Optional(Type.String({ description: 'legacy alias of page_token (page_token wins when both are sent)' })),
+};
+
+/** The page-token fields of every paged response: `next_page_token` ('' at the end) and its alias `nextPageToken`. */
+export const PageTokens = {
+  next_page_token: Type.String({ description: "opaque token of the next page; '' at the end" }),
+  nextPageToken: Type.String({ description: 'alias of next_page_token' }),
+};

@@ -1,0 +1,37 @@
+/**
+ * What every service function is given: configuration, the PostgreSQL pool, the blob store and the Temporal
+ * client (docs/architecture.md). Services take these explicitly, never from a framework, so they can be
+ * called from the API, the CLI's launchers and tests alike.
+ */
+import { Client, Connection } from '@temporalio/client';
+import type { Pool } from 'pg';
+import type { Config } from '../config/env';
+import { createPool } from '../db/pool';
+import { BlobStore } from '../storage/blob';
+
+export interface ServiceDeps {
+  cfg: Config;
+  db: Pool;
+  blob: BlobStore;
+  temporal: Client;
+}
+
+/**
+ * Connects to PostgreSQL (a pool of `poolSize`, default 20), Azure Blob (ensuring the containers) and
+ * Temporal. Call `closeServiceDeps` on shutdown.
+ * @throws when blob containers cannot be ensured or Temporal cannot be reached.
+ */
+export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<ServiceDeps> {
+  const db = createPool(cfg.databaseUrl, poolSize);
+  const blob = BlobStore.fromConfig(cfg);
+  await blob.ensureContainers();
+  const connection = await Connection.connect({ address: cfg.temporalAddress });
+  const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
+  return { cfg, db, blob, temporal };
+}
+
+/** Closes the Temporal connection and the pool; never throws. */
+export async function closeServiceDeps(deps: ServiceDeps): Promise<void> {
+  await deps.temporal.connection.close().catch(() => undefined);
+  await deps.db.end().catch(() => undefined);
+}
