@@ -38,3 +38,16 @@ export function secretKey(cfg: Config): Buffer {
   }
   return Buffer.from(fs.readFileSync(file, 'utf8').trim(), 'hex');
 }
+
+const sealKeys = new WeakMap<object, Buffer>();
+
+/**
+ * The seal key of a configuration (`secretKey`), read once per configuration object: the one cache every
+ * sealing user shares (signing keys, webhook secrets).
+ * @throws like `secretKey`.
+ */
+export function sealKeyOf(cfg: Config): Buffer {
+  let k = sealKeys.get(cfg);
+  if (!k) sealKeys.set(cfg, (k = secretKey(cfg)));
+  return k;
+}

@@ -1,41 +1,11 @@
 /**
- * Per-site Ed25519 signing keys and version signatures (issue #5; migration 012;
- * docs/decisions/signed-manifests.md).
- *
- * - A site's key is created on first need (`activeSigningKey`), race-safe: every contender generates a
- *   key pair and INSERTs it with `ON CONFLICT DO NOTHING` (the partial unique index allows one active key
- *   per site), then everyone reads the winner. The private key (PKCS#8 DER) is sealed at rest with
- *   domain/seal.ts under the service secret key, aad `signing-key:<siteId>:<keyId>`; the public key is
- *   stored plain (base64url raw, the JWK `x`).
- * - A key is served (`listSigningKeys`) only when its sealed private key opens and derives the stored
- *   public key: a row written by someone holding only the database (no secret key) is never served, so
- *   agents can refresh their key set from the service without trusting the database alone.
- * - Versions are signed at publish (db/roosts.ts `publishVersion` stores the signature); versions
- *   published before signing existed are signed on first read (`ensureVersionSignatures`, idempotent:
- *   `UPDATE … WHERE signature IS NULL`; Ed25519 is deterministic).
- *
- * Every statement names `site_id`.
+ * The `site_signing_keys` table and the signature columns of `roost_versions` (migration 012): storage only.
+ * Key generation, sealing and signing are services/signing.ts. Every statement names `site_id`.
  */
-import { createPrivateKey, createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
-import type { Config } from '../config/env';
-import { openSealed, seal } from '../domain/seal';
-import { secretKey } from '../config/secrets';
-import { type SigningJwk, signingKeyId, signVersion, toJwk } from '../domain/signature';
 import type { Queryable } from './pool';
 
-/** How long a process keeps a site's opened active key (ms); rotation becomes visible after this. */
-export const KEY_CACHE_MS = 60_000;
-
-/** The active key of a site, opened. */
-export interface ActiveSigningKey {
-  siteId: string;
-  keyId: string;
-  /** base64url raw public key (JWK x). */
-  publicKey: string;
-  privateKey: KeyObject;
-}
-
-interface KeyRow {
+/** One stored signing key: public half plain (base64url raw, the JWK `x`), private half sealed. */
+export interface SigningKeyRow {
   key_id: string;
   public_key: string;
   private_key_sealed: string;
@@ -43,166 +13,74 @@ interface KeyRow {
   created_at: Date;
 }
 
-const sealKeys = new WeakMap<object, Buffer>();
-
-/** The 32-byte seal key of a configuration (config/secrets.ts `secretKey`), read once per config object. */
-export function sealKeyOf(cfg: Config): Buffer {
-  let k = sealKeys.get(cfg);
-  if (!k) sealKeys.set(cfg, (k = secretKey(cfg)));
-  return k;
-}
-
-function aad(siteId: string, keyId: string): string {
-  return `signing-key:${siteId}:${keyId}`;
+/** The site's active key row, or undefined. */
+export async function activeSigningKeyRow(db: Queryable, siteId: string): Promise<SigningKeyRow | undefined> {
+  const { rows } = await db.query<SigningKeyRow>(
+    'SELECT key_id, public_key, private_key_sealed, active, created_at FROM site_signing_keys WHERE site_id = $1 AND active',
+    [siteId],
+  );
+  return rows[0];
 }
 
 /**
- * Opens a stored key and checks that its private half derives the stored public half.
- * @returns the private key, or null when the row does not open under `sealKey` or does not match.
+ * Stores a new active key unless the site already has one (the partial unique index allows one active key
+ * per site; a concurrent winner's row is kept).
  */
-function openRow(sealKey: Buffer, siteId: string, row: KeyRow): KeyObject | null {
-  try {
-    const der = openSealed(sealKey, row.private_key_sealed, aad(siteId, row.key_id));
-    const privateKey = createPrivateKey({ key: der, format: 'der', type: 'pkcs8' });
-    const x = createPublicKey(privateKey).export({ format: 'jwk' }).x;
-    if (x !== row.public_key || signingKeyId(Buffer.from(x, 'base64url')) !== row.key_id) return null;
-    return privateKey;
-  } catch {
-    return null;
-  }
+export async function insertActiveSigningKey(
+  db: Queryable,
+  siteId: string,
+  keyId: string,
+  publicKey: string,
+  sealed: string,
+): Promise<void> {
+  await db.query(
+    `INSERT INTO site_signing_keys (site_id, key_id, algorithm, public_key, private_key_sealed, active)
+     VALUES ($1, $2, 'Ed25519', $3, $4, true) ON CONFLICT DO NOTHING`,
+    [siteId, keyId, publicKey, sealed],
+  );
 }
 
-/** Rows already checked by `openRow` (sealed value → result), so serving keys stays cheap for a fleet enrolling. */
-const checked = new Map<string, boolean>();
-function opens(sealKey: Buffer, siteId: string, row: KeyRow): boolean {
-  const k = `${sealKey.toString('hex').slice(0, 16)}\n${siteId}\n${row.key_id}\n${row.public_key}\n${row.private_key_sealed}`;
-  let ok = checked.get(k);
-  if (ok === undefined) {
-    ok = openRow(sealKey, siteId, row) !== null;
-    if (checked.size > 10_000) checked.clear();
-    checked.set(k, ok);
-  }
-  return ok;
-}
-
-const activeCache = new Map<string, { key: ActiveSigningKey; at: number }>();
-
-/**
- * The site's active signing key, created on first need (concurrent first calls agree on one key).
- * @throws Error when the stored active key does not open under `sealKey` (wrong ROOST_SECRET_KEY).
- */
-export async function activeSigningKey(db: Queryable, sealKey: Buffer, siteId: string): Promise<ActiveSigningKey> {
-  const cached = activeCache.get(siteId);
-  if (cached && Date.now() - cached.at < KEY_CACHE_MS) return cached.key;
-  const read = async () =>
-    (
-      await db.query<KeyRow>(
-        'SELECT key_id, public_key, private_key_sealed, active, created_at FROM site_signing_keys WHERE site_id = $1 AND active',
-        [siteId],
-      )
-    ).rows[0];
-  let row = await read();
-  if (!row) {
-    const { publicKey, privateKey } = generateKeyPairSync('ed25519');
-    const x = publicKey.export({ format: 'jwk' }).x as string;
-    const keyId = signingKeyId(Buffer.from(x, 'base64url'));
-    const sealed = seal(sealKey, privateKey.export({ format: 'der', type: 'pkcs8' }), aad(siteId, keyId));
-    await db.query(
-      `INSERT INTO site_signing_keys (site_id, key_id, algorithm, public_key, private_key_sealed, active)
-       VALUES ($1, $2, 'Ed25519', $3, $4, true) ON CONFLICT DO NOTHING`,
-      [siteId, keyId, x, sealed],
-    );
-    row = await read();
-    if (!row) throw new Error(`signing key of site ${siteId} could not be created`);
-  }
-  const privateKey = openRow(sealKey, siteId, row);
-  if (!privateKey) throw new Error(`the active signing key ${row.key_id} of site ${siteId} does not open with this service's secret key`);
-  const key = { siteId, keyId: row.key_id, publicKey: row.public_key, privateKey };
-  activeCache.set(siteId, { key, at: Date.now() });
-  return key;
-}
-
-/** A served public key with its bookkeeping. */
-export interface SigningKeyInfo {
-  jwk: SigningJwk;
-  active: boolean;
-  createdAt: Date;
-}
-
-/**
- * The site's public signing keys that verify versions (not retired, and whose sealed private key opens
- * and matches), active first. Creates the site's first key when it has none, so an enrolling agent
- * always gets a key to pin.
- */
-export async function listSigningKeys(db: Queryable, sealKey: Buffer, siteId: string): Promise<SigningKeyInfo[]> {
-  await activeSigningKey(db, sealKey, siteId);
-  const { rows } = await db.query<KeyRow>(
+/** The site's keys that are not retired, active first, newest first. */
+export async function unretiredSigningKeyRows(db: Queryable, siteId: string): Promise<SigningKeyRow[]> {
+  const { rows } = await db.query<SigningKeyRow>(
     `SELECT key_id, public_key, private_key_sealed, active, created_at FROM site_signing_keys
       WHERE site_id = $1 AND retired_at IS NULL ORDER BY active DESC, created_at DESC, key_id`,
     [siteId],
   );
-  return rows
-    .filter((r) => opens(sealKey, siteId, r))
-    .map((r) => ({ jwk: toJwk(r.public_key), active: r.active, createdAt: r.created_at }));
+  return rows;
 }
 
-/** The JWKs of `listSigningKeys`. */
-export async function signingJwks(db: Queryable, sealKey: Buffer, siteId: string): Promise<SigningJwk[]> {
-  return (await listSigningKeys(db, sealKey, siteId)).map((k) => k.jwk);
-}
-
-/** Signs a version with the site's active key: `{ signature, keyId }` (signature base64url). */
-export async function signVersionFor(
-  db: Queryable,
-  sealKey: Buffer,
-  siteId: string,
-  roostId: string,
-  versionId: string,
-): Promise<{ signature: string; keyId: string }> {
-  const key = await activeSigningKey(db, sealKey, siteId);
-  return { signature: signVersion(key.privateKey, siteId, roostId, versionId), keyId: key.keyId };
-}
-
-/** The signature columns of a version row (db/roosts.ts VersionRow has them). */
-export interface SignableRow {
+/** A version's stored signature. */
+export interface StoredSignature {
   roost_id: string;
   version_id: string;
-  signature: string | null;
-  signing_key_id: string | null;
+  signature: string;
+  signing_key_id: string;
 }
 
 /**
- * Signs the rows of one site that have no signature yet (versions published before signing existed),
- * stores the signatures (`WHERE signature IS NULL`, so a concurrent signer's value is kept) and fills
- * them into the rows in place. One UPDATE for any number of rows; nothing when all are signed.
+ * Stores signatures of versions that have none (`WHERE signature IS NULL`, so a concurrent signer's value is
+ * kept), then reads back what is stored for them. One UPDATE and one SELECT for any number of versions.
  */
-export async function ensureVersionSignatures<T extends SignableRow>(
+export async function storeMissingSignatures(
   db: Queryable,
-  sealKey: Buffer,
   siteId: string,
-  rows: T[],
-): Promise<T[]> {
-  const unsigned = rows.filter((r) => !r.signature || !r.signing_key_id);
-  if (unsigned.length === 0) return rows;
-  const key = await activeSigningKey(db, sealKey, siteId);
-  const sigs = unsigned.map((r) => signVersion(key.privateKey, siteId, r.roost_id, r.version_id));
+  keyId: string,
+  versions: { roostId: string; versionId: string; signature: string }[],
+): Promise<StoredSignature[]> {
+  const roostIds = versions.map((v) => v.roostId);
+  const versionIds = versions.map((v) => v.versionId);
   await db.query(
     `UPDATE roost_versions AS v SET signature = u.signature, signing_key_id = $2
        FROM UNNEST($3::text[], $4::text[], $5::text[]) AS u (roost_id, version_id, signature)
       WHERE v.site_id = $1 AND v.roost_id = u.roost_id AND v.version_id = u.version_id AND v.signature IS NULL`,
-    [siteId, key.keyId, unsigned.map((r) => r.roost_id), unsigned.map((r) => r.version_id), sigs],
+    [siteId, keyId, roostIds, versionIds, versions.map((v) => v.signature)],
   );
-  const { rows: stored } = await db.query<{ roost_id: string; version_id: string; signature: string; signing_key_id: string }>(
+  const { rows } = await db.query<StoredSignature>(
     `SELECT v.roost_id, v.version_id, v.signature, v.signing_key_id FROM roost_versions v
        JOIN UNNEST($2::text[], $3::text[]) AS u (roost_id, version_id) ON v.roost_id = u.roost_id AND v.version_id = u.version_id
       WHERE v.site_id = $1`,
-    [siteId, unsigned.map((r) => r.roost_id), unsigned.map((r) => r.version_id)],
+    [siteId, roostIds, versionIds],
   );
-  const byKey = new Map(stored.map((s) => [`${s.roost_id}\n${s.version_id}`, s]));
-  unsigned.forEach((r, i) => {
-    const s = byKey.get(`${r.roost_id}\n${r.version_id}`);
-    r.signature = s?.signature ?? sigs[i];
-    r.signing_key_id = s?.signing_key_id ?? key.keyId;
-  });
   return rows;
 }

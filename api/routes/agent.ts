@@ -42,7 +42,7 @@ import {
 } from '../../db/machines';
 import { CommandState, SyncCountersProps, commandView } from './machines';
 import { DateTime, MachineId, Problem, RoostId, SiteId } from '../../domain/schemas';
-import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from '../../db/signing-keys';
+import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from '../../services/signing';
 import { SigningKeyJwk } from './signing-keys';
 
 /** Longest long-poll (seconds); larger `wait` values are capped. */

@@ -13,7 +13,7 @@ import type { FastifyInstance } from 'fastify';
 import { Type } from '@sinclair/typebox';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { listSigningKeys, sealKeyOf } from '../../db/signing-keys';
+import { listSigningKeys, sealKeyOf } from '../../services/signing';
 import { authorizeSite, requireAgent } from '../plugins/auth';
 import { Problem, SiteId } from '../../domain/schemas';
 

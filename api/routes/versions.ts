@@ -28,7 +28,7 @@ import { encodePageToken, PagingQuery, pageTokens, parsePaging } from '../pagina
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { quotaTiers, recordChunks } from '../../db/quota';
-import { ensureVersionSignatures, sealKeyOf, signVersionFor } from '../../db/signing-keys';
+import { ensureVersionSignatures, sealKeyOf, signVersionFor } from '../../services/signing';
 import { ExtractPath, RoostName, RoostParams, Targets } from './roosts';
 import { DateTime, Nullable, problems, SiteId } from '../../domain/schemas';
 

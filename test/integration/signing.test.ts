@@ -15,7 +15,7 @@ import { newId, sha256Hex } from '../../domain/hex';
 import { openSealed } from '../../domain/seal';
 import { canonicalJson, CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
-import { activeSigningKey, sealKeyOf } from '../../db/signing-keys';
+import { activeSigningKey, sealKeyOf } from '../../services/signing';
 import { signVersion, versionSigningMessage, verifyVersionSignature } from '../../domain/signature';
 import { Agent, SIGNATURE_INVALID } from '../../agent/agent';
 import { verifyTree } from '../../agent/fleet';
