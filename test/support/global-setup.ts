@@ -1,10 +1,10 @@
 /**
- * Jest global setup: starts (or reuses) PostgreSQL, Azurite and the Temporal dev server, creates a fresh
+ * Jest global setup: starts (or reuses this clone's) PostgreSQL, Azurite and the Temporal dev server, creates a fresh
  * database for this run (its name goes to the workers through ROOST_TEST_DATABASE) and applies
  * migrations. Handles are kept on globalThis for global-teardown.ts.
  */
 import { randomBytes } from 'node:crypto';
-import { createDatabase, ensureServices } from '../../stack/services';
+import { createDatabase, ensureServices, portsAwayFromOthers } from '../../stack/services';
 import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
 import { testConfig } from './env';
@@ -19,6 +19,15 @@ export default async function globalSetup(): Promise<void> {
   // The suite sends hundreds of requests per key within minutes: every rate limit is multiplied (the
   // rate-limit tests set their own numbers; docs/decisions/rate-limit-buckets.md).
   if (!process.env.ROOST_RATE_LIMIT_SCALE) process.env.ROOST_RATE_LIMIT_SCALE = '1000';
+  // Another clone's services on the default ports (its demo, its test run, its `roost stack`) are never
+  // reused: this run moves to free ports, exported so the test workers and the commands they spawn follow.
+  const { moved } = await portsAwayFromOthers(testConfig());
+  for (const m of moved) {
+    process.env[m.setting] = String(m.to);
+    process.stderr.write(
+      `[global-setup] port ${m.from} is held by ${m.holder ?? 'another program'}: this run uses ${m.to} (${m.setting})\n`,
+    );
+  }
   const cfg = testConfig();
   const handles = await ensureServices(cfg);
   (globalThis as Record<string, unknown>).__ROOST_SERVICES__ = handles;
