@@ -1,9 +1,9 @@
 /**
- * Stage-then-activate, server side (issue #5; docs/agent-protocol.md "Staged sync and activation";
+ * Stage-then-activate, server side (docs/agent-protocol.md "Staged sync and activation";
  * docs/decisions/stage-activate.md): queues `roost_activate` commands for machines of a rollout that
  * have staged a version (their `sync_pull` with `activation: 'staged'` completed with result `staged`).
  *
- * The rollout workflow (engineer E) decides which machines to activate and when; this module only writes
+ * The rollout workflow (workflows/, through db/rollouts.ts) decides which machines to activate and when; this module only writes
  * the command rows, set-based (one statement per batch of `ACTIVATION_BATCH` machines) and idempotent:
  * command ids are derived from (rolloutId, machineId, versionId, attempt), so a retried activity inserts
  * nothing twice (`ON CONFLICT DO NOTHING`). Every statement names `site_id`.

@@ -1,7 +1,8 @@
 /**
- * Machines repository (SPEC.md "Machine", "Command", "Roost target state"; docs/agent-protocol.md):
- * enrolment, heartbeats, the per-machine command queue, agent target-state reports, and the reads behind
- * the site-scoped machines routes. Every query names `site_id`; multi-statement writes run in `withTx`.
+ * Machines repository (docs/agent-protocol.md): enrolment, heartbeats, the per-machine command queue, agent
+ * target-state reports, and the reads behind the site-scoped machines routes (api/routes/machines.ts, through
+ * services/machines.ts and services/agent.ts). Every query names `site_id`; multi-statement writes run in
+ * `withTx`.
  *
  * Liveness: a machine is online when its agent said so (`online`) AND its last heartbeat is younger than
  * `staleSeconds` (cfg.ROOST_HEARTBEAT_STALE_SECONDS), both judged by the database clock.
@@ -13,11 +14,7 @@
 import type { Pool } from 'pg';
 import { withTx, type Queryable } from './pool';
 import { recordEvent } from './events';
-import type { SyncCounters } from '../domain/target-state';
-import { MACHINE_ID_RE } from '../domain/schemas';
-export { MACHINE_ID_RE };
-/** The machine-id pattern as a string (domain/schemas.ts MACHINE_ID_RE). */
-export const MACHINE_ID_PATTERN = MACHINE_ID_RE.source;
+import type { SyncCounters, TargetStatus } from '../domain/target-state';
 
 /** Seconds after which a delivered command that is still `pending` is handed out again. */
 export const REDELIVER_AFTER_SECONDS = 60;
@@ -28,11 +25,7 @@ export const MAX_COMMANDS_PER_POLL = 100;
 /** Terminal command statuses: reporting one closes the command (completed_at set). */
 export const TERMINAL_COMMAND_STATUSES = ['completed', 'failed', 'cancelled'] as const;
 
-/** Roost target-state statuses (SPEC.md "Roost target state"). */
-export const TARGET_STATUSES = ['pending', 'downloading', 'assembling', 'committed', 'failed', 'cancelled'] as const;
-export type TargetStatus = (typeof TARGET_STATUSES)[number];
-
-/** Longest stored error text (SPEC.md: "truncated message on failure"). */
+/** Longest stored error text (chars); longer command and target-state errors are truncated (docs/agent-protocol.md). */
 export const MAX_ERROR_LENGTH = 2000;
 
 /** SQL: machine is online (agent-reported and heartbeat fresh). `$stale` is the placeholder of the stale seconds. */
@@ -44,6 +37,7 @@ function onlineExpr(alias: string, stale: string): string {
 const DELIVERABLE = `status = 'pending' AND (expires_at IS NULL OR expires_at > now())
   AND (delivered_at IS NULL OR delivered_at < now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second'))`;
 
+/** `e` cut to MAX_ERROR_LENGTH chars (ending in an ellipsis when cut); null stays null. */
 export function truncateError(e: string | null | undefined): string | null {
   if (e === null || e === undefined) return null;
   return e.length > MAX_ERROR_LENGTH ? `${e.slice(0, MAX_ERROR_LENGTH - 1)}…` : e;

@@ -1,5 +1,5 @@
 /**
- * The agent protocol (docs/agent-protocol.md; DESIGN.md "Agent protocol"):
+ * The agent protocol (docs/agent-protocol.md); the use cases are services/agent.ts:
  *
  *   POST /api/sites/{siteId}/enrolment-secret            create/rotate the site's enrolment secret (site admin)
  *   POST /api/agent/enrol                                machine enrols with the secret → sat_ token
@@ -11,151 +11,30 @@
  *   PUT  /api/agent/roosts/{roostId}/state               roost target-state report
  *
  * Every /api/agent/* route but enrol takes `Authorization: Bearer sat_…`, which binds the request to one
- * site and one machine (api/plugins/auth.ts). Secrets and tokens are stored as SHA-256 digests only.
- *
- * Long-poll: waiting requests register in a per-process `CommandWaiters` registry; one loop checks the
- * database every ~250 ms for all waiting machines of a site with a single query, so a thousand waiting
- * agents cost four queries a second, not four thousand.
+ * site and one machine (api/plugins/auth.ts). Long-polls wait in one per-process `CommandWaiters`
+ * (services/agent.ts), released when the server closes.
  */
-import type { FastifyInstance, FastifyBaseLogger } from 'fastify';
-import type { Pool } from 'pg';
+import type { FastifyReply } from 'fastify';
 import { Type } from '@sinclair/typebox';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ApiError } from '../../domain/errors';
-import { hexEqual, randomToken, sha256Hex } from '../../domain/hex';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { authorizeSite, requireAgent } from '../plugins/auth';
+import { TARGET_STATUSES } from '../../domain/target-state';
 import {
-  TARGET_STATUSES,
-  claimCommands,
-  enrolMachine,
-  expirePendingCommands,
-  getCommand,
-  machinesWithDeliverable,
-  recordHeartbeat,
-  reportCommand,
-  roostAndVersionExist,
-  roostVersionForAgent,
-  setCommandArtifact,
-  setSiteEnrolmentSecretHash,
-  siteEnrolmentSecretHash,
-  upsertTargetState,
-} from '../../db/machines';
+  CommandWaiters,
+  MAX_SCREENSHOT_BYTES,
+  MAX_WAIT_SECONDS,
+  enrolAgent,
+  pollCommands,
+  recordAgentHeartbeat,
+  reportCommandStatus,
+  reportTargetState,
+  rotateEnrolmentSecret,
+  storeScreenshot,
+  versionForAgent,
+} from '../../services/agent';
 import { CommandState, SyncCountersProps, commandView } from './machines';
 import { DateTime, MachineId, Problem, RoostId, SiteId } from '../../domain/schemas';
-import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from '../../services/signing';
 import { SigningKeyJwk } from './signing-keys';
-
-/** Longest long-poll (seconds); larger `wait` values are capped. */
-export const MAX_WAIT_SECONDS = 30;
-/** Interval of the shared long-poll check. */
-export const POLL_INTERVAL_MS = 250;
-/** Largest screenshot PNG accepted. */
-export const MAX_SCREENSHOT_BYTES = 10 * 1024 * 1024;
-const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
-
-export const ENROLMENT_SECRET_RE = /^ses_[A-Za-z0-9_-]{43}$/;
-
-/** Blob name of a command's screenshot in the screenshots container. */
-export function screenshotBlobName(siteId: string, machineId: string, commandId: string): string {
-  return `sites/${siteId}/machines/${machineId}/screenshots/${commandId}.png`;
-}
-
-interface Waiter {
-  resolve: (signalled: boolean) => void;
-  timer: NodeJS.Timeout;
-}
-
-/**
- * Per-process registry of long-polling agents. `wait()` resolves true when the machine has a
- * deliverable command (checked every `intervalMs` for all waiters of a site with one query), false at
- * the deadline or when cancelled/closed.
- */
-export class CommandWaiters {
-  private readonly bySite = new Map<string, Map<string, Set<Waiter>>>();
-  private loop: NodeJS.Timeout | undefined;
-  private closed = false;
-
-  constructor(
-    private readonly db: Pool,
-    private readonly log: FastifyBaseLogger,
-    private readonly intervalMs = POLL_INTERVAL_MS,
-  ) {}
-
-  /** Waits until `deadline` (epoch ms) for a deliverable command. `cancel()` resolves false at once. */
-  wait(siteId: string, machineId: string, deadline: number): { promise: Promise<boolean>; cancel: () => void } {
-    let waiter!: Waiter;
-    const promise = new Promise<boolean>((resolve) => {
-      const timer = setTimeout(() => this.finish(siteId, machineId, waiter, false), Math.max(0, deadline - Date.now()));
-      waiter = { resolve, timer };
-    });
-    if (this.closed) {
-      this.finish(siteId, machineId, waiter, false);
-      return { promise, cancel: () => undefined };
-    }
-    let machines = this.bySite.get(siteId);
-    if (!machines) this.bySite.set(siteId, (machines = new Map()));
-    let set = machines.get(machineId);
-    if (!set) machines.set(machineId, (set = new Set()));
-    set.add(waiter);
-    this.schedule();
-    return { promise, cancel: () => this.finish(siteId, machineId, waiter, false) };
-  }
-
-  /** Number of requests currently waiting (for tests and metrics). */
-  get size(): number {
-    let n = 0;
-    for (const machines of this.bySite.values()) for (const set of machines.values()) n += set.size;
-    return n;
-  }
-
-  /** Releases every waiter (false) and stops the loop. */
-  close(): void {
-    this.closed = true;
-    if (this.loop) clearTimeout(this.loop);
-    this.loop = undefined;
-    for (const [siteId, machines] of this.bySite) {
-      for (const [machineId, set] of machines) for (const w of [...set]) this.finish(siteId, machineId, w, false);
-    }
-  }
-
-  private finish(siteId: string, machineId: string, w: Waiter, signalled: boolean): void {
-    clearTimeout(w.timer);
-    const machines = this.bySite.get(siteId);
-    const set = machines?.get(machineId);
-    if (set) {
-      set.delete(w);
-      if (set.size === 0) machines!.delete(machineId);
-      if (machines!.size === 0) this.bySite.delete(siteId);
-    }
-    w.resolve(signalled);
-  }
-
-  private schedule(): void {
-    if (this.loop || this.closed || this.bySite.size === 0) return;
-    this.loop = setTimeout(() => {
-      this.tick()
-        .catch((err) => this.log.warn({ err }, 'long-poll check failed'))
-        .finally(() => {
-          this.loop = undefined;
-          this.schedule();
-        });
-    }, this.intervalMs);
-    this.loop.unref();
-  }
-
-  private async tick(): Promise<void> {
-    for (const [siteId, machines] of [...this.bySite]) {
-      const ids = [...machines.keys()];
-      for (let i = 0; i < ids.length; i += 5000) {
-        const ready = await machinesWithDeliverable(this.db, siteId, ids.slice(i, i + 5000));
-        for (const machineId of ready) {
-          const set = this.bySite.get(siteId)?.get(machineId);
-          if (set) for (const w of [...set]) this.finish(siteId, machineId, w, true);
-        }
-      }
-    }
-  }
-}
 
 const Timestamp = DateTime;
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
@@ -247,10 +126,21 @@ const PendingCommand = Type.Object({
   expiresAt: Type.Union([Timestamp, Type.Null()]),
 });
 
-export default async function agentRoutes(root: FastifyInstance): Promise<void> {
-  const app = root.withTypeProvider<TypeBoxTypeProvider>();
-  const stale = () => app.deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS;
-  const waiters = new CommandWaiters(app.deps.db, app.log);
+/**
+ * An AbortSignal that fires when the client hangs up before the answer is written (fleet stop, network),
+ * so a long-poll stops waiting and marks nothing delivered to nobody. Call `dispose` when done.
+ */
+function hangUpSignal(reply: FastifyReply): { signal: AbortSignal; dispose: () => void } {
+  const ac = new AbortController();
+  const onClose = () => {
+    if (!reply.raw.writableFinished) ac.abort();
+  };
+  reply.raw.once('close', onClose);
+  return { signal: ac.signal, dispose: () => reply.raw.off('close', onClose) };
+}
+
+const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const waiters = new CommandWaiters(app.deps, app.log);
   // preClose: release waiting long-polls first, so closing the server does not wait out their `wait`.
   app.addHook('preClose', async () => waiters.close());
   app.addHook('onClose', async () => waiters.close());
@@ -276,11 +166,9 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
     async (request, reply) => {
       const { siteId } = request.params;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'admin' }]);
-      const enrolmentSecret = `ses_${randomToken()}`;
-      if (!(await setSiteEnrolmentSecretHash(app.deps.db, siteId, sha256Hex(enrolmentSecret))))
-        throw new ApiError('not_found', 'site not found');
+      const created = await rotateEnrolmentSecret(app.deps, { siteId });
       reply.code(201);
-      return { siteId, enrolmentSecret };
+      return created;
     },
   );
 
@@ -307,34 +195,9 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
       },
     },
     async (request, reply) => {
-      const body = request.body;
-      const stored = await siteEnrolmentSecretHash(app.deps.db, body.siteId);
-      const digest = sha256Hex(body.enrolmentSecret);
-      if (!stored || !ENROLMENT_SECRET_RE.test(body.enrolmentSecret) || !hexEqual(stored, digest)) {
-        throw new ApiError('unauthorized', 'unknown site or wrong enrolment secret');
-      }
-      const agentToken = `sat_${randomToken()}`;
-      await enrolMachine(
-        app.deps.db,
-        {
-          siteId: body.siteId,
-          machineId: body.machineId,
-          hostname: body.hostname,
-          agentVersion: body.agentVersion,
-          timezone: body.timezone,
-          timezoneIana: body.timezoneIana,
-          capabilities: body.capabilities,
-        },
-        sha256Hex(agentToken),
-        stale(),
-      );
-      const signingKeys = (await listSigningKeys(app.deps.db, sealKeyOf(app.deps.cfg), body.siteId)).map((k) => ({
-        ...k.jwk,
-        active: k.active,
-        createdAt: k.createdAt.toISOString(),
-      }));
+      const enrolled = await enrolAgent(app.deps, request.body);
       reply.code(201);
-      return { siteId: body.siteId, machineId: body.machineId, agentToken, signingKeys };
+      return enrolled;
     },
   );
 
@@ -355,8 +218,7 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
     },
     async (request) => {
       const agent = requireAgent(request);
-      const r = await recordHeartbeat(app.deps.db, agent.siteId, agent.machineId, request.body, stale());
-      if (!r) throw new ApiError('unauthorized', 'this machine is no longer enrolled');
+      const r = await recordAgentHeartbeat(app.deps, { siteId: agent.siteId, machineId: agent.machineId, heartbeat: request.body });
       return { ok: true as const, serverTime: r.serverTime.toISOString(), pendingCommands: r.pendingCommands };
     },
   );
@@ -376,36 +238,26 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
     },
     async (request, reply) => {
       const agent = requireAgent(request);
-      const db = app.deps.db;
-      const waitMs = Math.min(request.query.wait ?? 0, MAX_WAIT_SECONDS) * 1000;
-      const deadline = Date.now() + waitMs;
-      await expirePendingCommands(db, agent.siteId, agent.machineId);
-      let rows = await claimCommands(db, agent.siteId, agent.machineId);
-      let gone = false;
-      while (rows.length === 0 && !gone && Date.now() < deadline) {
-        const w = waiters.wait(agent.siteId, agent.machineId, deadline);
-        // The agent hung up (fleet stop, network): stop waiting so nothing is marked delivered to nobody.
-        const onClose = () => {
-          if (!reply.raw.writableFinished) {
-            gone = true;
-            w.cancel();
-          }
+      const hangUp = hangUpSignal(reply);
+      try {
+        const rows = await pollCommands(app.deps, waiters, {
+          siteId: agent.siteId,
+          machineId: agent.machineId,
+          waitSeconds: request.query.wait ?? 0,
+          gone: hangUp.signal,
+        });
+        return {
+          commands: rows.map((r) => ({
+            commandId: r.command_id,
+            type: r.type,
+            params: r.params ?? {},
+            createdAt: r.created_at.toISOString(),
+            expiresAt: r.expires_at ? r.expires_at.toISOString() : null,
+          })),
         };
-        reply.raw.once('close', onClose);
-        const signalled = await w.promise;
-        reply.raw.off('close', onClose);
-        if (!signalled || gone) break;
-        rows = await claimCommands(db, agent.siteId, agent.machineId);
+      } finally {
+        hangUp.dispose();
       }
-      return {
-        commands: rows.map((r) => ({
-          commandId: r.command_id,
-          type: r.type,
-          params: r.params ?? {},
-          createdAt: r.created_at.toISOString(),
-          expiresAt: r.expires_at ? r.expires_at.toISOString() : null,
-        })),
-      };
     },
   );
 
@@ -424,15 +276,13 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
     },
     async (request) => {
       const agent = requireAgent(request);
-      const body = request.body;
-      if (body.status === 'pending') {
-        throw new ApiError('validation_failed', 'status pending cannot be reported', {
-          extras: { param: 'status', errors: { status: ['must not be pending'] } },
-        });
-      }
-      const r = await reportCommand(app.deps.db, agent.siteId, agent.machineId, request.params.commandId, body);
-      if (!r) throw new ApiError('not_found', 'command not found');
-      return { ...(await commandView(r.row)), applied: r.changed };
+      const r = await reportCommandStatus(app.deps, {
+        siteId: agent.siteId,
+        machineId: agent.machineId,
+        commandId: request.params.commandId,
+        report: request.body,
+      });
+      return { ...commandView(r.row), applied: r.applied };
     },
   );
 
@@ -450,18 +300,12 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
     },
     async (request) => {
       const agent = requireAgent(request);
-      const { commandId } = request.params;
-      const png = request.body as unknown;
-      if (!Buffer.isBuffer(png) || png.length < PNG_SIGNATURE.length || !png.subarray(0, 8).equals(PNG_SIGNATURE)) {
-        throw new ApiError('validation_failed', 'body must be a PNG image sent as Content-Type: image/png', { extras: { param: 'body' } });
-      }
-      const cmd = await getCommand(app.deps.db, agent.siteId, agent.machineId, commandId);
-      if (!cmd || cmd.type !== 'capture_screenshot') throw new ApiError('not_found', 'capture_screenshot command not found');
-      if (cmd.completed_at) throw new ApiError('conflict', 'the command is closed; upload before reporting completed');
-      const blobName = screenshotBlobName(agent.siteId, agent.machineId, commandId);
-      await app.deps.blob.put('screenshots', blobName, png, 'image/png');
-      await setCommandArtifact(app.deps.db, agent.siteId, agent.machineId, commandId, blobName);
-      return { commandId, bytes: png.length };
+      return storeScreenshot(app.deps, {
+        siteId: agent.siteId,
+        machineId: agent.machineId,
+        commandId: request.params.commandId,
+        png: request.body,
+      });
     },
   );
 
@@ -491,27 +335,7 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
     async (request) => {
       const agent = requireAgent(request);
       const { roostId, versionId } = request.params;
-      const row = await roostVersionForAgent(app.deps.db, agent.siteId, roostId, versionId);
-      if (!row) {
-        const exists = await roostAndVersionExist(app.deps.db, agent.siteId, roostId, versionId);
-        if (!exists.roost) throw new ApiError('not_found', 'roost not found');
-        throw new ApiError('version_not_found', 'version not found in this roost');
-      }
-      // Versions published before signing existed are signed on first read.
-      const [sig] = await ensureVersionSignatures(app.deps.db, sealKeyOf(app.deps.cfg), agent.siteId, [
-        { roost_id: roostId, version_id: versionId, signature: row.signature, signing_key_id: row.signing_key_id },
-      ]);
-      const signed = await app.deps.blob.readUrl('versions', row.blob_name);
-      return {
-        roostId,
-        versionId,
-        versionNumber: row.version_number,
-        versionUrl: signed.url,
-        expiresAt: new Date(signed.expiresAt).toISOString(),
-        extractPath: row.extract_path,
-        signature: sig.signature!,
-        signingKeyId: sig.signing_key_id!,
-      };
+      return versionForAgent(app.deps, { siteId: agent.siteId, machineId: agent.machineId, roostId, versionId });
     },
   );
 
@@ -530,14 +354,7 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
     async (request) => {
       const agent = requireAgent(request);
       const { roostId } = request.params;
-      const body = request.body;
-      const exists = await roostAndVersionExist(app.deps.db, agent.siteId, roostId, body.reportedVersionId);
-      if (!exists.roost) throw new ApiError('not_found', 'roost not found');
-      if (!exists.version)
-        throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
-          extras: { param: 'reportedVersionId' },
-        });
-      const s = await upsertTargetState(app.deps.db, agent.siteId, agent.machineId, roostId, body);
+      const s = await reportTargetState(app.deps, { siteId: agent.siteId, machineId: agent.machineId, roostId, report: request.body });
       return {
         siteId: s.site_id,
         machineId: s.machine_id,
@@ -556,4 +373,6 @@ export default async function agentRoutes(root: FastifyInstance): Promise<void> 
       };
     },
   );
-}
+};
+
+export default agentRoutes;

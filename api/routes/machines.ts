@@ -1,5 +1,5 @@
 /**
- * Machines (site scoped), SPEC.md "Machines (site scoped)", "Machine", "Command":
+ * Machines (site scoped); the use cases are services/machines.ts:
  *
  *   GET  /api/sites/{siteId}/machines                                  list (paged: default 50, max 200)
  *   GET  /api/sites/{siteId}/machines/{machineId}                      detail: host info, metrics, processes
@@ -11,43 +11,29 @@
  * machine write or site write. `online` is the agent's flag AND a heartbeat younger than
  * ROOST_HEARTBEAT_STALE_SECONDS. docs/decisions/machine-commands.md, docs/decisions/machines-list.md.
  */
-import type { FastifyInstance } from 'fastify';
 import { Type, type Static } from '@sinclair/typebox';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ApiError } from '../../domain/errors';
-import { newId } from '../../domain/hex';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import type { Requirement } from '../../domain/scopes';
 import { authorizeSite } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
-import { PagingQuery, pageTokens, parsePaging } from '../pagination';
-import type { BlobStore } from '../../storage/blob';
+import { pageTokens, parsePaging } from '../pagination';
 import {
   type CommandRow,
   type MachineRow,
-  createCommand,
-  expirePendingCommands,
-  getCommand,
-  getMachine,
-  listMachines,
-  machineDeployments,
-  machineExists,
-} from '../../db/machines';
-import { CommandId, DateTime, MachineId, NullableDateTime, Problem, SiteId } from '../../domain/schemas';
-export { MachineId, Problem };
+  type ScreenshotLink,
+  DEFAULT_COMMAND_TIMEOUT_SECONDS,
+  MAX_COMMAND_TIMEOUT_SECONDS,
+  commandState,
+  deploymentsOfMachine,
+  listSiteMachines,
+  machineDetail,
+  queueUserCommand,
+} from '../../services/machines';
+import { CommandId, DateTime, MachineId, NullableDateTime, PagingQuery, Problem, SiteId } from '../../domain/schemas';
 
 const Timestamp = DateTime;
 const NullableTimestamp = NullableDateTime;
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
-
-/** Command types a user may queue through the API (sync_pull is queued by rollouts, restart_process by the processes routes). */
-export const USER_COMMAND_TYPES = ['reboot_machine', 'shutdown_machine', 'capture_screenshot'] as const;
-/** Default and ceiling of `timeout_seconds` (how long a command may stay undelivered/unreported before it expires). */
-export const DEFAULT_COMMAND_TIMEOUT_SECONDS = 900;
-export const MAX_COMMAND_TIMEOUT_SECONDS = 86400;
-/** Ceiling of `params.delaySeconds` of reboot/shutdown (7 days). */
-export const MAX_DELAY_SECONDS = 604800;
-/** Screenshot URLs in command state live this long. */
-export const SCREENSHOT_URL_TTL_MS = 5 * 60 * 1000;
 
 export const MachineSummary = Type.Object({
   machineId: Type.String(),
@@ -121,9 +107,9 @@ export function machineView(r: MachineRow): MachineSummary {
   };
 }
 
-/** API view of a command row; with `blob`, a stored screenshot gets a short-lived signed URL. */
-export async function commandView(r: CommandRow, blob?: BlobStore): Promise<CommandState> {
-  const view: CommandState = {
+/** API view of a command row; `screenshot` is the signed URL of its stored screenshot, when it has one. */
+export function commandView(r: CommandRow, screenshot?: ScreenshotLink): CommandState {
+  return {
     commandId: r.command_id,
     machineId: r.machine_id,
     siteId: r.site_id,
@@ -141,13 +127,8 @@ export async function commandView(r: CommandRow, blob?: BlobStore): Promise<Comm
     deliveredAt: iso(r.delivered_at),
     completedAt: iso(r.completed_at),
     expiresAt: iso(r.expires_at),
+    ...(screenshot ? { screenshotUrl: screenshot.url, screenshotExpiresAt: screenshot.expiresAt } : {}),
   };
-  if (blob && r.artifact_blob) {
-    const signed = await blob.readUrl('screenshots', r.artifact_blob, SCREENSHOT_URL_TTL_MS);
-    view.screenshotUrl = signed.url;
-    view.screenshotExpiresAt = new Date(signed.expiresAt).toISOString();
-  }
-  return view;
 }
 
 const machineRead = (siteId: string, machineId: string): Requirement[] => [
@@ -163,7 +144,7 @@ const SiteParams = Type.Object({ siteId: SiteId });
 const MachineParams = Type.Object({ siteId: SiteId, machineId: MachineId });
 const CommandParams = Type.Object({ siteId: SiteId, machineId: MachineId, commandId: CommandId });
 
-/** The progress counters of a roost target state (SPEC.md "Roost target state"; domain/target-state.ts), as TypeBox properties. */
+/** The progress counters of a roost target state (domain/target-state.ts SyncCounters), as TypeBox properties. */
 export const SyncCountersProps = {
   chunks_fetched: Type.Integer(),
   chunks_total: Type.Integer(),
@@ -229,51 +210,7 @@ const CommandCreated = Type.Object({
 
 const errorResponses = { 400: Problem, 401: Problem, 403: Problem, 404: Problem };
 
-function paramError(key: string, msg: string): ApiError {
-  return new ApiError('validation_failed', `${key} ${msg}`, { extras: { param: key, errors: { [key]: [msg] } } });
-}
-
-/**
- * Validates and normalises the type-specific params of a user command.
- * @throws ApiError unsupported_command_type (unknown type), validation_failed (bad params, dotted path `params.x`)
- */
-export function normaliseCommandParams(type: string, params: Record<string, unknown> | undefined): Record<string, unknown> {
-  const p = params ?? {};
-  const allowOnly = (keys: string[]) => {
-    for (const k of Object.keys(p)) if (!keys.includes(k)) throw paramError(`params.${k}`, `is not a parameter of ${type}`);
-  };
-  switch (type) {
-    case 'reboot_machine':
-    case 'shutdown_machine': {
-      allowOnly(['delaySeconds']);
-      const d = p.delaySeconds ?? 0;
-      if (typeof d !== 'number' || !Number.isInteger(d) || d < 0 || d > MAX_DELAY_SECONDS) {
-        throw paramError('params.delaySeconds', `must be an integer from 0 to ${MAX_DELAY_SECONDS} (seconds)`);
-      }
-      return { delaySeconds: d };
-    }
-    case 'capture_screenshot': {
-      allowOnly(['monitor']);
-      const m = p.monitor ?? 0;
-      const ok = m === 'all' || m === 'primary' || (typeof m === 'number' && Number.isInteger(m) && m >= 0 && m <= 255);
-      if (!ok) throw paramError('params.monitor', 'must be "all", "primary" or a non-negative integer monitor index');
-      return { monitor: m };
-    }
-    default:
-      throw new ApiError(
-        'unsupported_command_type',
-        `command type "${type.slice(0, 64)}" is not supported; use one of ${USER_COMMAND_TYPES.join(', ')}`,
-        {
-          extras: { param: 'type', supported: [...USER_COMMAND_TYPES] },
-        },
-      );
-  }
-}
-
-export default async function machinesRoutes(root: FastifyInstance): Promise<void> {
-  const app = root.withTypeProvider<TypeBoxTypeProvider>();
-  const stale = () => app.deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS;
-
+const machinesRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get(
     '/api/sites/:siteId/machines',
     {
@@ -295,10 +232,8 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
         { resource: 'machine', id: '*', permission: 'read' },
       ]);
       const paging = parsePaging<string>(request.query, { defaultSize: 50, maxSize: 200, accept: (p) => typeof p === 'string' });
-      const rows = await listMachines(app.deps.db, siteId, { after: paging.after, limit: paging.pageSize, staleSeconds: stale() });
-      const page = rows.slice(0, paging.pageSize);
-      const more = rows.length > paging.pageSize;
-      return { machines: page.map(machineView), ...pageTokens(more ? page[page.length - 1].machine_id : undefined) };
+      const page = await listSiteMachines(app.deps, { siteId, after: paging.after, pageSize: paging.pageSize });
+      return { machines: page.machines.map(machineView), ...pageTokens(page.next) };
     },
   );
 
@@ -310,8 +245,7 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
     async (request) => {
       const { siteId, machineId } = request.params;
       await authorizeSite(request, siteId, machineRead(siteId, machineId));
-      const row = await getMachine(app.deps.db, siteId, machineId, stale());
-      if (!row) throw new ApiError('not_found', 'machine not found');
+      const row = await machineDetail(app.deps, { siteId, machineId });
       return { ...machineView(row), info: row.info ?? {}, metrics: row.metrics, processes: row.processes ?? [] };
     },
   );
@@ -332,8 +266,7 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
     async (request) => {
       const { siteId, machineId } = request.params;
       await authorizeSite(request, siteId, machineRead(siteId, machineId));
-      if (!(await machineExists(app.deps.db, siteId, machineId))) throw new ApiError('not_found', 'machine not found');
-      const rows = await machineDeployments(app.deps.db, siteId, machineId);
+      const rows = await deploymentsOfMachine(app.deps, { siteId, machineId });
       return {
         siteId,
         machineId,
@@ -346,7 +279,7 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
           reportedVersionId: r.reported_version_id,
           reportedVersionNumber: r.reported_version_number,
           status: r.status,
-          inSync: r.current_version_id !== null && r.reported_version_id === r.current_version_id && r.status === 'committed',
+          inSync: r.inSync,
           error: r.error,
           chunks_fetched: r.chunks_fetched ?? 0,
           chunks_total: r.chunks_total ?? 0,
@@ -378,28 +311,15 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
       const user = await authorizeSite(request, siteId, machineWrite(siteId, machineId));
       await enforceCapability(request, 'MACHINE_EXEC_COMMAND', siteId);
       const body = request.body;
-      const params = normaliseCommandParams(body.type, body.params);
-      const timeoutSeconds = body.timeout_seconds ?? DEFAULT_COMMAND_TIMEOUT_SECONDS;
-      const row = await createCommand(
-        app.deps.db,
-        {
-          siteId,
-          machineId,
-          commandId: newId('cmd'),
-          type: body.type,
-          params,
-          timeoutMs: Math.round(timeoutSeconds * 1000),
-          createdBy: user.userId,
-          auditCorrelationId: body.auditCorrelationId ?? null,
-        },
-        stale(),
-      );
-      if (row === 'not_found') throw new ApiError('not_found', 'machine not found');
-      if (row === 'offline') {
-        throw new ApiError('machine_offline', `machine ${machineId} is offline (no fresh heartbeat); the command was not queued`, {
-          extras: { machineId },
-        });
-      }
+      const row = await queueUserCommand(app.deps, {
+        siteId,
+        machineId,
+        type: body.type,
+        params: body.params,
+        timeoutSeconds: body.timeout_seconds,
+        createdBy: user.userId,
+        auditCorrelationId: body.auditCorrelationId,
+      });
       reply.code(202);
       return {
         commandId: row.command_id,
@@ -427,10 +347,10 @@ export default async function machinesRoutes(root: FastifyInstance): Promise<voi
     async (request) => {
       const { siteId, machineId, commandId } = request.params;
       await authorizeSite(request, siteId, machineRead(siteId, machineId));
-      await expirePendingCommands(app.deps.db, siteId, machineId, commandId);
-      const row = await getCommand(app.deps.db, siteId, machineId, commandId);
-      if (!row) throw new ApiError('not_found', 'command not found');
-      return commandView(row, app.deps.blob);
+      const state = await commandState(app.deps, { siteId, machineId, commandId });
+      return commandView(state.command, state.screenshot);
     },
   );
-}
+};
+
+export default machinesRoutes;

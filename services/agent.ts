@@ -1,0 +1,372 @@
+/**
+ * The agent protocol, service side (docs/agent-protocol.md): enrolment, heartbeats, long-poll command
+ * delivery, command results and screenshots, the sync answer of a version (signed body URL and signature)
+ * and target-state reports. The routes are api/routes/agent.ts; the SQL is db/machines.ts.
+ *
+ * Secrets and tokens are stored as SHA-256 digests only. Long-poll: waiting requests register in one
+ * per-process `CommandWaiters`; one loop checks the database every ~250 ms for all waiting machines of a
+ * site with a single query, so a thousand waiting agents cost four queries a second, not four thousand.
+ */
+import { ApiError } from '../domain/errors';
+import { hexEqual, randomToken, sha256Hex } from '../domain/hex';
+import type { SigningJwk } from '../domain/signature';
+import {
+  type CommandReport,
+  type CommandRow,
+  type EnrolInput,
+  type HeartbeatInput,
+  type TargetStateInput,
+  type TargetStateRow,
+  claimCommands,
+  enrolMachine as enrolMachineRow,
+  expirePendingCommands,
+  getCommand,
+  machinesWithDeliverable,
+  recordHeartbeat,
+  reportCommand,
+  roostAndVersionExist,
+  roostVersionForAgent,
+  setCommandArtifact,
+  setSiteEnrolmentSecretHash,
+  siteEnrolmentSecretHash,
+  upsertTargetState,
+} from '../db/machines';
+import type { ServiceDeps } from './deps';
+import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from './signing';
+
+export type { CommandRow, HeartbeatInput, TargetStateRow };
+
+/** Longest long-poll (seconds); larger `wait` values are capped. */
+export const MAX_WAIT_SECONDS = 30;
+/** Interval of the shared long-poll check (ms). */
+export const POLL_INTERVAL_MS = 250;
+/** Largest screenshot PNG accepted (bytes). */
+export const MAX_SCREENSHOT_BYTES = 10 * 1024 * 1024;
+const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+
+/** Shape of an enrolment secret as `POST /api/sites/{siteId}/enrolment-secret` issues it. */
+export const ENROLMENT_SECRET_RE = /^ses_[A-Za-z0-9_-]{43}$/;
+
+/** Blob name of a command's screenshot in the screenshots container. */
+export function screenshotBlobName(siteId: string, machineId: string, commandId: string): string {
+  return `sites/${siteId}/machines/${machineId}/screenshots/${commandId}.png`;
+}
+
+/** The machine an agent token is bound to (the route reads it from the request's agent principal). */
+export interface AgentIdentity {
+  siteId: string;
+  machineId: string;
+}
+
+/** Where the waiter loop reports a failed check (a pino/Fastify logger fits). */
+export interface WarnLogger {
+  warn(obj: object, msg: string): void;
+}
+
+interface Waiter {
+  resolve: (signalled: boolean) => void;
+  timer: NodeJS.Timeout;
+}
+
+/**
+ * Per-process registry of long-polling agents. `wait()` resolves true when the machine has a
+ * deliverable command (checked every `intervalMs` for all waiters of a site with one query), false at
+ * the deadline or when cancelled/closed.
+ */
+export class CommandWaiters {
+  private readonly bySite = new Map<string, Map<string, Set<Waiter>>>();
+  private loop: NodeJS.Timeout | undefined;
+  private closed = false;
+
+  constructor(
+    private readonly deps: Pick<ServiceDeps, 'db'>,
+    private readonly log: WarnLogger,
+    private readonly intervalMs = POLL_INTERVAL_MS,
+  ) {}
+
+  /** Waits until `deadline` (epoch ms) for a deliverable command. `cancel()` resolves false at once. */
+  wait(siteId: string, machineId: string, deadline: number): { promise: Promise<boolean>; cancel: () => void } {
+    let waiter!: Waiter;
+    const promise = new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => this.finish(siteId, machineId, waiter, false), Math.max(0, deadline - Date.now()));
+      waiter = { resolve, timer };
+    });
+    if (this.closed) {
+      this.finish(siteId, machineId, waiter, false);
+      return { promise, cancel: () => undefined };
+    }
+    let machines = this.bySite.get(siteId);
+    if (!machines) this.bySite.set(siteId, (machines = new Map()));
+    let set = machines.get(machineId);
+    if (!set) machines.set(machineId, (set = new Set()));
+    set.add(waiter);
+    this.schedule();
+    return { promise, cancel: () => this.finish(siteId, machineId, waiter, false) };
+  }
+
+  /** Number of requests currently waiting (for tests and metrics). */
+  get size(): number {
+    let n = 0;
+    for (const machines of this.bySite.values()) for (const set of machines.values()) n += set.size;
+    return n;
+  }
+
+  /** Releases every waiter (false) and stops the loop. */
+  close(): void {
+    this.closed = true;
+    if (this.loop) clearTimeout(this.loop);
+    this.loop = undefined;
+    for (const [siteId, machines] of this.bySite) {
+      for (const [machineId, set] of machines) for (const w of [...set]) this.finish(siteId, machineId, w, false);
+    }
+  }
+
+  private finish(siteId: string, machineId: string, w: Waiter, signalled: boolean): void {
+    clearTimeout(w.timer);
+    const machines = this.bySite.get(siteId);
+    const set = machines?.get(machineId);
+    if (set) {
+      set.delete(w);
+      if (set.size === 0) machines!.delete(machineId);
+      if (machines!.size === 0) this.bySite.delete(siteId);
+    }
+    w.resolve(signalled);
+  }
+
+  private schedule(): void {
+    if (this.loop || this.closed || this.bySite.size === 0) return;
+    this.loop = setTimeout(() => {
+      this.tick()
+        .catch((err) => this.log.warn({ err }, 'long-poll check failed'))
+        .finally(() => {
+          this.loop = undefined;
+          this.schedule();
+        });
+    }, this.intervalMs);
+    this.loop.unref();
+  }
+
+  private async tick(): Promise<void> {
+    for (const [siteId, machines] of [...this.bySite]) {
+      const ids = [...machines.keys()];
+      for (let i = 0; i < ids.length; i += 5000) {
+        const ready = await machinesWithDeliverable(this.deps.db, siteId, ids.slice(i, i + 5000));
+        for (const machineId of ready) {
+          const set = this.bySite.get(siteId)?.get(machineId);
+          if (set) for (const w of [...set]) this.finish(siteId, machineId, w, true);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Enrolment (POST /api/sites/{siteId}/enrolment-secret, POST /api/agent/enrol)
+
+/**
+ * Creates or rotates a site's enrolment secret; only its SHA-256 is stored, so the raw secret is returned
+ * once. Tokens already issued keep working.
+ * @throws ApiError not_found when the site does not exist.
+ */
+export async function rotateEnrolmentSecret(
+  deps: Pick<ServiceDeps, 'db'>,
+  input: { siteId: string },
+): Promise<{ siteId: string; enrolmentSecret: string }> {
+  const enrolmentSecret = `ses_${randomToken()}`;
+  if (!(await setSiteEnrolmentSecretHash(deps.db, input.siteId, sha256Hex(enrolmentSecret))))
+    throw new ApiError('not_found', 'site not found');
+  return { siteId: input.siteId, enrolmentSecret };
+}
+
+/** What a machine sends to enrol (`POST /api/agent/enrol`): its details plus the site's enrolment secret. */
+export type EnrolRequest = EnrolInput & { enrolmentSecret: string };
+
+/** A site signing key as agents pin it: the JWK plus `active` and its ISO `createdAt`. */
+export type PinnableKey = SigningJwk & { active: boolean; createdAt: string };
+
+/**
+ * Enrols (or re-enrols) a machine: checks the enrolment secret in constant time, issues a new `sat_`
+ * token (the previous one stops working), marks the machine online and returns the site's signing keys
+ * for the agent to pin.
+ * @throws ApiError unauthorized for an unknown site or a wrong secret (no hint which).
+ */
+export async function enrolAgent(
+  deps: Pick<ServiceDeps, 'db' | 'cfg'>,
+  input: EnrolRequest,
+): Promise<{ siteId: string; machineId: string; agentToken: string; signingKeys: PinnableKey[] }> {
+  const stored = await siteEnrolmentSecretHash(deps.db, input.siteId);
+  const digest = sha256Hex(input.enrolmentSecret);
+  if (!stored || !ENROLMENT_SECRET_RE.test(input.enrolmentSecret) || !hexEqual(stored, digest)) {
+    throw new ApiError('unauthorized', 'unknown site or wrong enrolment secret');
+  }
+  const agentToken = `sat_${randomToken()}`;
+  const { enrolmentSecret: _secret, ...machine } = input;
+  await enrolMachineRow(deps.db, machine, sha256Hex(agentToken), deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS);
+  const signingKeys = (await listSigningKeys(deps.db, sealKeyOf(deps.cfg), input.siteId)).map((k) => ({
+    ...k.jwk,
+    active: k.active,
+    createdAt: k.createdAt.toISOString(),
+  }));
+  return { siteId: input.siteId, machineId: input.machineId, agentToken, signingKeys };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Liveness (POST /api/agent/heartbeat)
+
+/**
+ * Records a heartbeat with whatever snapshot fields were sent.
+ * @returns the server time and the number of deliverable pending commands.
+ * @throws ApiError unauthorized when the machine is no longer enrolled.
+ */
+export async function recordAgentHeartbeat(
+  deps: Pick<ServiceDeps, 'db' | 'cfg'>,
+  input: AgentIdentity & { heartbeat: HeartbeatInput },
+): Promise<{ serverTime: Date; pendingCommands: number }> {
+  const r = await recordHeartbeat(deps.db, input.siteId, input.machineId, input.heartbeat, deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS);
+  if (!r) throw new ApiError('unauthorized', 'this machine is no longer enrolled');
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Commands (GET /api/agent/commands, POST /api/agent/commands/{commandId}, PUT …/screenshot)
+
+/**
+ * Hands out the machine's deliverable commands (expired ones closed first), long-polling through
+ * `waiters` up to `waitSeconds` (capped at MAX_WAIT_SECONDS) when there are none. `gone` aborts when
+ * the agent hung up: the wait stops so nothing is marked delivered to nobody.
+ * @returns the claimed rows, oldest first (possibly none).
+ */
+export async function pollCommands(
+  deps: Pick<ServiceDeps, 'db'>,
+  waiters: CommandWaiters,
+  input: AgentIdentity & { waitSeconds: number; gone: AbortSignal },
+): Promise<CommandRow[]> {
+  const { siteId, machineId, gone } = input;
+  const deadline = Date.now() + Math.min(input.waitSeconds, MAX_WAIT_SECONDS) * 1000;
+  await expirePendingCommands(deps.db, siteId, machineId);
+  let rows = await claimCommands(deps.db, siteId, machineId);
+  while (rows.length === 0 && !gone.aborted && Date.now() < deadline) {
+    const w = waiters.wait(siteId, machineId, deadline);
+    gone.addEventListener('abort', w.cancel, { once: true });
+    const signalled = await w.promise;
+    gone.removeEventListener('abort', w.cancel);
+    if (!signalled || gone.aborted) break;
+    rows = await claimCommands(deps.db, siteId, machineId);
+  }
+  return rows;
+}
+
+/**
+ * Applies an agent's command report (docs/agent-protocol.md "Commands").
+ * @returns the command row after the report and `applied` (false when it was already closed).
+ * @throws ApiError validation_failed for status `pending`, not_found when the command is not this machine's.
+ */
+export async function reportCommandStatus(
+  deps: Pick<ServiceDeps, 'db'>,
+  input: AgentIdentity & { commandId: string; report: CommandReport },
+): Promise<{ row: CommandRow; applied: boolean }> {
+  if (input.report.status === 'pending') {
+    throw new ApiError('validation_failed', 'status pending cannot be reported', {
+      extras: { param: 'status', errors: { status: ['must not be pending'] } },
+    });
+  }
+  const r = await reportCommand(deps.db, input.siteId, input.machineId, input.commandId, input.report);
+  if (!r) throw new ApiError('not_found', 'command not found');
+  return { row: r.row, applied: r.changed };
+}
+
+/**
+ * Stores the PNG of an open capture_screenshot command in the screenshots container and records it on
+ * the command (the machines route then serves a signed URL of it).
+ * @returns the stored size in bytes.
+ * @throws ApiError validation_failed (not a PNG), not_found (no such capture_screenshot command),
+ *         conflict (the command is closed).
+ */
+export async function storeScreenshot(
+  deps: Pick<ServiceDeps, 'db' | 'blob'>,
+  input: AgentIdentity & { commandId: string; png: unknown },
+): Promise<{ commandId: string; bytes: number }> {
+  const { siteId, machineId, commandId, png } = input;
+  if (!Buffer.isBuffer(png) || png.length < PNG_SIGNATURE.length || !png.subarray(0, 8).equals(PNG_SIGNATURE)) {
+    throw new ApiError('validation_failed', 'body must be a PNG image sent as Content-Type: image/png', { extras: { param: 'body' } });
+  }
+  const cmd = await getCommand(deps.db, siteId, machineId, commandId);
+  if (!cmd || cmd.type !== 'capture_screenshot') throw new ApiError('not_found', 'capture_screenshot command not found');
+  if (cmd.completed_at) throw new ApiError('conflict', 'the command is closed; upload before reporting completed');
+  const blobName = screenshotBlobName(siteId, machineId, commandId);
+  await deps.blob.put('screenshots', blobName, png, 'image/png');
+  await setCommandArtifact(deps.db, siteId, machineId, commandId, blobName);
+  return { commandId, bytes: png.length };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Roost sync (GET /api/agent/roosts/{roostId}/versions/{versionId}, PUT /api/agent/roosts/{roostId}/state)
+
+/** What an agent needs to sync a version: its signed body URL, where to extract it, and its signature. */
+export interface AgentVersionAnswer {
+  roostId: string;
+  versionId: string;
+  versionNumber: number;
+  versionUrl: string;
+  /** ISO time the body URL stops working (15 minutes). */
+  expiresAt: string;
+  extractPath: string;
+  /** Ed25519 signature (base64url) of `roost-version-v1:<siteId>:<roostId>:<versionId>`. */
+  signature: string;
+  signingKeyId: string;
+}
+
+/**
+ * The sync answer of a version of a roost of the agent's site. Versions published before signing
+ * existed are signed on first read (services/signing.ts ensureVersionSignatures).
+ * @throws ApiError not_found (unknown or deleted roost), version_not_found (not a version of this roost).
+ */
+export async function versionForAgent(
+  deps: Pick<ServiceDeps, 'db' | 'cfg' | 'blob'>,
+  input: AgentIdentity & { roostId: string; versionId: string },
+): Promise<AgentVersionAnswer> {
+  const { siteId, roostId, versionId } = input;
+  const row = await roostVersionForAgent(deps.db, siteId, roostId, versionId);
+  if (!row) {
+    const exists = await roostAndVersionExist(deps.db, siteId, roostId, versionId);
+    if (!exists.roost) throw new ApiError('not_found', 'roost not found');
+    throw new ApiError('version_not_found', 'version not found in this roost');
+  }
+  const [sig] = await ensureVersionSignatures(deps.db, sealKeyOf(deps.cfg), siteId, [
+    { roost_id: roostId, version_id: versionId, signature: row.signature, signing_key_id: row.signing_key_id },
+  ]);
+  const signed = await deps.blob.readUrl('versions', row.blob_name);
+  return {
+    roostId,
+    versionId,
+    versionNumber: row.version_number,
+    versionUrl: signed.url,
+    expiresAt: new Date(signed.expiresAt).toISOString(),
+    extractPath: row.extract_path,
+    signature: sig.signature!,
+    signingKeyId: sig.signing_key_id!,
+  };
+}
+
+/** A target-state report as the agent sends it (counters are counts, `bytes_fetched` bytes). */
+export type TargetStateReport = TargetStateInput;
+
+/**
+ * Stores the machine's reported state for a roost.
+ * @returns the stored state.
+ * @throws ApiError not_found (unknown or deleted roost), version_not_found (reportedVersionId is not one
+ *         of its versions).
+ */
+export async function reportTargetState(
+  deps: Pick<ServiceDeps, 'db'>,
+  input: AgentIdentity & { roostId: string; report: TargetStateReport },
+): Promise<TargetStateRow> {
+  const { siteId, machineId, roostId, report } = input;
+  const exists = await roostAndVersionExist(deps.db, siteId, roostId, report.reportedVersionId);
+  if (!exists.roost) throw new ApiError('not_found', 'roost not found');
+  if (!exists.version)
+    throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
+      extras: { param: 'reportedVersionId' },
+    });
+  return upsertTargetState(deps.db, siteId, machineId, roostId, report);
+}
