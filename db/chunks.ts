@@ -1,19 +1,22 @@
 /**
- * Chunk repository (SPEC.md "Chunk reference", "Chunk referrer entry", "Chunks"). A site's chunks are the
+ * Chunk repository (the `/api/chunks/...` routes, docs/decisions/chunk-*.md). A site's chunks are the
  * rows of `chunks` (recorded by publish once the stored size was checked); referrers are mount rows of
  * `chunk_referrers` plus the versions that list the chunk (`version_chunks` joined to `roost_versions`).
- * Every query names `site_id`: chunks of one site are never visible to another.
+ * Every query names `site_id`: chunks of one site are never visible to another. SQL only: the blob side of
+ * chunk presence is services/chunks.ts.
  */
 import type { Pool } from 'pg';
+import type { ReferrerEntry, ReferrerPosition } from '../domain/chunks';
 import { ApiError } from '../domain/errors';
 import { sha256Hex } from '../domain/hex';
+import type { ChunkRef } from '../domain/version';
 import { withTx, type Queryable } from './pool';
 
 /**
  * The subset of `hashes` the site holds with sound bytes (one indexed query on the `chunks` primary key).
  * A chunk whose stored bytes the verification sweep found wrong (`verify_failed_digest`) is not held:
  * `chunks/check` then asks the client to upload it again and download-urls does not hand it to agents,
- * until a publish re-hashes the re-uploaded bytes (db/roosts.ts findMissingChunks) or the sweep clears it.
+ * until a publish re-hashes the re-uploaded bytes (services/chunks.ts findMissingChunks) or the sweep clears it.
  * `hashes` should already be distinct; order is irrelevant.
  */
 export async function heldHashes(db: Queryable, siteId: string, hashes: string[]): Promise<Set<string>> {
@@ -30,9 +33,49 @@ export async function chunkHeld(db: Queryable, siteId: string, hash: string): Pr
   return rows.length > 0;
 }
 
+/** A recorded chunk: size in bytes and, when the verification sweep found its bytes wrong, the digest it saw. */
+export interface ChunkRow {
+  hash: string;
+  size: number;
+  verify_failed_digest: string | null;
+}
+
+/** The `chunks` rows of the site among `hashes` (any verification state). */
+export async function chunkRows(db: Queryable, siteId: string, hashes: string[]): Promise<ChunkRow[]> {
+  const { rows } = await db.query<ChunkRow>(
+    'SELECT hash, size, verify_failed_digest FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])',
+    [siteId, hashes],
+  );
+  return rows;
+}
+
+/** Clears the verification-failure mark of chunks whose stored bytes were re-hashed sound (sets verified_at). */
+export async function clearVerifyFailed(db: Queryable, siteId: string, hashes: string[]): Promise<void> {
+  await db.query(
+    `UPDATE chunks SET verify_failed_digest = NULL, verify_failed_at = NULL, verified_at = now()
+      WHERE site_id = $1 AND hash = ANY($2::text[])`,
+    [siteId, hashes],
+  );
+}
+
+/** Records chunks the site holds (sizes in bytes) without quota accounting; rows already present are kept. */
+export async function insertChunks(db: Queryable, siteId: string, refs: ChunkRef[]): Promise<void> {
+  await db.query(
+    `INSERT INTO chunks (site_id, hash, size) SELECT $1, t.hash, t.size FROM UNNEST($2::text[], $3::bigint[]) AS t(hash, size)
+     ON CONFLICT (site_id, hash) DO NOTHING`,
+    [siteId, refs.map((r) => r.hash), refs.map((r) => r.size)],
+  );
+}
+
+/** How many chunks the site has recorded. */
+export async function countChunks(db: Queryable, siteId: string): Promise<number> {
+  const { rows } = await db.query<{ n: string }>('SELECT count(*) AS n FROM chunks WHERE site_id = $1', [siteId]);
+  return Number(rows[0].n);
+}
+
 /**
- * Deterministic id of a mount referrer entry: SHA-256 hex of `digest|siteId|from|to`, so a retried mount
- * lands on the same row (SPEC.md "Chunks": retry-safe).
+ * Deterministic id of a mount referrer entry: SHA-256 hex of `digest|siteId|from|to`, so a retried
+ * `POST /api/chunks/{digest}/mount` lands on the same row.
  */
 export function mountEntryId(digest: string, siteId: string, from: string, to: string): string {
   return sha256Hex(`${digest}|${siteId}|${from}|${to}`);
@@ -84,43 +127,6 @@ export async function mountChunk(pool: Pool, m: MountInput): Promise<{ entryId: 
     );
     return { entryId, created: ins.rowCount === 1 };
   });
-}
-
-/** A referrer entry as the spec lists it; fields that do not apply to the source are null. */
-export interface ReferrerEntry {
-  entryId: string;
-  source: string;
-  roostId: string | null;
-  fromRoostId: string | null;
-  toRoostId: string | null;
-  versionId: string | null;
-  versionNumber: number | null;
-  fileCount: number | null;
-  pathCount: number | null;
-  totalBytes: number | null;
-  referencedAt: string;
-  createdAt: string;
-  createdBy: string;
-  mountedAt: string | null;
-  mountedBy: string | null;
-}
-
-/**
- * Keyset position of the referrer list: (roost key, source, number key, text key). Entries are ordered by
- * referring roost, then source (`mount` before `version`), then version number, then entry/version id.
- */
-export type ReferrerPosition = [string, string, number, string];
-
-/** True for a well-formed decoded page position. */
-export function isReferrerPosition(v: unknown): v is ReferrerPosition {
-  return (
-    Array.isArray(v) &&
-    v.length === 4 &&
-    typeof v[0] === 'string' &&
-    typeof v[1] === 'string' &&
-    Number.isSafeInteger(v[2]) &&
-    typeof v[3] === 'string'
-  );
 }
 
 interface ReferrerRow {

@@ -1,6 +1,6 @@
 /**
- * Storage quotas per site (SPEC.md "Quota snapshot", Errors quota_exceeded, Events quota.warning and
- * quota.exceeded, Limits "quota warning thresholds"). Decisions: docs/decisions/storage-quota.md.
+ * Storage quotas per site (`GET /api/sites/{siteId}/quota`, the 402 quota_exceeded problem, the
+ * quota.warning and quota.exceeded events). Decisions: docs/decisions/storage-quota.md.
  *
  * - usedBytes: the summed sizes of the distinct chunks the site holds (`chunks` rows).
  * - pendingBytes: unexpired upload reservations of chunks the site does not hold yet. `POST
@@ -35,7 +35,7 @@ export const DEFAULT_QUOTA_TIERS: Readonly<Record<string, number>> = {
 /** The tier whose limit applies to a site whose tier has no entry. */
 export const FALLBACK_TIER = 'standard';
 
-/** Warning thresholds as fractions of the limit (SPEC.md Limits), then 1 for quota.exceeded. */
+/** Warning thresholds as fractions of the limit, then 1 for quota.exceeded (docs/decisions/storage-quota.md). */
 export const WARNING_THRESHOLDS = [0.5, 0.8] as const;
 
 /** Bytes reserved per requested upload URL (the client does not send chunk sizes). */
@@ -44,7 +44,7 @@ export const RESERVATION_BYTES = CHUNK_SIZE;
 /** Tier name → storage limit in bytes. */
 export type QuotaTiers = Readonly<Record<string, number>>;
 
-/** SPEC.md "Quota snapshot" (bytes). */
+/** The quota snapshot of a site (all sizes in bytes). */
 export interface QuotaSnapshot {
   siteId: string;
   tier: string;
@@ -126,7 +126,7 @@ async function usage(db: Queryable, siteId: string, tiers: QuotaTiers, excluding
 }
 
 /**
- * The quota snapshot of a site (SPEC.md "Quota snapshot"). Does not check access.
+ * The quota snapshot of a site (`GET /api/sites/{siteId}/quota`). Does not check access.
  * @throws ApiError not_found when the site does not exist.
  */
 export function quotaSnapshot(db: Queryable, siteId: string, tiers: QuotaTiers): Promise<QuotaSnapshot> {

@@ -1,20 +1,18 @@
 /**
- * Roost repository (SPEC.md "Roost record", "Version record", "Roost current pointer"): roost rows,
- * version rows, version-ref resolution, the publish and rollback pointer moves, chunk presence at
- * publish, and the version-body loader with its in-process cache.
+ * Roost repository (the `/api/roosts` and `/api/roosts/{roostId}/versions` routes): roost rows, version
+ * rows, version-ref resolution (docs/decisions/version-refs.md), and the publish and rollback pointer
+ * moves (docs/decisions/version-publish.md). SQL only: chunk presence against blob storage and the
+ * version-body loader live in services/chunks.ts and services/version-bodies.ts.
  *
  * Every query names `site_id`. Multi-statement writes run in one `withTx` (SERIALIZABLE, 40001 retry);
  * the roost row is read `FOR UPDATE` first so concurrent publishes and rollbacks serialise on it.
  *
- * Functions other route families use: `getRoost`, `resolveVersion`, `loadVersionBody`, `versionUrlOf`.
+ * Functions other route families use: `getRoost`, `getVersion`, `resolveVersion`, `resolveVersionIn`.
  */
 import type { Pool } from 'pg';
-import pLimit from 'p-limit';
 import { ApiError } from '../domain/errors';
-import { sha256Hex } from '../domain/hex';
-import type { ChunkRef, VersionBody } from '../domain/version';
+import { type ChunkRef, MAX_MISSING_CHUNKS } from '../domain/version';
 import { parseVersionRef, type VersionRef } from '../domain/versionRef';
-import { type BlobStore, versionBlobName } from '../storage/blob';
 import { recordEvent } from './events';
 import { type Queryable, withTx } from './pool';
 
@@ -51,7 +49,7 @@ export interface VersionRow {
   created_at: Date;
   created_by: string;
   updated_at: Date;
-  /** Ed25519 signature of the version (base64url; db/signing-keys.ts), null until signed. */
+  /** Ed25519 signature of the version (base64url; services/signing.ts), null until signed. */
   signature: string | null;
   /** Key id of `signature`. */
   signing_key_id: string | null;
@@ -81,11 +79,6 @@ const ROOST_COLS = `site_id, roost_id, name, targets, extract_path, version_coun
   created_at, created_by, updated_at, deleted_at`;
 const VERSION_COLS = `site_id, roost_id, version_id, version_number, description, blob_name, total_size, total_files,
   parent_version_id, created_at, created_by, updated_at, signature, signing_key_id`;
-
-/** Stable URL of a version body blob (`versionUrl`): the blob's plain URL, not a signed one. */
-export function versionUrlOf(blob: BlobStore, row: { blob_name: string }): string {
-  return blob.blobUrl('versions', row.blob_name);
-}
 
 // ---------------------------------------------------------------------------------------------------
 // Roosts
@@ -337,7 +330,7 @@ export async function resolveVersionIn(db: Queryable, roost: RoostRow, ref: Vers
 }
 
 /**
- * Resolves a version ref (SPEC.md "Version id and version refs": 64-hex id, `vrs_<hex>`, `3`/`#3`/`v3`,
+ * Resolves a version ref (docs/decisions/version-refs.md: 64-hex id, `vrs_<hex>`, `3`/`#3`/`v3`,
  * `current`/`previous`/`first`) in a live roost and returns the version row.
  * @throws ApiError not_found (404) when the roost is missing or tombstoned, version_ref_malformed (400)
  *   for a string that is no ref, version_not_found (404) when a well-formed ref matches nothing.
@@ -402,104 +395,6 @@ export async function updateVersionDescription(
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Chunk presence at publish
-
-/** Concurrent blob property reads while checking chunks that have no `chunks` row yet. */
-export const BLOB_CHECK_CONCURRENCY = 32;
-/** Fewest unrecorded chunks for which listing the site's chunk prefix is considered instead of HEADs. */
-export const LIST_MIN_UNKNOWN = 256;
-/** What one list page (5,000 blobs) costs, in blob property reads (measured on Azurite: roughly 20–40). */
-export const HEADS_PER_LIST_PAGE = 50;
-
-/**
- * True when listing the site's chunk blobs (about one page per 5,000 of the chunks it holds, plus the new
- * ones) costs less than one HEAD per unrecorded chunk. A 1 GiB cold push has ~17,500 new chunks: 4 list
- * pages instead of 17,500 HEADs.
- */
-export async function listingIsCheaper(db: Queryable, siteId: string, unknownCount: number): Promise<boolean> {
-  if (unknownCount < LIST_MIN_UNKNOWN) return false;
-  const { rows } = await db.query<{ n: string }>('SELECT count(*) AS n FROM chunks WHERE site_id = $1', [siteId]);
-  const pages = Math.ceil((Number(rows[0].n) + unknownCount) / 5000);
-  return pages * HEADS_PER_LIST_PAGE < unknownCount;
-}
-
-/**
- * Which of `refs` (distinct hashes with the size the version references) the site lacks. A chunk is
- * present when a `chunks` row exists for (site, hash); for a hash with no row the stored blob is
- * checked and accepted only when its size equals the referenced size, and then a row is recorded so
- * the next check is SQL only. Returns the missing hashes in `refs` order, and the present chunks whose
- * recorded size differs from the referenced size (`conflicts`: hash → recorded size).
- * `record` writes the rows of the chunks found in storage (default: a plain insert; publish passes the
- * quota-checked `recordChunks` of db/quota.ts, which may throw 402 quota_exceeded).
- * A recorded chunk whose bytes the verification sweep found wrong is re-hashed from storage: sound bytes
- * (re-uploaded since) clear its mark, anything else counts as missing.
- * `opts.strategy`: how unrecorded chunks are looked up in storage: `head` (one property read each, 32 in
- * flight), `list` (list the site's chunk prefix), or `auto` (default: list when that is cheaper,
- * `listingIsCheaper`). Both give the same answer.
- */
-export async function findMissingChunks(
-  db: Queryable,
-  blob: BlobStore,
-  siteId: string,
-  refs: ChunkRef[],
-  record?: (found: ChunkRef[]) => Promise<unknown>,
-  opts: { strategy?: 'auto' | 'list' | 'head' } = {},
-): Promise<{ missing: string[]; conflicts: Map<string, number> }> {
-  const conflicts = new Map<string, number>();
-  if (refs.length === 0) return { missing: [], conflicts };
-  const hashes = refs.map((r) => r.hash);
-  const { rows } = await db.query<{ hash: string; size: number; verify_failed_digest: string | null }>(
-    'SELECT hash, size, verify_failed_digest FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])',
-    [siteId, hashes],
-  );
-  const known = new Map(rows.map((r) => [r.hash, r.size]));
-  const unknown: ChunkRef[] = [];
-  for (const r of refs) {
-    const size = known.get(r.hash);
-    if (size === undefined) unknown.push(r);
-    else if (size !== r.size) conflicts.set(r.hash, size);
-  }
-  // Chunks whose stored bytes the verification sweep found wrong: re-hash what is stored now (the client
-  // was told to upload them again); sound bytes clear the mark, anything else is missing.
-  const unsound = new Set<string>();
-  const suspect = rows.filter((r) => r.verify_failed_digest !== null && !conflicts.has(r.hash));
-  if (suspect.length) {
-    const limit = pLimit(BLOB_CHECK_CONCURRENCY);
-    const digests = await Promise.all(suspect.map((r) => limit(() => blob.chunkDigest(siteId, r.hash))));
-    const healed = suspect.filter((r, i) => digests[i]?.digest === r.hash && digests[i]?.size === r.size).map((r) => r.hash);
-    for (const r of suspect) if (!healed.includes(r.hash)) unsound.add(r.hash);
-    if (healed.length) {
-      await db.query(
-        `UPDATE chunks SET verify_failed_digest = NULL, verify_failed_at = NULL, verified_at = now()
-          WHERE site_id = $1 AND hash = ANY($2::text[])`,
-        [siteId, healed],
-      );
-    }
-  }
-  let stored: (number | null)[];
-  const strategy = opts.strategy ?? 'auto';
-  if (strategy === 'list' || (strategy === 'auto' && (await listingIsCheaper(db, siteId, unknown.length)))) {
-    const sizes = await blob.chunkSizesByListing(siteId, new Set(unknown.map((r) => r.hash)));
-    stored = unknown.map((r) => sizes.get(r.hash) ?? null);
-  } else {
-    const limit = pLimit(BLOB_CHECK_CONCURRENCY);
-    stored = await Promise.all(unknown.map((r) => limit(() => blob.chunkSize(siteId, r.hash))));
-  }
-  const found: ChunkRef[] = [];
-  const missing = new Set<string>();
-  unknown.forEach((r, i) => (stored[i] === r.size ? found.push(r) : missing.add(r.hash)));
-  if (found.length && record) await record(found);
-  else if (found.length) {
-    await db.query(
-      `INSERT INTO chunks (site_id, hash, size) SELECT $1, t.hash, t.size FROM UNNEST($2::text[], $3::bigint[]) AS t(hash, size)
-       ON CONFLICT (site_id, hash) DO NOTHING`,
-      [siteId, found.map((r) => r.hash), found.map((r) => r.size)],
-    );
-  }
-  return { missing: hashes.filter((h) => missing.has(h) || unsound.has(h)), conflicts };
-}
-
-// ---------------------------------------------------------------------------------------------------
 // Publish and rollback
 
 /** What publish did: a new version, a pointer move to an existing one, or nothing (already current). */
@@ -509,7 +404,7 @@ export interface PublishInput {
   siteId: string;
   roostId: string;
   versionId: string;
-  /** Canonical JSON text of the body (already stored in blob storage under `blobName`). */
+  /** Blob name of the body's canonical JSON text (already stored in blob storage). */
   blobName: string;
   totalSize: number;
   totalFiles: number;
@@ -520,7 +415,7 @@ export interface PublishInput {
   expectedCurrentVersionId?: string | null;
   changes: RoostChanges;
   userId: string;
-  /** The service's signature of the new version (db/signing-keys.ts signVersionFor); stored on insert only. */
+  /** The service's signature of the new version (services/signing.ts signVersionFor); stored on insert only. */
   signature?: { signature: string; keyId: string };
 }
 
@@ -544,8 +439,8 @@ export function checkExpectedCurrent(roost: RoostRow, expected: string | null | 
 }
 
 /**
- * The publish transaction (SPEC.md "Roost current pointer"). Locks the roost, checks the
- * expectedCurrentVersionId guard, then either
+ * The publish transaction of `POST /api/roosts/{roostId}/versions` (docs/decisions/version-publish.md).
+ * Locks the roost, checks the expectedCurrentVersionId guard, then either
  * - inserts the version (number = counter + 1, parent = current), its distinct chunks, moves
  *   current/previous and records `version.published` ('created'); or, when the roost already holds a
  *   version with this id,
@@ -627,7 +522,7 @@ export async function publishVersion(db: Pool, input: PublishInput): Promise<Pub
       );
     }
     if (input.chunks.length) {
-      // The route checked the chunks before this transaction; chunk GC (workflows/sweeps.ts) may have
+      // The publish service (services/versions.ts) checked the chunks before this transaction; chunk GC (workflows/sweeps.ts) may have
       // condemned one since. Re-reading them here makes publish and GC conflict under SERIALIZABLE, so
       // a version never commits referencing a chunk whose row is gone.
       const present = await tx.query<{ hash: string }>('SELECT hash FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])', [
@@ -641,7 +536,7 @@ export async function publishVersion(db: Pool, input: PublishInput): Promise<Pub
           'precondition_failed',
           `${missing.length} referenced chunk${missing.length > 1 ? 's are' : ' is'} not stored for this site; upload them, then publish again`,
           {
-            extras: { missingChunks: missing.slice(0, 20), missingCount: missing.length },
+            extras: { missingChunks: missing.slice(0, MAX_MISSING_CHUNKS), missingCount: missing.length },
           },
         );
       }
@@ -681,7 +576,7 @@ export interface RollbackResult {
 }
 
 /**
- * Rollback (SPEC.md "Roost current pointer"): resolves `target` in the locked roost, refuses the
+ * Rollback (`POST /api/roosts/{roostId}/rollback`): resolves `target` in the locked roost, refuses the
  * current version (400 rollback_no_op), moves current = target and previous = old current, and
  * records `version.rolled_back`. No compare-and-swap guard, no new version, no bytes.
  * @throws ApiError not_found, version_not_found, version_ref_malformed, rollback_no_op
@@ -720,90 +615,4 @@ export async function rollbackRoost(
       previousVersionId: roost.current_version_id,
     };
   });
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Version bodies
-
-/**
- * A small LRU of parsed version bodies keyed by (siteId, versionId). Bodies are immutable and
- * content-addressed, so entries never go stale; the bound is on entries and on the summed size of
- * their canonical JSON text (bytes).
- */
-export class BodyCache {
-  private readonly map = new Map<string, { body: VersionBody; bytes: number }>();
-  private bytes = 0;
-
-  constructor(
-    readonly maxEntries = 64,
-    readonly maxBytes = 128 * 1024 * 1024,
-  ) {}
-
-  get(key: string): VersionBody | undefined {
-    const hit = this.map.get(key);
-    if (!hit) return undefined;
-    this.map.delete(key);
-    this.map.set(key, hit);
-    return hit.body;
-  }
-
-  set(key: string, body: VersionBody, bytes: number): void {
-    if (bytes > this.maxBytes) return;
-    const old = this.map.get(key);
-    if (old) {
-      this.map.delete(key);
-      this.bytes -= old.bytes;
-    }
-    this.map.set(key, { body, bytes });
-    this.bytes += bytes;
-    for (const [k, v] of this.map) {
-      if (this.map.size <= this.maxEntries && this.bytes <= this.maxBytes) break;
-      this.map.delete(k);
-      this.bytes -= v.bytes;
-    }
-  }
-
-  get size(): number {
-    return this.map.size;
-  }
-
-  get totalBytes(): number {
-    return this.bytes;
-  }
-}
-
-/** The process-wide body cache used by `loadVersionBody`. */
-export const versionBodyCache = new BodyCache();
-const inflight = new Map<string, Promise<VersionBody>>();
-
-/**
- * Loads a stored version body (the canonical JSON written at publish), parsed, through the
- * process-wide cache. `blobName` defaults to `versionBlobName(siteId, roostId, versionId)`.
- * @throws ApiError not_found with status 410 when the body blob is gone; internal_error (500) when the
- *   stored bytes do not hash to `versionId`.
- */
-export async function loadVersionBody(
-  deps: { blob: BlobStore },
-  siteId: string,
-  roostId: string,
-  versionId: string,
-  blobName = versionBlobName(siteId, roostId, versionId),
-): Promise<VersionBody> {
-  const key = `${siteId}\n${versionId}`;
-  const hit = versionBodyCache.get(key);
-  if (hit) return hit;
-  let pending = inflight.get(key);
-  if (!pending) {
-    pending = (async () => {
-      const bytes = await deps.blob.get('versions', blobName);
-      if (!bytes) throw new ApiError('not_found', 'the stored version body is gone', { status: 410 });
-      if (sha256Hex(bytes) !== versionId)
-        throw new ApiError('internal_error', 'the stored version body does not match its id', { status: 500 });
-      const body = JSON.parse(bytes.toString('utf8')) as VersionBody;
-      versionBodyCache.set(key, body, bytes.length);
-      return body;
-    })().finally(() => inflight.delete(key));
-    inflight.set(key, pending);
-  }
-  return pending;
 }

@@ -1,12 +1,16 @@
 /**
- * Version body rules (SPEC.md "Version body", "File entry", "Chunk reference", "Version id").
- * Pure: no I/O. The version id is SHA-256 hex of the RFC 8785 (JCS) canonical JSON of the body exactly
- * as received, extra keys included (DESIGN.md decision), computed with the maintained `canonicalize`.
+ * Version body rules: the body `POST /api/roosts/{roostId}/versions` accepts (schemaVersion, mediaType,
+ * config, files with their chunk references) and the version id. Pure: no I/O. The version id is SHA-256
+ * hex of the RFC 8785 (JCS) canonical JSON of the body exactly as received, extra keys included
+ * (docs/decisions/version-publish.md), computed with the maintained `canonicalize`.
  */
 import canonicalize from 'canonicalize';
 import { isSha256Hex, sha256Hex } from './hex';
 
+/** Size in bytes of every chunk of a file but its last. */
 export const CHUNK_SIZE = 4194304;
+/** Most chunk hashes (or per-chunk errors) named on a failed publish. */
+export const MAX_MISSING_CHUNKS = 20;
 export const VERSION_SCHEMA_VERSION = 2;
 export const VERSION_MEDIA_TYPE = 'application/vnd.svc.version.v1+json';
 
@@ -112,4 +116,50 @@ export function distinctChunks(body: VersionBody): ChunkRef[] {
   const m = new Map<string, number>();
   for (const f of body.files) for (const c of f.chunks) m.set(c.hash, c.size);
   return [...m].map(([hash, size]) => ({ hash, size }));
+}
+
+/**
+ * Distinct chunks of a valid body in first-use order, each with the number of files that reference
+ * it. A hash referenced with two different sizes is a body error (a digest has exactly one length):
+ * reported at the later reference's dotted path (at most MAX_MISSING_CHUNKS paths). `errors` is null
+ * when there is none.
+ */
+export function chunkTable(body: VersionBody): { refs: (ChunkRef & { fileCount: number })[]; errors: Record<string, string[]> | null } {
+  const table = new Map<string, ChunkRef & { fileCount: number; lastFile: number }>();
+  const errors: Record<string, string[]> = {};
+  let n = 0;
+  body.files.forEach((f, i) =>
+    f.chunks.forEach((c, j) => {
+      const seen = table.get(c.hash);
+      if (seen === undefined) table.set(c.hash, { hash: c.hash, size: c.size, fileCount: 1, lastFile: i });
+      else {
+        if (seen.lastFile !== i) {
+          seen.fileCount++;
+          seen.lastFile = i;
+        }
+        if (seen.size !== c.size && n++ < MAX_MISSING_CHUNKS) {
+          errors[`version.files.${i}.chunks.${j}.size`] = [`chunk ${c.hash} is referenced elsewhere with size ${seen.size}`];
+        }
+      }
+    }),
+  );
+  const refs = [...table.values()].map(({ hash, size, fileCount }) => ({ hash, size, fileCount }));
+  return { refs, errors: Object.keys(errors).length ? errors : null };
+}
+
+/**
+ * Dotted-path errors (`version.files.<i>.chunks.<j>.size`, at most MAX_MISSING_CHUNKS) for the chunk
+ * references whose hash is stored with another size; `conflicts` maps hash → stored size in bytes.
+ */
+export function sizeConflictErrors(body: VersionBody, conflicts: ReadonlyMap<string, number>): Record<string, string[]> {
+  const errors: Record<string, string[]> = {};
+  let n = 0;
+  body.files.forEach((f, i) =>
+    f.chunks.forEach((c, j) => {
+      const stored = conflicts.get(c.hash);
+      if (stored !== undefined && n++ < MAX_MISSING_CHUNKS)
+        errors[`version.files.${i}.chunks.${j}.size`] = [`chunk ${c.hash} is stored with ${stored} bytes`];
+    }),
+  );
+  return errors;
 }

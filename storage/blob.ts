@@ -1,5 +1,5 @@
 /**
- * Azure Blob access (DESIGN.md "Blob layout"): chunks per site under `sites/{siteId}/chunks/{hash}` in the
+ * Azure Blob access: chunks per site under `sites/{siteId}/chunks/{hash}` in the
  * `chunks` container, version bodies in `versions`, screenshots and installers in their own containers.
  * SAS URLs are per blob and least privilege: upload URLs may only create/write that one blob (60 min),
  * download URLs may only read it (15 min). Shared-key signing is used with a connection string (Azurite,
@@ -21,13 +21,15 @@ import { type Config, azuriteConnectionString } from '../config/env';
 
 export const CONTAINERS = { chunks: 'chunks', versions: 'versions', screenshots: 'screenshots', installers: 'installers' } as const;
 
-/** SAS lifetimes in ms (SPEC.md Limits). */
+/** SAS lifetimes in ms: upload URLs (`POST /api/chunks/upload-urls`) and download URLs (`/api/chunks/download-urls`). */
 export const UPLOAD_URL_TTL_MS = 60 * 60 * 1000;
 export const DOWNLOAD_URL_TTL_MS = 15 * 60 * 1000;
 
+/** Blob name of a site's chunk in the `chunks` container (`hash`: bare SHA-256 hex). */
 export function chunkBlobName(siteId: string, hash: string): string {
   return `sites/${siteId}/chunks/${hash}`;
 }
+/** Blob name of a version body (its canonical JSON) in the `versions` container. */
 export function versionBlobName(siteId: string, roostId: string, versionId: string): string {
   return `sites/${siteId}/roosts/${roostId}/versions/${versionId}.json`;
 }
@@ -38,6 +40,7 @@ export interface SignedUrl {
   expiresAt: number;
 }
 
+/** The blob store of one storage account: SAS signing, blob reads and writes, chunk size and digest lookups. */
 export class BlobStore {
   private delegationKey?: { key: UserDelegationKey; expiresOn: number };
 
@@ -206,4 +209,9 @@ export class BlobStore {
   async delete(container: keyof typeof CONTAINERS, blobName: string): Promise<void> {
     await this.container(container).getBlobClient(blobName).deleteIfExists();
   }
+}
+
+/** Stable URL of a version body blob (`versionUrl` of roost and version records): the blob's plain URL, not a signed one. */
+export function versionUrlOf(blob: BlobStore, row: { blob_name: string }): string {
+  return blob.blobUrl('versions', row.blob_name);
 }

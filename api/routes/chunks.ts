@@ -1,5 +1,5 @@
 /**
- * Chunk routes (SPEC.md "Chunks", "Chunk reference", "Chunk referrer entry", Limits):
+ * Chunk routes (the use cases are services/chunks.ts):
  *
  *   POST /api/chunks/check                  site write   → { missing }
  *   POST /api/chunks/upload-urls            site write   → { urls, expiresAt }   (60 min create+write SAS)
@@ -8,25 +8,24 @@
  *   POST /api/chunks/{digest}/mount         site write   → 201 { digest, siteId, from, to, mounted, zeroByte }
  *   GET  /api/chunks/{digest}/referrers     site read    → { digest, siteId, referrers, items, next_page_token, nextPageToken }
  *
- * Bytes never pass through the API: clients PUT to and GET from per-blob SAS URLs. Decisions where the
- * spec is silent: docs/decisions/chunk-*.md.
+ * Bytes never pass through the API: clients PUT to and GET from per-blob SAS URLs. Decisions:
+ * docs/decisions/chunk-*.md.
  */
-import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { FastifyRequest } from 'fastify';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
+import { isReferrerPosition, ReferrerEntry, type ReferrerPosition } from '../../domain/chunks';
 import { ApiError } from '../../domain/errors';
 import { SHA256_HEX } from '../../domain/hex';
+import { Problem, RoostId, SiteId } from '../../domain/schemas';
 import type { Requirement } from '../../domain/scopes';
-import { DOWNLOAD_URL_TTL_MS, UPLOAD_URL_TTL_MS, type SignedUrl } from '../../storage/blob';
-import { chunkHeld, heldHashes, isReferrerPosition, listReferrers, mountChunk, type ReferrerPosition } from '../../db/chunks';
+import { checkChunks, downloadUrls, mount, referrers, uploadUrls } from '../../services/chunks';
 import { authorizeSite } from '../plugins/auth';
-import { quotaTiers, reserveUploads } from '../../db/quota';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
-import { Nullable, Problem, RoostId, SiteId } from '../../domain/schemas';
 
-/** Hashes per check, upload-urls or download-urls call (SPEC.md Limits). */
+/** Hashes per check, upload-urls or download-urls call. */
 export const MAX_HASHES = 1000;
-/** Referrers page size (SPEC.md Limits). */
+/** Referrers page size (`GET /api/chunks/{digest}/referrers`). */
 export const REFERRERS_PAGE = { defaultSize: 50, maxSize: 200 };
 
 // ---------------------------------------------------------------------------------------------- schemas
@@ -74,23 +73,6 @@ type MountResponse = Static<typeof MountResponse>;
 
 const ReferrersQuery = Type.Object({ siteId: SiteId, ...PagingQuery });
 type ReferrersQuery = Static<typeof ReferrersQuery>;
-const ReferrerEntry = Type.Object({
-  entryId: Type.String(),
-  source: Type.String({ description: 'mount | version' }),
-  roostId: Nullable(Type.String()),
-  fromRoostId: Nullable(Type.String()),
-  toRoostId: Nullable(Type.String()),
-  versionId: Nullable(Type.String()),
-  versionNumber: Nullable(Type.Integer()),
-  fileCount: Nullable(Type.Integer()),
-  pathCount: Nullable(Type.Integer()),
-  totalBytes: Nullable(Type.Integer()),
-  referencedAt: Type.String(),
-  createdAt: Type.String(),
-  createdBy: Type.String(),
-  mountedAt: Nullable(Type.String()),
-  mountedBy: Nullable(Type.String()),
-});
 const ReferrersResponse = Type.Object({
   digest: Type.String(),
   siteId: Type.String(),
@@ -105,27 +87,6 @@ type ReferrersResponse = Static<typeof ReferrersResponse>;
 
 function siteNeeds(siteId: string, permission: Requirement['permission']): Requirement[] {
   return [{ resource: 'site', id: siteId, permission }];
-}
-
-/** Distinct values in first-seen order. */
-function distinct(hashes: string[]): string[] {
-  return [...new Set(hashes)];
-}
-
-/** Signs one URL per hash; returns the map and the earliest expiry as RFC 3339 UTC. */
-async function signAll(
-  hashes: string[],
-  ttlMs: number,
-  sign: (hash: string) => Promise<SignedUrl>,
-): Promise<{ urls: Record<string, string>; expiresAt: string }> {
-  const signed = await Promise.all(hashes.map(sign));
-  const urls: Record<string, string> = {};
-  let expiresAt = Date.now() + ttlMs;
-  hashes.forEach((h, i) => {
-    urls[h] = signed[i].url;
-    expiresAt = Math.min(expiresAt, signed[i].expiresAt);
-  });
-  return { urls, expiresAt: new Date(expiresAt).toISOString() };
 }
 
 /**
@@ -168,9 +129,8 @@ function mountFields(body: MountFields, query: MountFields): { siteId: string; f
 // ---------------------------------------------------------------------------------------------- routes
 
 /** Registers the chunk routes. */
-export default async function chunkRoutes(fastify: FastifyInstance): Promise<void> {
-  const app = fastify.withTypeProvider<TypeBoxTypeProvider>();
-  const { db, blob } = app.deps;
+const chunkRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const deps = app.deps;
 
   app.post(
     '/api/chunks/check',
@@ -184,11 +144,13 @@ export default async function chunkRoutes(fastify: FastifyInstance): Promise<voi
     },
     async (request): Promise<CheckResponse> => {
       const { siteId, hashes } = request.body;
-      const wanted = distinct(hashes);
-      // The membership check and the lookup run side by side; the lookup's rows are used only once the
+      // The membership check and the lookup run side by side; the lookup's answer is used only once the
       // check passed (Promise.all rejects with the authorisation error otherwise).
-      const [, held] = await Promise.all([authorizeSite(request, siteId, siteNeeds(siteId, 'write')), heldHashes(db, siteId, wanted)]);
-      return { missing: held.size === wanted.length ? [] : wanted.filter((h) => !held.has(h)) };
+      const [, checked] = await Promise.all([
+        authorizeSite(request, siteId, siteNeeds(siteId, 'write')),
+        checkChunks(deps, { siteId, hashes }),
+      ]);
+      return checked;
     },
   );
 
@@ -206,20 +168,13 @@ export default async function chunkRoutes(fastify: FastifyInstance): Promise<voi
     async (request): Promise<UploadUrlsResponse> => {
       const { siteId, hashes } = request.body;
       await authorizeSite(request, siteId, siteNeeds(siteId, 'write'));
-      const signed = await signAll(distinct(hashes), UPLOAD_URL_TTL_MS, (h) => blob.chunkUploadUrl(siteId, h));
-      // Pending bytes until publish records the chunk or the URLs expire; 402 quota_exceeded issues no URL.
-      await reserveUploads(db, siteId, Object.keys(signed.urls), new Date(Date.now() + UPLOAD_URL_TTL_MS), quotaTiers(app.deps.cfg));
-      return signed;
+      return uploadUrls(deps, { siteId, hashes });
     },
   );
 
   const download = async (request: FastifyRequest, siteId: string, hashes: string[]): Promise<DownloadUrlsResponse> => {
     await authorizeDownload(request, siteId);
-    const wanted = distinct(hashes);
-    const held = await heldHashes(db, siteId, wanted);
-    const present = wanted.filter((h) => held.has(h));
-    const { urls, expiresAt } = await signAll(present, DOWNLOAD_URL_TTL_MS, (h) => blob.chunkDownloadUrl(siteId, h));
-    return { urls, expiresAt, missing: wanted.filter((h) => !held.has(h)) };
+    return downloadUrls(deps, { siteId, hashes });
   };
 
   app.post(
@@ -271,7 +226,7 @@ export default async function chunkRoutes(fastify: FastifyInstance): Promise<voi
       const { digest } = request.params;
       const { siteId, from, to } = mountFields(request.body, request.query);
       const user = await authorizeSite(request, siteId, siteNeeds(siteId, 'write'));
-      await mountChunk(db, { siteId, digest, from, to, createdBy: user.userId });
+      await mount(deps, { siteId, digest, from, to, createdBy: user.userId });
       reply.code(201);
       return { digest, siteId, from, to, mounted: true, zeroByte: true };
     },
@@ -303,10 +258,10 @@ export default async function chunkRoutes(fastify: FastifyInstance): Promise<voi
         after = paging.after;
       }
       await authorizeSite(request, siteId, siteNeeds(siteId, 'read'));
-      if (!(await chunkHeld(db, siteId, digest)))
-        throw new ApiError('not_found', 'chunk not stored for this site', { extras: { param: 'digest' } });
-      const { entries, next } = await listReferrers(db, siteId, digest, { pageSize: paging.pageSize, after });
+      const { entries, next } = await referrers(deps, { siteId, digest, pageSize: paging.pageSize, after });
       return { digest, siteId, referrers: entries, items: entries, ...pageTokens(next) };
     },
   );
-}
+};
+
+export default chunkRoutes;

@@ -1,20 +1,17 @@
 /**
- * Storage quota of a site (SPEC.md "API keys, identity, version, quota", "Quota snapshot"):
+ * Storage quota of a site (the use case is services/quota.ts; docs/decisions/storage-quota.md):
  *
  *   GET /api/sites/{siteId}/quota   site read   → { siteId, tier, usedBytes, pendingBytes, limitBytes }
- *
- * Accounting and enforcement live in db/quota.ts; decisions in docs/decisions/storage-quota.md.
  */
-import type { FastifyInstance } from 'fastify';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
-import { quotaSnapshot, quotaTiers } from '../../db/quota';
-import { authorizeSite } from '../plugins/auth';
 import { problems, SiteId } from '../../domain/schemas';
+import { siteQuota, tiersOf } from '../../services/quota';
+import { authorizeSite } from '../plugins/auth';
 
 const QuotaParams = Type.Object({ siteId: SiteId });
 
-/** SPEC.md "Quota snapshot" (numbers in bytes). */
+/** The quota snapshot of a site (numbers in bytes). */
 export const QuotaSnapshotSchema = Type.Object({
   siteId: Type.String(),
   tier: Type.String({ description: 'the site tier (plan) whose limit applies' }),
@@ -22,12 +19,10 @@ export const QuotaSnapshotSchema = Type.Object({
   pendingBytes: Type.Integer({ description: 'unexpired upload reservations not finalised by a publish' }),
   limitBytes: Type.Integer({ description: 'storage limit of the tier' }),
 });
-type QuotaSnapshotBody = Static<typeof QuotaSnapshotSchema>;
 
 /** Registers the quota route. Parses the tier limits at start (invalid ROOST_QUOTA_TIERS fails the boot). */
-export default async function quotaRoutes(fastify: FastifyInstance): Promise<void> {
-  const app = fastify.withTypeProvider<TypeBoxTypeProvider>();
-  const tiers = quotaTiers(app.deps.cfg);
+const quotaRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  tiersOf(app.deps.cfg);
 
   app.get(
     '/api/sites/:siteId/quota',
@@ -39,10 +34,12 @@ export default async function quotaRoutes(fastify: FastifyInstance): Promise<voi
         response: { 200: QuotaSnapshotSchema, ...problems() },
       },
     },
-    async (request): Promise<QuotaSnapshotBody> => {
+    async (request): Promise<Static<typeof QuotaSnapshotSchema>> => {
       const { siteId } = request.params;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'read' }]);
-      return quotaSnapshot(app.deps.db, siteId, tiers);
+      return siteQuota(app.deps, siteId);
     },
   );
-}
+};
+
+export default quotaRoutes;

@@ -1,30 +1,20 @@
 /**
- * Roosts (SPEC.md "Roost record", "Roosts"): POST /api/roosts, GET /api/roosts, GET/PATCH/DELETE
- * /api/roosts/{roostId}. Version pointer fields are server-managed (publish and rollback, see
- * versions.ts); a client sending them gets 400 forbidden_field.
+ * Roosts: `POST /api/roosts`, `GET /api/roosts`, `GET/PATCH/DELETE /api/roosts/{roostId}`
+ * (docs/decisions/roost-create-update-delete.md); the use cases are services/roosts.ts. Version pointer
+ * fields are server-managed (publish and rollback, api/routes/versions.ts); a client sending them gets
+ * 400 forbidden_field.
  *
- * Also exports the TypeBox pieces the version routes share (siteId, roostId, roost fields, Problem).
+ * Also exports the roost schemas other route files share (`RoostParams`, `RoostName`, `Targets`,
+ * `ExtractPath`) and `rejectForeignFields`.
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
-import { newId } from '../../domain/hex';
 import type { Requirement } from '../../domain/scopes';
-import {
-  createRoost,
-  getRoostView,
-  listRoosts,
-  type RoostChanges,
-  type RoostView,
-  softDeleteRoost,
-  updateRoost,
-  type VersionSummaryRow,
-  versionUrlOf,
-} from '../../db/roosts';
-import type { BlobStore } from '../../storage/blob';
+import { DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
+import { createRoost, deleteRoost, getRoost, listRoosts, type RoostDetail, updateRoost } from '../../services/roosts';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
-import { DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
 
 // ---------------------------------------------------------------------------------------------------
 // Shared schemas
@@ -48,7 +38,7 @@ export const VersionSummary = Type.Object({
   createdAt: DateTime,
 });
 
-/** The roost record of SPEC.md plus ids, tombstone fields and the resolved current/previous summaries. */
+/** The roost record: its fields plus ids, tombstone fields and the resolved current/previous summaries. */
 export const RoostRecord = Type.Object({
   roostId: Type.String(),
   siteId: Type.String(),
@@ -74,7 +64,7 @@ export const RoostRecord = Type.Object({
 });
 export type RoostRecord = Static<typeof RoostRecord>;
 
-function summary(s: VersionSummaryRow | null): Static<typeof VersionSummary> | null {
+function summary(s: RoostDetail['current']): Static<typeof VersionSummary> | null {
   if (!s) return null;
   return {
     versionId: s.version_id,
@@ -87,8 +77,8 @@ function summary(s: VersionSummaryRow | null): Static<typeof VersionSummary> | n
   };
 }
 
-/** Maps a roost view to its wire record. `versionUrl` and totals describe the current version (0 when none). */
-export function roostRecord(v: RoostView, blob: BlobStore): RoostRecord {
+/** Maps a roost to its wire record. `versionUrl` and totals describe the current version (0 when none). */
+function roostRecord(v: RoostDetail): RoostRecord {
   return {
     roostId: v.roost_id,
     siteId: v.site_id,
@@ -101,7 +91,7 @@ export function roostRecord(v: RoostView, blob: BlobStore): RoostRecord {
     currentVersionNumber: v.current?.version_number ?? null,
     currentVersionDescription: v.current?.description ?? null,
     previousVersionId: v.previous_version_id,
-    versionUrl: v.current ? versionUrlOf(blob, v.current) : null,
+    versionUrl: v.versionUrl,
     totalFiles: v.current?.total_files ?? 0,
     totalSize: v.current?.total_size ?? 0,
     createdAt: v.created_at.toISOString(),
@@ -146,15 +136,6 @@ export function rejectForeignFields(body: Record<string, unknown>, allowed: Read
   throw new ApiError('forbidden_field', detail, { extras: { param: extra[0], fields: extra } });
 }
 
-/** The roost changes a body carries (name trimmed). */
-function cleanChanges(body: { name?: string; targets?: string[]; extractPath?: string }): RoostChanges {
-  const c: RoostChanges = {};
-  if (body.name !== undefined) c.name = body.name.trim();
-  if (body.targets !== undefined) c.targets = body.targets;
-  if (body.extractPath !== undefined) c.extractPath = body.extractPath;
-  return c;
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Route schemas
 
@@ -194,7 +175,7 @@ const DeleteResponse = Type.Object({
   alreadyDeleted: Type.Boolean(),
 });
 
-/** Roost list paging: default 20, max 100 (SPEC.md "Roosts"). */
+/** Roost list paging: default 20, max 100 (`GET /api/roosts`). */
 export const ROOST_PAGE = { defaultSize: 20, maxSize: 100 };
 
 function createRequirement(siteId: string): Requirement[] {
@@ -229,16 +210,11 @@ function isPosition(p: unknown): p is [string, string] {
 // ---------------------------------------------------------------------------------------------------
 // Routes
 
-export default async function roostRoutes(app: FastifyInstance): Promise<void> {
-  const { db, blob } = app.deps;
+/** Registers the roost routes. */
+const roostRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const deps = app.deps;
 
-  async function viewOrThrow(siteId: string, roostId: string, includeDeleted = false): Promise<RoostRecord> {
-    const v = await getRoostView(db, siteId, roostId, includeDeleted);
-    if (!v) throw new ApiError('not_found', 'roost not found', { extras: { param: 'roostId' } });
-    return roostRecord(v, blob);
-  }
-
-  app.post<{ Body: Static<typeof CreateBody> }>(
+  app.post(
     '/api/roosts',
     {
       config: { idempotency: 'ignored' },
@@ -253,21 +229,12 @@ export default async function roostRoutes(app: FastifyInstance): Promise<void> {
       const body = request.body;
       rejectForeignFields(body, CREATE_FIELDS);
       const user = await authorizeSite(request, body.siteId, createRequirement(body.siteId));
-      const c = cleanChanges(body);
-      const roostId = newId('rst');
-      await createRoost(db, {
-        siteId: body.siteId,
-        roostId,
-        name: c.name!,
-        targets: c.targets ?? [],
-        extractPath: c.extractPath ?? '',
-        createdBy: user.userId,
-      });
-      return reply.code(201).send(await viewOrThrow(body.siteId, roostId));
+      const roost = await createRoost(deps, { ...body, createdBy: user.userId });
+      return reply.code(201).send(roostRecord(roost));
     },
   );
 
-  app.get<{ Querystring: Static<typeof ListQuery> }>(
+  app.get(
     '/api/roosts',
     {
       schema: {
@@ -281,27 +248,24 @@ export default async function roostRoutes(app: FastifyInstance): Promise<void> {
       const q = request.query;
       const paging = parsePaging<[string, string]>(q, ROOST_PAGE);
       const tokenParam = q.page_token !== undefined ? 'page_token' : 'cursor';
-      const badToken = () =>
-        new ApiError('validation_failed', `${tokenParam} is not a token this server issued`, {
+      if (paging.after !== undefined && !isPosition(paging.after)) {
+        throw new ApiError('validation_failed', `${tokenParam} is not a token this server issued`, {
           extras: { param: tokenParam, errors: { [tokenParam]: ['unrecognised page token'] } },
         });
-      if (paging.after !== undefined && !isPosition(paging.after)) throw badToken();
+      }
       await authorizeSite(request, q.siteId, listRequirement(q.siteId));
-      const page = await listRoosts(db, q.siteId, {
-        limit: paging.pageSize,
+      const page = await listRoosts(deps, {
+        siteId: q.siteId,
+        pageSize: paging.pageSize,
         after: paging.after,
         includeDeleted: q.includeDeleted === true,
-      }).catch((err) => {
-        // A forged position with an impossible timestamp fails the cast (SQLSTATE class 22: data exception).
-        if (paging.after !== undefined && String((err as { code?: string }).code ?? '').startsWith('22')) throw badToken();
-        throw err;
+        tokenParam,
       });
-      const last = page.rows[page.rows.length - 1];
-      return { roosts: page.rows.map((r) => roostRecord(r, blob)), ...pageTokens(page.more && last ? last.position : undefined) };
+      return { roosts: page.roosts.map(roostRecord), ...pageTokens(page.next) };
     },
   );
 
-  app.get<{ Params: Static<typeof RoostParams>; Querystring: Static<typeof GetQuery> }>(
+  app.get(
     '/api/roosts/:roostId',
     {
       schema: {
@@ -316,11 +280,11 @@ export default async function roostRoutes(app: FastifyInstance): Promise<void> {
       const { roostId } = request.params;
       const { siteId, includeDeleted } = request.query;
       await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'read'));
-      return viewOrThrow(siteId, roostId, includeDeleted === true);
+      return roostRecord(await getRoost(deps, { siteId, roostId, includeDeleted: includeDeleted === true }));
     },
   );
 
-  app.patch<{ Params: Static<typeof RoostParams>; Body: Static<typeof PatchBody> }>(
+  app.patch(
     '/api/roosts/:roostId',
     {
       config: { idempotency: 'optional' },
@@ -337,18 +301,11 @@ export default async function roostRoutes(app: FastifyInstance): Promise<void> {
       const body = request.body;
       rejectForeignFields(body, CREATE_FIELDS);
       await authorizeSite(request, body.siteId, roostRequirement(body.siteId, roostId, 'write'));
-      const changes = cleanChanges(body);
-      if (!Object.keys(changes).length) {
-        throw new ApiError('validation_failed', 'send at least one of name, targets, extractPath', {
-          extras: { errors: { body: ['must contain at least one of name, targets, extractPath'] } },
-        });
-      }
-      await updateRoost(db, body.siteId, roostId, changes);
-      return viewOrThrow(body.siteId, roostId);
+      return roostRecord(await updateRoost(deps, { ...body, roostId }));
     },
   );
 
-  app.delete<{ Params: Static<typeof RoostParams>; Querystring: Static<typeof SiteQuery> }>(
+  app.delete(
     '/api/roosts/:roostId',
     {
       config: { idempotency: 'optional' },
@@ -364,8 +321,10 @@ export default async function roostRoutes(app: FastifyInstance): Promise<void> {
       const { roostId } = request.params;
       const { siteId } = request.query;
       await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'write'));
-      const r = await softDeleteRoost(db, siteId, roostId);
+      const r = await deleteRoost(deps, { siteId, roostId });
       return { roostId, siteId, deleted: true as const, deletedAt: r.deletedAt.toISOString(), alreadyDeleted: r.alreadyDeleted };
     },
   );
-}
+};
+
+export default roostRoutes;

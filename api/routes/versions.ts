@@ -1,44 +1,37 @@
 /**
- * Roost versions and rollback (SPEC.md "Roost versions, rollback, deploy", all rows but deploy):
- * publish, list, fetch, files, diff, patch description, rollback. Version refs everywhere follow
- * SPEC.md "Version id and version refs" (`%23` for a literal `#` in a path).
+ * Roost versions and rollback: publish, list, fetch, files, diff and description patch under
+ * `/api/roosts/{roostId}/versions`, and `POST /api/roosts/{roostId}/rollback` (docs/decisions/version-publish.md,
+ * docs/decisions/version-reads.md); the use cases are services/versions.ts. Version refs everywhere follow
+ * docs/decisions/version-refs.md (`%23` for a literal `#` in a path).
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
+import { DiffEntry, DiffModified, DiffSummary } from '../../domain/diff';
 import { ApiError } from '../../domain/errors';
-import { sha256Hex } from '../../domain/hex';
-import { canonicalJson, type ChunkRef, type FileEntry, summarize, validateVersionBody, type VersionBody } from '../../domain/version';
-import { parseVersionRef } from '../../domain/versionRef';
+import { DateTime, Nullable, problems, SiteId } from '../../domain/schemas';
+import { MAX_MISSING_CHUNKS } from '../../domain/version';
 import {
-  checkExpectedCurrent,
-  findMissingChunks,
+  diffVersions,
   getVersion,
+  listFiles,
   listVersions,
-  loadVersionBody,
-  publishVersion,
-  requireRoost,
-  resolveVersionIn,
-  rollbackRoost,
-  updateVersionDescription,
-  type VersionRow,
-  versionUrlOf,
-} from '../../db/roosts';
-import { type BlobStore, versionBlobName } from '../../storage/blob';
+  publish,
+  rollback,
+  setDescription,
+  type VersionDetail,
+} from '../../services/versions';
 import { encodePageToken, PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
-import { quotaTiers, recordChunks } from '../../db/quota';
-import { ensureVersionSignatures, sealKeyOf, signVersionFor } from '../../services/signing';
 import { ExtractPath, RoostName, RoostParams, Targets } from './roosts';
-import { DateTime, Nullable, problems, SiteId } from '../../domain/schemas';
 
 // ---------------------------------------------------------------------------------------------------
 // Limits and shared shapes
 
-/** Largest publish request body (a version body of tens of MB plus the envelope). */
+/** Largest publish request body in bytes (a version body of tens of MB plus the envelope). */
 export const PUBLISH_BODY_LIMIT = 64 * 1024 * 1024;
-/** Most missing chunk hashes named on a failed publish (SPEC.md Limits). */
-export const MAX_MISSING_CHUNKS = 20;
+/** Most missing chunk hashes named on a failed publish. */
+export { MAX_MISSING_CHUNKS };
 export const VERSION_PAGE = { defaultSize: 20, maxSize: 100 };
 export const FILES_PAGE = { defaultSize: 100, maxSize: 500 };
 export const DESCRIPTION_MAX = 500;
@@ -61,25 +54,24 @@ const VersionRecord = Type.Object({
   }),
   signingKeyId: Type.String({ description: 'kid of the site signing key that made `signature` (GET /api/sites/{siteId}/signing-keys)' }),
 });
-type VersionRecord = Static<typeof VersionRecord>;
 
 /**
- * The version record of SPEC.md (list shape: no roostId/siteId), plus the additive `signature` and
- * `signingKeyId` (issue #5). The row must be signed first (`ensureVersionSignatures`).
+ * The version record (list shape: no roostId/siteId), with `signature` and `signingKeyId`
+ * (docs/decisions/signed-manifests.md) of the signed row.
  */
-export function versionRecord(row: VersionRow, blob: BlobStore): VersionRecord {
+function versionRecord(v: VersionDetail): Static<typeof VersionRecord> {
   return {
-    versionId: row.version_id,
-    versionNumber: row.version_number,
-    description: row.description,
-    versionUrl: versionUrlOf(blob, row),
-    createdAt: row.created_at.toISOString(),
-    createdBy: row.created_by,
-    totalSize: row.total_size,
-    totalFiles: row.total_files,
-    parentVersionId: row.parent_version_id,
-    signature: row.signature ?? '',
-    signingKeyId: row.signing_key_id ?? '',
+    versionId: v.version_id,
+    versionNumber: v.version_number,
+    description: v.description,
+    versionUrl: v.versionUrl,
+    createdAt: v.created_at.toISOString(),
+    createdBy: v.created_by,
+    totalSize: v.total_size,
+    totalFiles: v.total_files,
+    parentVersionId: v.parent_version_id,
+    signature: v.signature ?? '',
+    signingKeyId: v.signing_key_id ?? '',
   };
 }
 
@@ -88,118 +80,6 @@ const FileItem = Type.Object({
   size: Type.Number(),
   chunks: Type.Array(Type.Object({ hash: Type.String(), size: Type.Number() })),
 });
-
-// ---------------------------------------------------------------------------------------------------
-// Diff (pure)
-
-export const DiffEntry = Type.Object({ path: Type.String(), size: Type.Number(), reason: Type.String(), chunks: Type.Integer() });
-export const DiffModified = Type.Object({
-  path: Type.String(),
-  fromSize: Type.Number(),
-  toSize: Type.Number(),
-  reason: Type.String(),
-  fromChunks: Type.Integer(),
-  toChunks: Type.Integer(),
-});
-export const DiffSummary = Type.Object({
-  added: Type.Integer(),
-  removed: Type.Integer(),
-  changed: Type.Integer(),
-  unchanged: Type.Integer(),
-  hasChanges: Type.Boolean(),
-  netBytesDelta: Type.Number(),
-});
-
-export interface VersionDiff {
-  summary: Static<typeof DiffSummary>;
-  added: Static<typeof DiffEntry>[];
-  removed: Static<typeof DiffEntry>[];
-  modified: Static<typeof DiffModified>[];
-}
-
-function sameChunks(a: FileEntry, b: FileEntry): boolean {
-  if (a.size !== b.size || a.chunks.length !== b.chunks.length) return false;
-  for (let i = 0; i < a.chunks.length; i++) if (a.chunks[i].hash !== b.chunks[i].hash) return false;
-  return true;
-}
-
-/**
- * File-level diff of two version bodies, `from` (the base) to `to` (the target), by path. A file in
- * both is modified when its size or its ordered chunk hash sequence differs (reason `size_changed` when
- * the size differs, else `content_changed`); added/removed carry reason `added`/`removed` and their
- * chunk count. Lists are sorted by path; summary.changed = modified.length; netBytesDelta = total
- * bytes of `to` minus total bytes of `from`.
- */
-export function diffBodies(from: VersionBody, to: VersionBody): VersionDiff {
-  const base = new Map(from.files.map((f) => [f.path, f]));
-  const target = new Map(to.files.map((f) => [f.path, f]));
-  const added: VersionDiff['added'] = [];
-  const removed: VersionDiff['removed'] = [];
-  const modified: VersionDiff['modified'] = [];
-  let unchanged = 0;
-  for (const f of to.files) {
-    const old = base.get(f.path);
-    if (!old) added.push({ path: f.path, size: f.size, reason: 'added', chunks: f.chunks.length });
-    else if (sameChunks(old, f)) unchanged++;
-    else
-      modified.push({
-        path: f.path,
-        fromSize: old.size,
-        toSize: f.size,
-        reason: old.size !== f.size ? 'size_changed' : 'content_changed',
-        fromChunks: old.chunks.length,
-        toChunks: f.chunks.length,
-      });
-  }
-  for (const f of from.files)
-    if (!target.has(f.path)) removed.push({ path: f.path, size: f.size, reason: 'removed', chunks: f.chunks.length });
-  const byPath = (a: { path: string }, b: { path: string }) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0);
-  added.sort(byPath);
-  removed.sort(byPath);
-  modified.sort(byPath);
-  const netBytesDelta = summarize(to).totalSize - summarize(from).totalSize;
-  return {
-    summary: {
-      added: added.length,
-      removed: removed.length,
-      changed: modified.length,
-      unchanged,
-      hasChanges: added.length + removed.length + modified.length > 0,
-      netBytesDelta,
-    },
-    added,
-    removed,
-    modified,
-  };
-}
-
-/**
- * Distinct chunks of a valid body in first-use order, each with the number of files that reference
- * it. A hash referenced with two different sizes is a body error (a digest has exactly one length):
- * reported at the later reference's dotted path (at most 20 paths).
- */
-export function chunkTable(body: VersionBody): { refs: (ChunkRef & { fileCount: number })[]; errors: Record<string, string[]> | null } {
-  const table = new Map<string, ChunkRef & { fileCount: number; lastFile: number }>();
-  const errors: Record<string, string[]> = {};
-  let n = 0;
-  body.files.forEach((f, i) =>
-    f.chunks.forEach((c, j) => {
-      const seen = table.get(c.hash);
-      if (seen === undefined) table.set(c.hash, { hash: c.hash, size: c.size, fileCount: 1, lastFile: i });
-      else {
-        if (seen.lastFile !== i) {
-          seen.fileCount++;
-          seen.lastFile = i;
-        }
-        if (seen.size !== c.size && n++ < MAX_MISSING_CHUNKS) {
-          errors[`version.files.${i}.chunks.${j}.size`] = [`chunk ${c.hash} is referenced elsewhere with size ${seen.size}`];
-        }
-      }
-    }),
-  );
-  const refs = [...table.values()].map(({ hash, size, fileCount }) => ({ hash, size, fileCount }));
-  return { refs, errors: Object.keys(errors).length ? errors : null };
-}
 
 // ---------------------------------------------------------------------------------------------------
 // Route schemas
@@ -213,7 +93,9 @@ const SiteQuery = Type.Object({ siteId: SiteId });
 const PublishBody = Type.Object(
   {
     siteId: SiteId,
-    version: Type.Unknown({ description: 'the version body (SPEC.md "Version body")' }),
+    version: Type.Unknown({
+      description: 'the version body: schemaVersion 2, mediaType, config, files (docs/decisions/version-publish.md)',
+    }),
     description: Type.Optional(Nullable(Description)),
     expectedCurrentVersionId: Type.Optional(
       Nullable(Type.String({ pattern: '^(vrs_)?[0-9a-f]{64}$', description: 'guard: the current version id (null: no version yet)' })),
@@ -303,56 +185,21 @@ const RollbackResponse = Type.Object({
   previousVersionId: Nullable(Type.String()),
 });
 
-/** Empty or absent description is stored as null. */
-function normalizeDescription(d: string | null | undefined): string | null {
-  return d === undefined || d === null || d === '' ? null : d;
-}
-
-function badToken(query: Record<string, unknown>): ApiError {
+function badToken(query: { page_token?: string }): ApiError {
   const param = query.page_token !== undefined ? 'page_token' : 'cursor';
   return new ApiError('validation_failed', `${param} is not a token this server issued`, {
     extras: { param, errors: { [param]: ['unrecognised page token'] } },
   });
 }
 
-/** Dotted-path errors for chunks whose recorded size differs from the size the body references. */
-function conflictErrors(body: VersionBody, conflicts: Map<string, number>): Record<string, string[]> {
-  const errors: Record<string, string[]> = {};
-  let n = 0;
-  body.files.forEach((f, i) =>
-    f.chunks.forEach((c, j) => {
-      const stored = conflicts.get(c.hash);
-      if (stored !== undefined && n++ < MAX_MISSING_CHUNKS)
-        errors[`version.files.${i}.chunks.${j}.size`] = [`chunk ${c.hash} is stored with ${stored} bytes`];
-    }),
-  );
-  return errors;
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Routes
 
-export default async function versionRoutes(app: FastifyInstance): Promise<void> {
-  const { db, blob } = app.deps;
+/** Registers the version and rollback routes. */
+const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const deps = app.deps;
 
-  /** Resolves `ref` in the live roost (404 not_found when the roost is missing or tombstoned). */
-  async function resolve(siteId: string, roostId: string, ref: string, param = 'versionRef'): Promise<VersionRow> {
-    const parsed = parseVersionRef(ref, param);
-    const roost = await requireRoost(db, siteId, roostId);
-    return resolveVersionIn(db, roost, parsed, param);
-  }
-
-  const sealKey = () => sealKeyOf(app.deps.cfg);
-  /** Signs rows published before signing existed (first read), in place. */
-  function signed<T extends VersionRow>(siteId: string, rows: T[]): Promise<T[]> {
-    return ensureVersionSignatures(db, sealKey(), siteId, rows);
-  }
-
-  function body(row: VersionRow): Promise<VersionBody> {
-    return loadVersionBody(app.deps, row.site_id, row.roost_id, row.version_id, row.blob_name);
-  }
-
-  app.post<{ Params: Static<typeof RoostParams>; Body: Static<typeof PublishBody> }>(
+  app.post(
     '/api/roosts/:roostId/versions',
     {
       bodyLimit: PUBLISH_BODY_LIMIT,
@@ -368,71 +215,8 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
     async (request, reply) => {
       const { roostId } = request.params;
       const b = request.body;
-      const siteId = b.siteId;
-      const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'write'));
-
-      const bodyErrors = validateVersionBody(b.version, 'version');
-      if (bodyErrors) {
-        const first = Object.keys(bodyErrors)[0];
-        throw new ApiError('validation_failed', `version body is invalid: ${first} ${bodyErrors[first][0]}`, {
-          extras: { param: first, errors: bodyErrors },
-        });
-      }
-      const version = b.version as VersionBody;
-      const table = chunkTable(version);
-      if (table.errors)
-        throw new ApiError('validation_failed', 'version body references a chunk with two sizes', { extras: { errors: table.errors } });
-      const expected =
-        b.expectedCurrentVersionId === undefined || b.expectedCurrentVersionId === null
-          ? b.expectedCurrentVersionId
-          : b.expectedCurrentVersionId.replace(/^vrs_/, '');
-
-      const roost = await requireRoost(db, siteId, roostId);
-      checkExpectedCurrent(roost, expected);
-
-      const canonical = canonicalJson(version);
-      const versionId = sha256Hex(canonical);
-      const blobName = versionBlobName(siteId, roostId, versionId);
-      if (!(await getVersion(db, siteId, roostId, versionId))) {
-        const { missing, conflicts } = await findMissingChunks(db, blob, siteId, table.refs, (found) =>
-          recordChunks(db, siteId, found, quotaTiers(app.deps.cfg)),
-        );
-        if (conflicts.size) {
-          throw new ApiError('validation_failed', 'version body references chunks with a size other than their stored size', {
-            extras: { errors: conflictErrors(version, conflicts) },
-          });
-        }
-        if (missing.length) {
-          throw new ApiError(
-            'precondition_failed',
-            `${missing.length} referenced chunk${missing.length > 1 ? 's are' : ' is'} not stored for this site; upload them, then publish again`,
-            {
-              extras: { missingChunks: missing.slice(0, MAX_MISSING_CHUNKS), missingCount: missing.length },
-            },
-          );
-        }
-        await blob.put('versions', blobName, Buffer.from(canonical, 'utf8'), 'application/json');
-      }
-
-      const { totalSize, totalFiles } = summarize(version);
-      const changes: { name?: string; targets?: string[]; extractPath?: string } = {};
-      if (b.name !== undefined) changes.name = b.name.trim();
-      if (b.targets !== undefined) changes.targets = b.targets;
-      if (b.extractPath !== undefined) changes.extractPath = b.extractPath;
-      const r = await publishVersion(db, {
-        siteId,
-        roostId,
-        versionId,
-        blobName,
-        totalSize,
-        totalFiles,
-        chunks: table.refs,
-        description: normalizeDescription(b.description),
-        expectedCurrentVersionId: expected,
-        changes,
-        userId: user.userId,
-        signature: await signVersionFor(db, sealKey(), siteId, roostId, versionId),
-      });
+      const user = await authorizeSite(request, b.siteId, roostRequirement(b.siteId, roostId, 'write'));
+      const r = await publish(deps, { ...b, roostId, userId: user.userId });
       return reply.code(r.outcome === 'created' ? 201 : 200).send({
         versionId: r.versionId,
         versionNumber: r.versionNumber,
@@ -442,7 +226,7 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
     },
   );
 
-  app.get<{ Params: Static<typeof RoostParams>; Querystring: Static<typeof ListQuery> }>(
+  app.get(
     '/api/roosts/:roostId/versions',
     {
       schema: {
@@ -459,18 +243,12 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const paging = parsePaging<number>(q, VERSION_PAGE);
       if (paging.after !== undefined && !(Number.isSafeInteger(paging.after) && paging.after > 0)) throw badToken(q);
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
-      await requireRoost(db, q.siteId, roostId);
-      const page = await listVersions(db, q.siteId, roostId, { limit: paging.pageSize, beforeNumber: paging.after });
-      const last = page.rows[page.rows.length - 1];
-      return {
-        versions: (await signed(q.siteId, page.rows)).map((r) => versionRecord(r, blob)),
-        nextCursor: null,
-        ...pageTokens(page.more && last ? last.version_number : undefined),
-      };
+      const page = await listVersions(deps, { siteId: q.siteId, roostId, pageSize: paging.pageSize, beforeNumber: paging.after });
+      return { versions: page.versions.map(versionRecord), nextCursor: null, ...pageTokens(page.next) };
     },
   );
 
-  app.get<{ Params: Static<typeof VersionParams>; Querystring: Static<typeof SiteQuery> }>(
+  app.get(
     '/api/roosts/:roostId/versions/:versionRef',
     {
       schema: {
@@ -485,14 +263,13 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const { roostId, versionRef } = request.params;
       const { siteId } = request.query;
       await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'read'));
-      const [row] = await signed(siteId, [await resolve(siteId, roostId, versionRef)]);
-      const stored = await body(row);
-      const { versionId, versionNumber, description, ...metadata } = versionRecord(row, blob);
-      return { versionId, versionNumber, description, roostId, siteId, version: stored, metadata, ...metadata };
+      const v = await getVersion(deps, { siteId, roostId, ref: versionRef });
+      const { versionId, versionNumber, description, ...metadata } = versionRecord(v.version);
+      return { versionId, versionNumber, description, roostId, siteId, version: v.body, metadata, ...metadata };
     },
   );
 
-  app.get<{ Params: Static<typeof VersionParams>; Querystring: Static<typeof FilesQuery> }>(
+  app.get(
     '/api/roosts/:roostId/versions/:versionRef/files',
     {
       schema: {
@@ -509,30 +286,29 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const paging = parsePaging<number>(q, FILES_PAGE);
       if (paging.after !== undefined && !(Number.isSafeInteger(paging.after) && paging.after >= 0)) throw badToken(q);
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
-      const row = await resolve(q.siteId, roostId, versionRef);
-      const stored = await body(row);
-      const prefix = q.prefix ?? '';
-      const matching = prefix ? stored.files.filter((f) => f.path.startsWith(prefix)) : stored.files;
-      const offset = paging.after ?? 0;
-      const page = matching
-        .slice(offset, offset + paging.pageSize)
-        .map((f) => ({ path: f.path, size: f.size, chunks: f.chunks.map((c) => ({ hash: c.hash, size: c.size })) }));
-      const next = offset + page.length;
-      const token = next < matching.length ? encodePageToken(next) : '';
+      const page = await listFiles(deps, {
+        siteId: q.siteId,
+        roostId,
+        ref: versionRef,
+        prefix: q.prefix ?? '',
+        offset: paging.after ?? 0,
+        pageSize: paging.pageSize,
+      });
+      const token = page.next !== undefined ? encodePageToken(page.next) : '';
       return {
-        versionId: row.version_id,
+        versionId: page.versionId,
         roostId,
         siteId: q.siteId,
-        total: matching.length,
-        files: page,
-        items: page,
+        total: page.total,
+        files: page.files,
+        items: page.files,
         next_page_token: token,
         nextPageToken: token,
       };
     },
   );
 
-  app.get<{ Params: Static<typeof VersionParams>; Querystring: Static<typeof DiffQuery> }>(
+  app.get(
     '/api/roosts/:roostId/versions/:versionRef/diff',
     {
       schema: {
@@ -547,25 +323,20 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const { roostId, versionRef } = request.params;
       const { siteId, against } = request.query;
       await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'read'));
-      const targetRef = parseVersionRef(versionRef, 'versionRef');
-      const baseRef = parseVersionRef(against, 'against');
-      const roost = await requireRoost(db, siteId, roostId);
-      const to = await resolveVersionIn(db, roost, targetRef, 'versionRef');
-      const from = await resolveVersionIn(db, roost, baseRef, 'against');
-      const [toBody, fromBody] = await Promise.all([body(to), body(from)]);
+      const d = await diffVersions(deps, { siteId, roostId, ref: versionRef, against });
       return {
-        versionId: to.version_id,
-        fromVersion: from.version_id,
-        toVersion: to.version_id,
+        versionId: d.toVersionId,
+        fromVersion: d.fromVersionId,
+        toVersion: d.toVersionId,
         against,
         roostId,
         siteId,
-        ...diffBodies(fromBody, toBody),
+        ...d.diff,
       };
     },
   );
 
-  app.patch<{ Params: Static<typeof VersionParams>; Body: Static<typeof PatchBody> }>(
+  app.patch(
     '/api/roosts/:roostId/versions/:versionRef',
     {
       config: { idempotency: 'optional' },
@@ -592,15 +363,12 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
         });
       }
       await authorizeSite(request, b.siteId, roostRequirement(b.siteId, roostId, 'write'));
-      const ref = parseVersionRef(versionRef, 'versionRef');
-      const [row] = await signed(b.siteId, [
-        await updateVersionDescription(db, b.siteId, roostId, ref, normalizeDescription(b.description)),
-      ]);
-      return { ...versionRecord(row, blob), roostId, siteId: b.siteId, updatedAt: row.updated_at.toISOString() };
+      const v = await setDescription(deps, { siteId: b.siteId, roostId, ref: versionRef, description: b.description });
+      return { ...versionRecord(v), roostId, siteId: b.siteId, updatedAt: v.updated_at.toISOString() };
     },
   );
 
-  app.post<{ Params: Static<typeof RoostParams>; Body: Static<typeof RollbackBody> }>(
+  app.post(
     '/api/roosts/:roostId/rollback',
     {
       config: { idempotency: 'required' },
@@ -617,9 +385,10 @@ export default async function versionRoutes(app: FastifyInstance): Promise<void>
       const { siteId, targetVersion } = request.body;
       const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'rollback'));
       await enforceCapability(request, 'DISTRIBUTION_MANAGE', siteId);
-      const ref = parseVersionRef(targetVersion ?? 'previous', 'targetVersion');
-      const r = await rollbackRoost(db, siteId, roostId, ref, user.userId);
+      const r = await rollback(deps, { siteId, roostId, target: targetVersion, userId: user.userId });
       return { ok: true as const, ...r };
     },
   );
-}
+};
+
+export default versionRoutes;

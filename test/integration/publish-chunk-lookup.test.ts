@@ -1,5 +1,5 @@
 /**
- * How publish finds the chunks a site has not recorded yet (db/roosts.ts findMissingChunks): one blob
+ * How publish finds the chunks a site has not recorded yet (services/chunks.ts findMissingChunks): one blob
  * property read per chunk, or one listing of the site's chunk prefix when that is cheaper (a cold push
  * of thousands of new chunks). Both lookups must give the same answer on real Azurite: present with the
  * referenced size, missing, or present with the wrong size (missing too, since uploaded bytes are
@@ -8,7 +8,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { createHarness, type Harness, idemKey } from '../support/harness';
-import { findMissingChunks, listingIsCheaper, LIST_MIN_UNKNOWN } from '../../db/roosts';
+import { findMissingChunks, listingIsCheaper, LIST_MIN_UNKNOWN } from '../../services/chunks';
 import { sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName } from '../../storage/blob';

@@ -1,12 +1,13 @@
 /**
- * Version body rules (domain/version.ts), the file diff and chunk table of the version routes, and the
- * body cache of db/roosts.ts. Pure: no services.
+ * Version body rules and the chunk table (domain/version.ts), the file diff (domain/diff.ts), and the
+ * body cache of services/version-bodies.ts. Pure: no services.
  */
 import canonicalize from 'canonicalize';
 import { sha256Hex } from '../../domain/hex';
 import {
   CHUNK_SIZE,
   canonicalJson,
+  chunkTable,
   computeVersionId,
   distinctChunks,
   isSafeRelativePath,
@@ -15,8 +16,8 @@ import {
   VERSION_MEDIA_TYPE,
   type VersionBody,
 } from '../../domain/version';
-import { chunkTable, diffBodies } from '../../api/routes/versions';
-import { BodyCache } from '../../db/roosts';
+import { diffBodies } from '../../domain/diff';
+import { BodyCache } from '../../services/version-bodies';
 
 const H = (c: string) => c.repeat(64);
 
