@@ -6,7 +6,9 @@ import Fastify, { type FastifyInstance } from 'fastify';
 import { type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { randomBytes } from 'node:crypto';
 import type { AppDeps } from './context';
-import problem from './plugins/problem';
+import problem, { sendProblem, toApiError } from './plugins/problem';
+import { ApiError } from '../domain/errors';
+import input from './plugins/input';
 import apiVersion from './plugins/api-version';
 import auth from './plugins/auth';
 import idempotency from './plugins/idempotency';
@@ -29,6 +31,14 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     genReqId: () => `req_${randomBytes(10).toString('hex')}`,
     ajv: { customOptions: { coerceTypes: 'array', removeAdditional: false, useDefaults: true, allErrors: true } },
     routerOptions: { maxParamLength: 512 },
+    // A path that is not valid percent-encoded UTF-8 is a client error like any other (problem+json).
+    frameworkErrors: (error, request, reply) => {
+      const err =
+        error.code === 'FST_ERR_BAD_URL'
+          ? new ApiError('validation_failed', 'the request path is not valid percent-encoded UTF-8', { extras: { param: 'path' } })
+          : toApiError(error);
+      void sendProblem(request, reply, err);
+    },
   }).withTypeProvider<TypeBoxTypeProvider>();
 
   app.decorate('deps', deps);
@@ -36,6 +46,8 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     reply.header('X-Request-Id', request.id);
   });
   await app.register(problem);
+  // One rule for client text and JSON: no U+0000, no lone surrogates, bounded depth (api/plugins/input.ts).
+  await app.register(input);
   // The route table, the OpenAPI document (/api/openapi.json) and the public reference page (/docs).
   await app.register(openapi);
   await app.register(apiVersion);

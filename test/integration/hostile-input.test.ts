@@ -1,0 +1,230 @@
+/**
+ * The one input rule (api/plugins/input.ts, docs/decisions/hostile-input.md) over the fields that used to reach
+ * PostgreSQL and fail with 500: U+0000 and lone surrogates in any string, JSON nested too deep, prototype
+ * keys. Every refusal is 400 validation_failed naming the field, and nothing changes.
+ */
+import { createHarness, type Harness } from '../support/harness';
+import { makeUser, sessionFor } from '../support/identity';
+
+let h: Harness;
+let agentToken: string;
+let roostId: string;
+let webhookId: string;
+let session: string;
+
+const NUL = 'bad\u0000name';
+const LONE = 'bad\ud800name';
+
+/** A URL component carrying `bad`: a lone surrogate has no UTF-8 form, so it travels as the bytes a careless encoder makes. */
+function urlPart(bad: string): string {
+  return bad === LONE ? 'bad%ED%A0%80name' : encodeURIComponent(bad);
+}
+
+beforeAll(async () => {
+  // Webhooks on loopback are allowed so no test here ever resolves a public name.
+  h = await createHarness({ ROOST_WEBHOOK_ALLOW_PRIVATE: 'true' });
+  const secret = await h.enrolmentSecret();
+  const enrol = await h.request({
+    method: 'POST',
+    url: '/api/agent/enrol',
+    key: null,
+    idempotencyKey: true,
+    body: { siteId: h.siteId, enrolmentSecret: secret, machineId: 'hostile-1', hostname: 'hostile-1.local', agentVersion: '3.1.0' },
+  });
+  expect(enrol.statusCode).toBe(201);
+  agentToken = enrol.json().agentToken;
+  const roost = await h.request({
+    method: 'POST',
+    url: '/api/roosts',
+    body: { siteId: h.siteId, name: 'hostile', targets: ['hostile-1'] },
+  });
+  expect(roost.statusCode).toBe(201);
+  roostId = roost.json().roostId;
+  const hook = await h.request({
+    method: 'POST',
+    url: `/api/sites/${h.siteId}/webhooks`,
+    idempotencyKey: true,
+    body: { url: 'http://127.0.0.1:9/roost', name: 'hostile hook', events: ['version.published'] },
+  });
+  expect(hook.statusCode).toBe(201);
+  webhookId = hook.json().webhookId ?? hook.json().id;
+  const owner = await makeUser(h.deps.db, { role: 'superadmin' });
+  session = (await sessionFor(h, owner)).token;
+});
+
+afterAll(async () => {
+  await h.close();
+});
+
+function expectRefused(res: { statusCode: number; headers: Record<string, unknown>; json: () => any }, param: string): void {
+  expect(res.statusCode).toBe(400);
+  expect(String(res.headers['content-type'])).toContain('application/problem+json');
+  const body = res.json();
+  expect(body.code).toBe('validation_failed');
+  expect(body.param).toBe(param);
+  expect(body.errors[param]).toEqual([expect.any(String)]);
+}
+
+describe.each([
+  ['U+0000', NUL],
+  ['a lone surrogate', LONE],
+])('%s in a string is refused everywhere', (_what, bad) => {
+  test('roost name on create and PATCH; nothing is created or renamed', async () => {
+    const before = (await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&includeDeleted=true` })).json().roosts.length;
+    expectRefused(await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: bad } }), 'name');
+    expectRefused(
+      await h.request({ method: 'PATCH', url: `/api/roosts/${roostId}`, idempotencyKey: true, body: { siteId: h.siteId, name: bad } }),
+      'name',
+    );
+    const after = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&includeDeleted=true` });
+    expect(after.json().roosts.length).toBe(before);
+    expect((await h.request({ method: 'GET', url: `/api/roosts/${roostId}?siteId=${h.siteId}` })).json().name).toBe('hostile');
+  });
+
+  test('webhook name on create and PATCH', async () => {
+    expectRefused(
+      await h.request({
+        method: 'POST',
+        url: `/api/sites/${h.siteId}/webhooks`,
+        idempotencyKey: true,
+        body: { url: 'http://127.0.0.1:9/x', name: bad, events: ['version.published'] },
+      }),
+      'name',
+    );
+    expectRefused(
+      await h.request({ method: 'PATCH', url: `/api/sites/${h.siteId}/webhooks/${webhookId}`, idempotencyKey: true, body: { name: bad } }),
+      'name',
+    );
+    const hooks = (await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/webhooks` })).json();
+    expect((hooks.webhooks ?? hooks.items).map((w: { name: string }) => w.name)).toEqual(['hostile hook']);
+  });
+
+  test('API key name', async () => {
+    expectRefused(await h.request({ method: 'POST', url: '/api/keys', key: session, body: { name: bad, preset: 'readonly' } }), 'name');
+  });
+
+  test('audit-log actor and kind queries', async () => {
+    const enc = urlPart(bad);
+    expectRefused(await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/audit-log?actor=${enc}` }), 'actor');
+    expectRefused(await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/audit-log?kind=${enc}` }), 'kind');
+  });
+
+  test('enrol and heartbeat hostname, heartbeat metrics and capabilities maps', async () => {
+    const secret = await h.enrolmentSecret();
+    expectRefused(
+      await h.request({
+        method: 'POST',
+        url: '/api/agent/enrol',
+        key: null,
+        idempotencyKey: true,
+        body: { siteId: h.siteId, enrolmentSecret: secret, machineId: 'hostile-2', hostname: bad, agentVersion: '3.1.0' },
+      }),
+      'hostname',
+    );
+    const hb = (body: unknown) => h.request({ method: 'POST', url: '/api/agent/heartbeat', key: agentToken, body });
+    expectRefused(await hb({ hostname: bad }), 'hostname');
+    expectRefused(await hb({ metrics: { schemaVersion: 2, primary: { label: bad } } }), 'metrics.primary.label');
+    expectRefused(await hb({ capabilities: { [bad]: true } }), 'capabilities');
+    const machines = (await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines` })).json();
+    expect((machines.machines ?? machines.items).map((m: { machineId: string }) => m.machineId)).toEqual(['hostile-1']);
+  });
+
+  test('command and target-state error', async () => {
+    expectRefused(
+      await h.request({
+        method: 'POST',
+        url: '/api/agent/commands/cmd_0000000000000000',
+        key: agentToken,
+        body: { status: 'failed', error: bad },
+      }),
+      'error',
+    );
+    expectRefused(
+      await h.request({
+        method: 'POST',
+        url: `/api/agent/roosts/${roostId}/state`,
+        key: agentToken,
+        body: { versionId: 'a'.repeat(64), status: 'failed', error: bad },
+      }),
+      'error',
+    );
+  });
+
+  test('path parameters', async () => {
+    const res = await h.request({ method: 'GET', url: `/api/roosts/${urlPart(bad)}?siteId=${h.siteId}` });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().code).toBe('validation_failed');
+  });
+});
+
+describe('JSON shape', () => {
+  function nested(depth: number): unknown {
+    let v: unknown = 'leaf';
+    for (let i = 0; i < depth; i++) v = { a: v };
+    return v;
+  }
+
+  test('a version config nested 100,000 levels deep is 400, not a stack overflow', async () => {
+    // Built as text: JSON.stringify itself would overflow on such a value.
+    const config = '{"a":'.repeat(100_000) + '1' + '}'.repeat(100_000);
+    const body =
+      `{"siteId":"${h.siteId}","version":{"schemaVersion":2,"mediaType":"application/vnd.svc.version.v1+json",` +
+      `"config":${config},"files":[{"path":"a.txt","size":0,"chunks":[]}]}}`;
+    const res = await h.app.inject({
+      method: 'POST',
+      url: `/api/roosts/${roostId}/versions`,
+      headers: { authorization: `Bearer ${h.apiKey}`, 'content-type': 'application/json', 'idempotency-key': 'deep-config-1' },
+      payload: body,
+    });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().code).toBe('validation_failed');
+    expect(res.json().detail).toMatch(/deeper than 64 levels/);
+    const versions = await h.request({ method: 'GET', url: `/api/roosts/${roostId}/versions?siteId=${h.siteId}` });
+    expect(versions.json().versions).toEqual([]);
+  });
+
+  test('a body 64 levels deep is accepted, 65 is not', async () => {
+    // root (1) → version (2) → config (3) → … : nested(n) reaches depth n + 2.
+    const publish = (config: unknown) =>
+      h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/versions`,
+        idempotencyKey: true,
+        body: {
+          siteId: h.siteId,
+          version: {
+            schemaVersion: 2,
+            mediaType: 'application/vnd.svc.version.v1+json',
+            config,
+            files: [{ path: 'a.txt', size: 0, chunks: [] }],
+          },
+        },
+      });
+    expect((await publish(nested(63))).statusCode).toBe(400);
+    expect((await publish(nested(62))).statusCode).toBe(201);
+  });
+
+  test('a __proto__ key is refused by name', async () => {
+    const res = await h.app.inject({
+      method: 'POST',
+      url: '/api/roosts',
+      headers: { authorization: `Bearer ${h.apiKey}`, 'content-type': 'application/json' },
+      payload: `{"siteId":"${h.siteId}","name":"x","__proto__":{"admin":true}}`,
+    });
+    expectRefused(res, '__proto__');
+    expect(res.json().detail).toMatch(/__proto__ is not allowed/);
+  });
+
+  test('an empty or malformed body is 400 problem+json', async () => {
+    for (const payload of ['', '{"siteId":']) {
+      const res = await h.app.inject({
+        method: 'POST',
+        url: '/api/roosts',
+        headers: { authorization: `Bearer ${h.apiKey}`, 'content-type': 'application/json' },
+        payload,
+      });
+      expect(res.statusCode).toBe(400);
+      expect(res.json().code).toBe('validation_failed');
+    }
+  });
+});

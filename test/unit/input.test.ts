@@ -1,0 +1,59 @@
+/** The input rule of domain/input.ts: text that cannot be stored, depth, prototype keys. */
+import { jsonInputProblem, MAX_JSON_DEPTH, textProblem } from '../../domain/input';
+
+describe('textProblem', () => {
+  test.each([
+    ['plain', null],
+    ['emoji 🐦 pair', null],
+    ['', null],
+    ['a\u0000b', 'must not contain U+0000 (NUL)'],
+    ['lone \ud800 high', 'must not contain a lone UTF-16 surrogate'],
+    ['lone \udc00 low', 'must not contain a lone UTF-16 surrogate'],
+    ['reversed \udc00\ud800', 'must not contain a lone UTF-16 surrogate'],
+  ])('%j', (s, expected) => {
+    expect(textProblem(s)).toBe(expected);
+  });
+});
+
+describe('jsonInputProblem', () => {
+  const nest = (n: number) => {
+    let v: unknown = 1;
+    for (let i = 0; i < n; i++) v = i % 2 ? [v] : { k: v };
+    return v;
+  };
+
+  test('accepts ordinary bodies and scalars', () => {
+    expect(jsonInputProblem({ a: [1, 'x', null, true, { b: 'y' }] })).toBeNull();
+    expect(jsonInputProblem('text')).toBeNull();
+    expect(jsonInputProblem(null)).toBeNull();
+  });
+
+  test('names the dotted path of a refused string, inside arrays too', () => {
+    expect(jsonInputProblem({ files: [{ path: 'ok' }, { path: 'x\u0000' }] })).toEqual({
+      path: 'files.1.path',
+      message: 'must not contain U+0000 (NUL)',
+    });
+  });
+
+  test('refuses a key that cannot be stored, naming the object that holds it', () => {
+    expect(jsonInputProblem({ metrics: { ['k\ud800']: 1 } })).toEqual({
+      path: 'metrics',
+      message: 'a key must not contain a lone UTF-16 surrogate',
+    });
+  });
+
+  test(`depth: ${MAX_JSON_DEPTH} levels pass, one more is refused, a million levels do not recurse`, () => {
+    expect(jsonInputProblem(nest(MAX_JSON_DEPTH))).toBeNull();
+    expect(jsonInputProblem(nest(MAX_JSON_DEPTH + 1))?.message).toMatch(/deeper than 64/);
+    expect(jsonInputProblem(nest(1_000_000))?.message).toMatch(/deeper than 64/);
+  });
+
+  test('prototype keys', () => {
+    expect(jsonInputProblem(JSON.parse('{"a":{"__proto__":{"x":1}}}'))).toEqual({
+      path: 'a.__proto__',
+      message: 'the key __proto__ is not allowed',
+    });
+    expect(jsonInputProblem({ constructor: { prototype: {} } })?.path).toBe('constructor.prototype');
+    expect(jsonInputProblem({ constructor: 'a name' })).toBeNull();
+  });
+});
