@@ -7,6 +7,7 @@
 import { createHmac } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx } from './pool';
+import { addSiteMember } from './sites';
 import { newId, sha256Hex } from '../domain/hex';
 import { PERMISSIONS, RESOURCES, type Scope } from '../domain/scopes';
 
@@ -62,10 +63,7 @@ export async function bootstrap(
       ]);
       created.site = true;
     }
-    await tx.query('INSERT INTO site_members (site_id, uid) VALUES ($1, $2) ON CONFLICT (site_id, uid) DO NOTHING', [
-      site.site_id,
-      user.uid,
-    ]);
+    await addSiteMember(tx, site.site_id, user.uid);
     const apiKey = deriveBootstrapKey(opts.secret, site.site_id, user.uid);
     const digest = sha256Hex(apiKey);
     let key = (await tx.query<{ key_id: string; status: string }>('SELECT key_id, status FROM api_keys WHERE key_hash = $1', [digest]))

@@ -1,26 +1,14 @@
 /**
- * The outbox (DESIGN.md "Events"): an event row is written in the same transaction as the state change
- * that causes it. Delivery (webhooks, stream) reads from here. Event names and data fields are the
- * SPEC.md "Event catalog".
+ * The outbox: an event row is written in the same transaction as the state change that causes it.
+ * Delivery (webhooks, the stream `GET /api/events/stream`) reads from here. Event names are the catalog
+ * of domain/events.ts; decisions in docs/decisions/webhook-relay.md and docs/decisions/event-stream.md.
  */
-import { newId } from '../domain/hex';
 import type { Pool } from 'pg';
+import type { EventType } from '../domain/events';
+import { newId } from '../domain/hex';
 import { withTx, type Queryable } from './pool';
 
-export type EventType =
-  | 'version.published'
-  | 'version.rolled_back'
-  | 'deployment.started'
-  | 'deployment.completed'
-  | 'deployment.failed'
-  | 'machine.online'
-  | 'machine.offline'
-  | 'chunk.garbage_collected'
-  | 'chunk.verify_failed'
-  | 'quota.warning'
-  | 'quota.exceeded'
-  | 'api_key.used'
-  | 'api_key.expired';
+export type { EventType };
 
 /** Records one event inside the caller's transaction; returns its id (`evt_…`). */
 export async function recordEvent(

@@ -22,7 +22,9 @@ import {
   ROTATION_GRACE_MS,
 } from '../domain/keys';
 import type { Scope } from '../domain/scopes';
+import type { UserRole } from '../domain/principal';
 import { type Queryable, withTx } from './pool';
+import { accessibleSiteIds, type SiteUser } from './sites';
 
 /** An `api_keys` row joined with its owner's email (times in epoch ms unless Date). */
 export interface KeyRow {
@@ -222,35 +224,50 @@ async function findKeyForUpdate(tx: Queryable, keyId: string, uid?: string): Pro
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Access lookups for scope ids (SPEC.md Authentication 5: the owning user must have access)
+// Authentication
 
-/** A user as the key routes need it. */
-export interface KeyOwner {
-  uid: string;
-  email: string;
-  role: 'member' | 'admin' | 'superadmin';
-  deleted: boolean;
-}
+/** The key row authentication reads: the repository's KeyRow columns it needs, plus the digest and the owner's role. */
+export type AuthKeyRow = Pick<
+  KeyRow,
+  | 'key_id'
+  | 'name'
+  | 'key_prefix'
+  | 'scopes'
+  | 'environment'
+  | 'is_legacy'
+  | 'primary_site_id'
+  | 'status'
+  | 'expires_at'
+  | 'grace_until'
+  | 'last_used_at'
+  | 'uid'
+  | 'email'
+> & { key_hash: string; role: UserRole; deleted: boolean };
 
-/** A user by uid or email (case-insensitive); undefined when absent. */
-export async function findUser(db: Queryable, by: { uid?: string; email?: string }): Promise<KeyOwner | undefined> {
-  const { rows } = await db.query<KeyOwner>(
-    `SELECT uid, email, role, deleted FROM users WHERE ($1::text IS NOT NULL AND uid = $1::text) OR ($2::text IS NOT NULL AND lower(email) = lower($2::text)) LIMIT 1`,
-    [by.uid ?? null, by.email ?? null],
+/** The key whose digest is `digest` (SHA-256 hex of the raw key) with its owner; undefined when none. */
+export async function keyForAuth(db: Queryable, digest: string): Promise<AuthKeyRow | undefined> {
+  const { rows } = await db.query<AuthKeyRow>(
+    `SELECT k.key_id, k.key_hash, k.name, k.key_prefix, k.scopes, k.environment, k.is_legacy, k.primary_site_id, k.status,
+            k.expires_at, k.grace_until, k.last_used_at, u.uid, u.email, u.role, u.deleted
+       FROM api_keys k JOIN users u ON u.uid = k.uid WHERE k.key_hash = $1`,
+    [digest],
   );
   return rows[0];
 }
 
-/** Which of `siteIds` the user may act on (owner, member, or any site for a superadmin). */
-export async function accessibleSites(db: Queryable, owner: { uid: string; role: string }, siteIds: string[]): Promise<Set<string>> {
-  if (siteIds.length === 0) return new Set();
-  const { rows } = await db.query<{ site_id: string }>(
-    `SELECT s.site_id FROM sites s
-      WHERE s.site_id = ANY($1::text[])
-        AND ($3 OR s.owner_uid = $2 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $2))`,
-    [siteIds, owner.uid, owner.role === 'superadmin'],
-  );
-  return new Set(rows.map((r) => r.site_id));
+/** Sets a key's `last_used_at` to `at` (epoch ms). */
+export async function touchKey(db: Queryable, keyId: string, at: number): Promise<void> {
+  await db.query('UPDATE api_keys SET last_used_at = $2 WHERE key_id = $1', [keyId, at]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Access lookups for scope ids (an id in a key's scopes must name something the owning user can access)
+
+export { findUser, type KeyOwner } from './users';
+
+/** Which of `siteIds` the user may act on (owner, member, or any site for a superadmin; db/sites.ts). */
+export async function accessibleSites(db: Queryable, owner: SiteUser, siteIds: string[]): Promise<Set<string>> {
+  return new Set(await accessibleSiteIds(db, owner, { siteIds }));
 }
 
 /**
@@ -259,17 +276,12 @@ export async function accessibleSites(db: Queryable, owner: { uid: string; role:
  */
 export async function accessibleResources(
   db: Queryable,
-  owner: { uid: string; role: string },
+  owner: SiteUser,
   ids: { roosts: string[]; machines: string[] },
 ): Promise<{ roosts: Set<string>; machines: Set<string> }> {
   const out = { roosts: new Set<string>(), machines: new Set<string>() };
   if (ids.roosts.length === 0 && ids.machines.length === 0) return out;
-  const { rows: sites } = await db.query<{ site_id: string }>(
-    `SELECT s.site_id FROM sites s
-      WHERE $2 OR s.owner_uid = $1 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $1)`,
-    [owner.uid, owner.role === 'superadmin'],
-  );
-  const siteIds = sites.map((s) => s.site_id);
+  const siteIds = await accessibleSiteIds(db, owner);
   if (siteIds.length === 0) return out;
   if (ids.roosts.length) {
     const { rows } = await db.query<{ roost_id: string }>(

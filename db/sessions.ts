@@ -1,9 +1,10 @@
 /**
- * First-party session repository (SPEC.md Authentication 1; docs/decisions/sessions.md). A session is an
+ * First-party session repository (`POST /api/auth/session`; docs/decisions/sessions.md). A session is an
  * opaque `sst_` token exchanged for a verified ID token; only its SHA-256 is stored. Times are epoch ms.
  */
 import type { Pool } from 'pg';
 import { newId, randomToken, sha256Hex } from '../domain/hex';
+import type { UserRole } from '../domain/principal';
 import type { Queryable } from './pool';
 
 /** A `sessions` row. */
@@ -67,4 +68,32 @@ export async function revokeSession(db: Queryable, sessionId: string, uid: strin
     [sessionId, uid, Date.now()],
   );
   return rows[0];
+}
+
+/** A session as authentication reads it: the row's state plus its user (times epoch ms). */
+export interface AuthSessionRow {
+  session_id: string;
+  token_hash: string;
+  expires_at: number;
+  revoked_at: number | null;
+  last_used_at: number | null;
+  uid: string;
+  email: string;
+  role: UserRole;
+  deleted: boolean;
+}
+
+/** The session whose token digest (SHA-256 hex) is `digest`, with its user; undefined when none. */
+export async function sessionForAuth(db: Queryable, digest: string): Promise<AuthSessionRow | undefined> {
+  const { rows } = await db.query<AuthSessionRow>(
+    `SELECT s.session_id, s.token_hash, s.expires_at, s.revoked_at, s.last_used_at, u.uid, u.email, u.role, u.deleted
+       FROM sessions s JOIN users u ON u.uid = s.uid WHERE s.token_hash = $1`,
+    [digest],
+  );
+  return rows[0];
+}
+
+/** Sets a session's `last_used_at` to `at` (epoch ms). */
+export async function touchSession(db: Queryable, sessionId: string, at: number): Promise<void> {
+  await db.query('UPDATE sessions SET last_used_at = $2 WHERE session_id = $1', [sessionId, at]);
 }

@@ -1,11 +1,15 @@
-/** Identity and service metadata: GET /api/version (unauthenticated), GET /api/whoami, the OpenAPI document. */
-import type { FastifyInstance } from 'fastify';
+/**
+ * Identity and service metadata: `GET /api/version` (unauthenticated), `GET /api/openapi.json`, `GET /healthz`,
+ * `GET /api/whoami` (services/identity.ts; docs/decisions/whoami.md).
+ */
 import { Type } from '@sinclair/typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { checkHealth, whoamiFacts } from '../../services/identity';
 import { CURRENT_API_VERSION, SUPPORTED_API_VERSIONS } from '../plugins/api-version';
 import { requireUser } from '../plugins/auth';
-import { quotaSnapshot, quotaTiers } from '../../db/quota';
 
-export default async function metaRoutes(app: FastifyInstance): Promise<void> {
+/** Registers the metadata routes. */
+const metaRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get(
     '/api/version',
     {
@@ -34,7 +38,8 @@ export default async function metaRoutes(app: FastifyInstance): Promise<void> {
         response: { 200: Type.Object({ openapi: Type.String() }, { additionalProperties: true, description: 'OpenAPI 3.1 document' }) },
       },
     },
-    async () => app.swagger(),
+    // The document's type is @fastify/swagger's; the schema above only names its `openapi` field.
+    async () => app.swagger() as unknown as { openapi: string },
   );
 
   app.get(
@@ -44,7 +49,7 @@ export default async function metaRoutes(app: FastifyInstance): Promise<void> {
       schema: { tags: ['meta'], summary: 'Liveness and database reachability', response: { 200: Type.Object({ ok: Type.Literal(true) }) } },
     },
     async () => {
-      await app.deps.db.query('SELECT 1');
+      await checkHealth(app.deps);
       return { ok: true as const };
     },
   );
@@ -54,7 +59,7 @@ export default async function metaRoutes(app: FastifyInstance): Promise<void> {
     {
       schema: {
         tags: ['meta'],
-        summary: 'The resolved identity of the credential (SPEC.md Authentication 9)',
+        summary: 'The resolved identity of the credential',
         response: {
           200: Type.Object(
             {
@@ -75,19 +80,7 @@ export default async function metaRoutes(app: FastifyInstance): Promise<void> {
     },
     async (request) => {
       const user = requireUser(request);
-      // The key's primary site while the user can still act on it, else the user's first site by id.
-      const { rows } = await app.deps.db.query<{ site_id: string }>(
-        `SELECT site_id FROM (
-         SELECT s.site_id, 0 AS pref FROM sites s
-          WHERE s.site_id = $2::text
-            AND ($3 OR s.owner_uid = $1 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $1))
-         UNION ALL SELECT site_id, 1 AS pref FROM sites WHERE owner_uid = $1
-         UNION ALL SELECT site_id, 1 AS pref FROM site_members WHERE uid = $1
-       ) c ORDER BY pref, site_id LIMIT 1`,
-        [user.userId, user.key?.primarySiteId ?? null, user.role === 'superadmin'],
-      );
-      const primarySiteId = rows[0]?.site_id ?? null;
-      const quota = primarySiteId ? await quotaSnapshot(app.deps.db, primarySiteId, quotaTiers(app.deps.cfg)) : null;
+      const { primarySiteId, quota } = await whoamiFacts(app.deps, user);
       return {
         userId: user.userId,
         email: user.email,
@@ -110,4 +103,6 @@ export default async function metaRoutes(app: FastifyInstance): Promise<void> {
       };
     },
   );
-}
+};
+
+export default metaRoutes;

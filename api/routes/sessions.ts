@@ -1,5 +1,5 @@
 /**
- * First-party sessions and the local OIDC issuer's public documents (SPEC.md Authentication 1;
+ * First-party sessions and the local OIDC issuer's public documents (services/sessions.ts;
  * docs/decisions/sessions.md, docs/decisions/oidc.md):
  *
  * - `POST /api/auth/session` (no credential; body `idToken`): exchanges a valid ID token for an opaque
@@ -9,13 +9,13 @@
  * - `GET /.well-known/jwks.json`, `GET /.well-known/openid-configuration`: the embedded issuer's public
  *   key and discovery document (404 when an external issuer is configured).
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyRequest } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { createSession, findSession, revokeSession, type SessionRow } from '../../db/sessions';
 import { discoveryDocument, localJwks, oidcSettings } from '../../config/oidc';
-import { requireUser, userForIdToken, verifyIdToken } from '../plugins/auth';
+import { exchangeIdToken, getSession, type SessionRow, signOut } from '../../services/sessions';
+import { requireUser } from '../plugins/auth';
 import { Problem } from '../../domain/schemas';
 
 const ExchangeBody = Type.Object(
@@ -46,19 +46,18 @@ function view(r: SessionRow): SessionView {
   return { sessionId: r.session_id, userId: r.uid, createdAt: r.created_at, expiresAt: r.expires_at, lastUsedAt: r.last_used_at };
 }
 
-/** Registers the session routes and the issuer documents. */
-export default async function sessionRoutes(root: FastifyInstance): Promise<void> {
-  const app = root.withTypeProvider<TypeBoxTypeProvider>();
-  const settings = oidcSettings(app.deps.cfg);
+/** The session principal of a request; other credentials get 403 forbidden (they have no session). */
+function currentSession(request: FastifyRequest): { userId: string; sessionId: string } {
+  const user = requireUser(request);
+  if (user.credential !== 'session' || !user.sessionId) {
+    throw new ApiError('forbidden', 'this request was not made with a session token (sst_…)');
+  }
+  return { userId: user.userId, sessionId: user.sessionId };
+}
 
-  /** The session principal of a request; other credentials get 403 forbidden (they have no session). */
-  const currentSession = (request: Parameters<typeof requireUser>[0]) => {
-    const user = requireUser(request);
-    if (user.credential !== 'session' || !user.sessionId) {
-      throw new ApiError('forbidden', 'this request was not made with a session token (sst_…)');
-    }
-    return { user, sessionId: user.sessionId };
-  };
+/** Registers the session routes and the issuer documents. */
+const sessionRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const settings = oidcSettings(app.deps.cfg);
 
   app.post(
     '/api/auth/session',
@@ -74,18 +73,13 @@ export default async function sessionRoutes(root: FastifyInstance): Promise<void
       },
     },
     async (request, reply) => {
-      const claims = await verifyIdToken(app, request.body.idToken);
-      const user = await userForIdToken(app, claims);
-      const { token, row } = await createSession(app.deps.db, {
-        uid: user.uid,
-        issuer: String(claims.iss ?? settings.issuer),
-        subject: String(claims.sub ?? ''),
-        ttlMs: app.deps.cfg.ROOST_SESSION_TTL_MINUTES * 60_000,
+      const { row, token, email, role } = await exchangeIdToken(app.deps, {
+        idToken: request.body.idToken,
         ip: request.ip,
         userAgent: typeof request.headers['user-agent'] === 'string' ? request.headers['user-agent'] : null,
       });
       reply.code(201).header('Cache-Control', 'no-store');
-      return { ...view(row), sessionToken: token, tokenType: 'Bearer' as const, email: user.email, role: user.role };
+      return { ...view(row), sessionToken: token, tokenType: 'Bearer' as const, email, role };
     },
   );
 
@@ -99,10 +93,8 @@ export default async function sessionRoutes(root: FastifyInstance): Promise<void
       },
     },
     async (request) => {
-      const { user, sessionId } = currentSession(request);
-      const row = await findSession(app.deps.db, sessionId, user.userId);
-      if (!row) throw new ApiError('unauthorized', 'unknown session');
-      return view(row);
+      const { userId, sessionId } = currentSession(request);
+      return view(await getSession(app.deps, userId, sessionId));
     },
   );
 
@@ -121,10 +113,9 @@ export default async function sessionRoutes(root: FastifyInstance): Promise<void
       },
     },
     async (request) => {
-      const { user, sessionId } = currentSession(request);
-      const row = await revokeSession(app.deps.db, sessionId, user.userId);
-      // Authentication just saw it live; a concurrent sign-out won the race.
-      if (!row) throw new ApiError('unauthorized', 'this session was signed out');
+      const { userId, sessionId } = currentSession(request);
+      // Authentication just saw it live; signOut answers 401 when a concurrent sign-out won the race.
+      const row = await signOut(app.deps, userId, sessionId);
       return { ...view(row), revoked: true as const, revokedAt: row.revoked_at as number };
     },
   );
@@ -166,4 +157,6 @@ export default async function sessionRoutes(root: FastifyInstance): Promise<void
       return discoveryDocument(settings.issuer) as { issuer: string; jwks_uri: string };
     },
   );
-}
+};
+
+export default sessionRoutes;

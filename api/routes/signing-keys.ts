@@ -1,5 +1,5 @@
 /**
- * Site signing keys (issue #5 "Signed manifests"; docs/decisions/signed-manifests.md):
+ * Site signing keys (services/signing.ts; docs/decisions/signed-manifests.md):
  *
  *   GET /api/sites/{siteId}/signing-keys   the site's public Ed25519 keys as a JWK set (site read)
  *   GET /api/agent/signing-keys            the same set for the calling agent's own site (agent token)
@@ -9,10 +9,8 @@
  * refresh them only over their authenticated agent channel (the second route). The first call for a
  * site without a key creates it (db/signing-keys.ts).
  */
-import type { FastifyInstance } from 'fastify';
-import { Type } from '@sinclair/typebox';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ApiError } from '../../domain/errors';
+import { type Static, Type } from '@sinclair/typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { listSigningKeys, sealKeyOf } from '../../services/signing';
 import { authorizeSite, requireAgent } from '../plugins/auth';
 import { Problem, SiteId } from '../../domain/schemas';
@@ -37,10 +35,10 @@ const KeySet = Type.Object({
 
 const MESSAGE_FORMAT = 'roost-version-v1:<siteId>:<roostId>:<versionId>';
 
-export default async function signingKeyRoutes(root: FastifyInstance): Promise<void> {
-  const app = root.withTypeProvider<TypeBoxTypeProvider>();
-
-  async function keySet(siteId: string) {
+/** Registers the signing-key routes. */
+const signingKeyRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  /** The site's key set (creating its first key when it has none). */
+  async function keySet(siteId: string): Promise<Static<typeof KeySet>> {
     const keys = await listSigningKeys(app.deps.db, sealKeyOf(app.deps.cfg), siteId);
     return {
       siteId,
@@ -61,9 +59,8 @@ export default async function signingKeyRoutes(root: FastifyInstance): Promise<v
     },
     async (request) => {
       const { siteId } = request.params;
+      // authorizeSite answers 404 for a site that does not exist.
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'read' }]);
-      const { rows } = await app.deps.db.query('SELECT 1 FROM sites WHERE site_id = $1', [siteId]);
-      if (rows.length === 0) throw new ApiError('not_found', 'site not found');
       return keySet(siteId);
     },
   );
@@ -80,4 +77,6 @@ export default async function signingKeyRoutes(root: FastifyInstance): Promise<v
     },
     async (request) => keySet(requireAgent(request).siteId),
   );
-}
+};
+
+export default signingKeyRoutes;

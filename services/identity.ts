@@ -1,0 +1,241 @@
+/**
+ * Identity: who a credential is, and what they may act on (the credential rules are documented in
+ * api/plugins/auth.ts, which reads the credential off the request and calls `resolveCredential`).
+ *
+ * - API keys `svk_live_…`/`svk_test_…`, looked up by SHA-256 digest and compared in constant time;
+ *   revoked and retired keys → 401 unauthorized, expired → 401 token_expired (domain/keys.ts `keyRejection`);
+ * - first-party sessions `sst_…` (`POST /api/auth/session`, services/sessions.ts), digest lookup, signed
+ *   out → unauthorized, expired → token_expired;
+ * - OIDC ID tokens (compact JWTs) verified against the configured issuer's JWKS (iss, aud, exp, nbf;
+ *   config/oidc.ts names the issuer), mapped to a user by `sub` (= uid) or verified `email`;
+ * - agent tokens `sat_…` bound to one site and machine.
+ * A deleted user's credentials are unauthorized. `lastUsedAt` of keys and sessions is written at most
+ * once a minute. Site access (owner, member, superadmin) is db/sites.ts.
+ */
+import { createLocalJWKSet, createRemoteJWKSet, errors as joseErrors, jwtVerify, type JWTPayload, type JWTVerifyGetKey } from 'jose';
+import type { Config } from '../config/env';
+import { localJwks, oidcSettings } from '../config/oidc';
+import { machineForAgentToken } from '../db/agent-tokens';
+import { keyForAuth, touchKey } from '../db/keys';
+import { sessionForAuth, touchSession } from '../db/sessions';
+import { accessibleSiteIds, canActOnSite, pingDatabase } from '../db/sites';
+import { userForIdTokenClaims } from '../db/users';
+import { ApiError } from '../domain/errors';
+import { hexEqual, sha256Hex } from '../domain/hex';
+import { API_KEY_RE, keyRejection } from '../domain/keys';
+import type { AgentPrincipal, Principal, UserPrincipal, UserRole } from '../domain/principal';
+import type { ServiceDeps } from './deps';
+import { type QuotaSnapshot, siteQuota } from './quota';
+
+/** Agent token: `sat_` + 43 base64url chars. */
+export const AGENT_TOKEN_RE = /^sat_[A-Za-z0-9_-]{43}$/;
+/** First-party session token: `sst_` + 43 base64url chars. */
+export const SESSION_TOKEN_RE = /^sst_[A-Za-z0-9_-]{43}$/;
+/** A compact JWS (three base64url segments); only ID tokens take this shape. */
+export const JWT_RE = /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/;
+/** Allowed clock skew when checking exp and nbf of ID tokens, seconds. */
+export const ID_TOKEN_CLOCK_TOLERANCE_S = 30;
+/** Signature algorithms accepted on ID tokens (never `none` or HMAC). */
+export const ID_TOKEN_ALGS = ['EdDSA', 'RS256', 'RS384', 'RS512', 'PS256', 'ES256', 'ES384'];
+/** lastUsedAt of keys and sessions is written at most once per this many milliseconds. */
+const LAST_USED_RESOLUTION_MS = 60_000;
+
+type IdentityDeps = Pick<ServiceDeps, 'db' | 'cfg'>;
+
+/** Where a credential was found: `Authorization: Bearer`, `x-api-key`, or the `api_key` query parameter. */
+export type CredentialSource = 'bearer' | 'x-api-key' | 'query';
+
+/** BIGINT epoch-ms columns (db/pool.ts parses int8 as number; tolerate text too). */
+function ms(v: string | number | null): number | null {
+  return v === null ? null : Number(v);
+}
+
+async function resolveApiKey(deps: IdentityDeps, raw: string): Promise<UserPrincipal> {
+  const digest = sha256Hex(raw);
+  const row = await keyForAuth(deps.db, digest);
+  if (!row || !hexEqual(row.key_hash, digest)) throw new ApiError('unauthorized', 'unknown API key');
+  if (row.deleted) throw new ApiError('unauthorized', "this API key's user was deleted");
+  const now = Date.now();
+  const expiresAt = ms(row.expires_at);
+  const rejection = keyRejection({ status: row.status, expiresAt, graceUntil: ms(row.grace_until) }, now);
+  if (rejection) throw new ApiError(rejection.code, rejection.detail);
+  let lastUsedAt = ms(row.last_used_at);
+  if (lastUsedAt === null || now - lastUsedAt > LAST_USED_RESOLUTION_MS) {
+    await touchKey(deps.db, row.key_id, now);
+    lastUsedAt = now;
+  }
+  return {
+    kind: 'user',
+    credential: 'api_key',
+    userId: row.uid,
+    email: row.email,
+    role: row.role,
+    key: {
+      keyId: row.key_id,
+      name: row.name,
+      keyPrefix: row.key_prefix,
+      scopes: row.scopes,
+      environment: row.environment,
+      expiresAt,
+      lastUsedAt,
+      isLegacy: row.is_legacy,
+      primarySiteId: row.primary_site_id,
+    },
+  };
+}
+
+async function resolveSession(deps: IdentityDeps, raw: string): Promise<UserPrincipal> {
+  const digest = sha256Hex(raw);
+  const row = await sessionForAuth(deps.db, digest);
+  if (!row || !hexEqual(row.token_hash, digest)) throw new ApiError('unauthorized', 'unknown session');
+  if (row.revoked_at !== null) throw new ApiError('unauthorized', 'this session was signed out');
+  if (row.deleted) throw new ApiError('unauthorized', "this session's user was deleted");
+  const now = Date.now();
+  if (Number(row.expires_at) <= now) throw new ApiError('token_expired', 'this session has expired; exchange a new ID token');
+  const lastUsedAt = ms(row.last_used_at);
+  if (lastUsedAt === null || now - lastUsedAt > LAST_USED_RESOLUTION_MS) await touchSession(deps.db, row.session_id, now);
+  return { kind: 'user', credential: 'session', sessionId: row.session_id, userId: row.uid, email: row.email, role: row.role, key: null };
+}
+
+async function resolveAgentToken(deps: IdentityDeps, raw: string): Promise<AgentPrincipal> {
+  const digest = sha256Hex(raw);
+  const row = await machineForAgentToken(deps.db, digest);
+  if (!row || !hexEqual(row.agent_token_hash, digest)) throw new ApiError('unauthorized', 'unknown agent token');
+  return { kind: 'agent', siteId: row.site_id, machineId: row.machine_id };
+}
+
+async function resolveIdToken(deps: IdentityDeps, raw: string): Promise<UserPrincipal> {
+  const claims = await verifyIdToken(deps.cfg, raw);
+  const u = await userForIdToken(deps, claims);
+  return { kind: 'user', credential: 'id_token', userId: u.uid, email: u.email, role: u.role, key: null };
+}
+
+/**
+ * The principal of a raw credential, chosen by its shape (API key, session, agent token, ID token).
+ * `x-api-key` and `?api_key=` carry API keys only.
+ * @throws ApiError unauthorized or token_expired (401), service_unavailable (503: the ID-token issuer's JWKS is unreachable)
+ */
+export async function resolveCredential(deps: IdentityDeps, raw: string, source: CredentialSource): Promise<Principal> {
+  if (API_KEY_RE.test(raw)) return resolveApiKey(deps, raw);
+  if (source !== 'bearer')
+    throw new ApiError(
+      'unauthorized',
+      `${source === 'query' ? 'api_key' : 'x-api-key'} carries API keys only; send other credentials as Authorization: Bearer`,
+    );
+  if (SESSION_TOKEN_RE.test(raw)) return resolveSession(deps, raw);
+  if (AGENT_TOKEN_RE.test(raw)) return resolveAgentToken(deps, raw);
+  if (JWT_RE.test(raw)) return resolveIdToken(deps, raw);
+  throw new ApiError('unauthorized', 'malformed or unsupported credential');
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ID tokens
+
+/** Verifies a compact ID token's signature, iss, aud, exp and nbf; returns its claims. */
+export type IdTokenVerifier = (token: string) => Promise<JWTPayload>;
+
+/**
+ * The ID-token verifier of a configuration: `jwtVerify` against the local issuer's JWKS (embedded
+ * default) or the remote JWKS of ROOST_OIDC_ISSUER (fetched and cached by jose). One code path.
+ * @throws Error on an inconsistent OIDC configuration (see config/oidc.ts `oidcSettings`).
+ */
+export function createIdTokenVerifier(cfg: Config): IdTokenVerifier {
+  const settings = oidcSettings(cfg);
+  let keys: Promise<JWTVerifyGetKey> | undefined;
+  const getKeys = (): Promise<JWTVerifyGetKey> =>
+    (keys ??=
+      settings.jwks.kind === 'remote'
+        ? Promise.resolve(
+            createRemoteJWKSet(new URL(settings.jwks.url), { timeoutDuration: 5000, cooldownDuration: 30_000, cacheMaxAge: 600_000 }),
+          )
+        : localJwks(cfg).then((jwks) => createLocalJWKSet(jwks)));
+  return async (token) => {
+    const { payload } = await jwtVerify(token, await getKeys(), {
+      issuer: settings.issuer,
+      audience: settings.audience,
+      algorithms: ID_TOKEN_ALGS,
+      clockTolerance: ID_TOKEN_CLOCK_TOLERANCE_S,
+      requiredClaims: ['exp', 'sub'],
+    });
+    return payload;
+  };
+}
+
+const verifiers = new WeakMap<Config, IdTokenVerifier>();
+
+/** The verifier of a configuration object (created once, on first use). */
+function verifierOf(cfg: Config): IdTokenVerifier {
+  let v = verifiers.get(cfg);
+  if (!v) {
+    v = createIdTokenVerifier(cfg);
+    verifiers.set(cfg, v);
+  }
+  return v;
+}
+
+/**
+ * Verifies an ID token and returns its claims.
+ * @throws ApiError token_expired (exp passed) or unauthorized (any other JWT failure), 401;
+ *   service_unavailable (503, Retry-After 5) when the JWKS endpoint does not answer.
+ */
+export async function verifyIdToken(cfg: Config, raw: string): Promise<JWTPayload> {
+  try {
+    return await verifierOf(cfg)(raw);
+  } catch (err) {
+    if (err instanceof joseErrors.JWTExpired) throw new ApiError('token_expired', 'this ID token has expired');
+    if (err instanceof joseErrors.JWKSTimeout)
+      throw new ApiError('service_unavailable', 'the identity provider did not answer in time', { headers: { 'Retry-After': '5' } });
+    if (err instanceof joseErrors.JOSEError) throw new ApiError('unauthorized', `ID token rejected (${err.code})`);
+    if (err instanceof ApiError) throw err;
+    throw new ApiError('service_unavailable', 'the identity provider could not be reached', { headers: { 'Retry-After': '5' } });
+  }
+}
+
+/**
+ * The Roost user an ID token's claims name: `sub` equal to a uid, else its `email` (unless
+ * `email_verified` is false), compared case-insensitively.
+ * @throws ApiError unauthorized (401) for an unknown or deleted user
+ */
+export async function userForIdToken(
+  deps: Pick<ServiceDeps, 'db'>,
+  claims: JWTPayload,
+): Promise<{ uid: string; email: string; role: UserRole }> {
+  const sub = typeof claims.sub === 'string' ? claims.sub : '';
+  const email = typeof claims.email === 'string' && claims.email_verified !== false ? claims.email : null;
+  const u = await userForIdTokenClaims(deps.db, sub, email);
+  if (!u) throw new ApiError('unauthorized', 'no Roost user matches this ID token');
+  if (u.deleted) throw new ApiError('unauthorized', 'the user of this ID token was deleted');
+  return { uid: u.uid, email: u.email, role: u.role };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Access and self-description
+
+/** True when the site exists and `user` owns it, is a member of it, or is a superadmin. */
+export function mayActOnSite(deps: Pick<ServiceDeps, 'db'>, user: UserPrincipal, siteId: string): Promise<boolean> {
+  return canActOnSite(deps.db, { uid: user.userId, role: user.role }, siteId);
+}
+
+/** What `GET /api/whoami` reports beyond the principal itself. */
+export interface WhoamiFacts {
+  /** The key's primary site while the user can still act on it, else the user's first own or member site by id; null when none. */
+  primarySiteId: string | null;
+  /** The quota of `primarySiteId` (bytes), or null. */
+  quota: QuotaSnapshot | null;
+}
+
+/** The primary site of `user` and its quota (`GET /api/whoami`; docs/decisions/whoami.md). */
+export async function whoamiFacts(deps: Pick<ServiceDeps, 'db' | 'cfg'>, user: UserPrincipal): Promise<WhoamiFacts> {
+  const preferred = user.key?.primarySiteId ?? null;
+  let primarySiteId: string | null = null;
+  if (preferred !== null && (await canActOnSite(deps.db, { uid: user.userId, role: user.role }, preferred))) primarySiteId = preferred;
+  // Own and member sites only (a superadmin's fallback is not "every site").
+  primarySiteId ??= (await accessibleSiteIds(deps.db, { uid: user.userId, role: 'member' }, { limit: 1 }))[0] ?? null;
+  const quota = primarySiteId ? await siteQuota(deps, primarySiteId) : null;
+  return { primarySiteId, quota };
+}
+
+/** Resolves when the database answers (`GET /healthz`); throws the driver's error when it does not. */
+export function checkHealth(deps: Pick<ServiceDeps, 'db'>): Promise<void> {
+  return pingDatabase(deps.db);
+}
