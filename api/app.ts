@@ -17,6 +17,9 @@ import rateLimit from './plugins/rate-limit';
 import { registerRoutes } from './routes';
 import openapi from './openapi';
 
+/** Largest request head (request line and headers) the API reads, bytes. */
+export const MAX_HEADER_BYTES = 128 * 1024;
+
 export interface BuildOptions {
   logger?: boolean | { level: string };
 }
@@ -26,6 +29,9 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
   const app = Fastify({
     logger: opts.logger ?? { level: deps.cfg.ROOST_LOG_LEVEL },
     bodyLimit: 1024 * 1024,
+    // GET /api/chunks/download-urls takes up to 1,000 repeated `hash` parameters (about 70 KB of URL), which
+    // Node's default 16 KB header limit would refuse with 431.
+    http: { maxHeaderSize: MAX_HEADER_BYTES },
     // Agents hold keep-alive connections and long-polls; closing the app must not wait for them.
     forceCloseConnections: true,
     genReqId: () => `req_${randomBytes(10).toString('hex')}`,

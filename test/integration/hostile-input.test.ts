@@ -157,6 +157,19 @@ describe.each([
   });
 });
 
+describe('documented maximums work over real HTTP', () => {
+  test('GET /api/chunks/download-urls with 1,000 repeated hash parameters', async () => {
+    const base = await h.listen();
+    const hashes = Array.from({ length: 1000 }, (_, i) => i.toString(16).padStart(64, '0'));
+    const url = `${base}/api/chunks/download-urls?siteId=${h.siteId}&${hashes.map((x) => `hash=${x}`).join('&')}`;
+    expect(url.length).toBeGreaterThan(16 * 1024 * 4);
+    const res = await fetch(url, { headers: { authorization: `Bearer ${h.apiKey}` } });
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as { urls: Record<string, string>; missing: string[] };
+    expect(body.missing).toHaveLength(1000);
+  });
+});
+
 describe('JSON shape', () => {
   function nested(depth: number): unknown {
     let v: unknown = 'leaf';
