@@ -1,0 +1,121 @@
+/**
+ * Path rules that hold on the fleet's file system, NTFS under Windows (docs/decisions/windows-paths.md): one
+ * definition used by publish (file paths), the roost routes (extract paths), and the agent before it writes.
+ *
+ * Windows resolves names case-insensitively, drops trailing dots and spaces from every segment, treats `:` as
+ * the start of an alternate data stream (or a drive), and opens devices for the reserved names CON, PRN, AUX,
+ * NUL, COM0-9 and LPT0-9 whatever extension follows. A path that means something else there than on the
+ * publisher's machine is refused, naming the rule.
+ *
+ * Pure: no I/O.
+ */
+
+/** Longest file path in a version body, characters. */
+export const MAX_PATH_LENGTH = 1024;
+/** Longest single segment (NTFS's component limit), UTF-16 code units. */
+export const MAX_SEGMENT_LENGTH = 255;
+
+/**
+ * Top-level folders of the agent's machine root that no extract root may use: the chunk store, the agent's
+ * state (token, pinned keys) and staged trees. Compared the way Windows compares names.
+ */
+export const AGENT_RESERVED_DIRS = ['chunks', 'state', 'staging'] as const;
+
+/** Device names Windows opens whatever the extension (`aux.txt` is AUX). Superscript digits count too. */
+const DEVICE = /^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$|conout\$)$/i;
+/** Characters NTFS does not allow in a name (besides `:` and control characters, named separately). */
+const FORBIDDEN_CHARS = /[<>"|?*]/;
+
+/** The name Windows resolves a segment to: trailing dots and spaces dropped, case folded. */
+export function windowsFold(segment: string): string {
+  return segment.replace(/[. ]+$/, '').toUpperCase();
+}
+
+/** Why one path segment is unsafe on Windows, or null. */
+export function segmentProblem(seg: string): string | null {
+  if (seg === '' || seg === '.' || seg === '..') return 'has an empty, "." or ".." segment';
+  if (seg.length > MAX_SEGMENT_LENGTH) return `has a segment longer than ${MAX_SEGMENT_LENGTH} characters`;
+   
+  if (/[\u0000-\u001f\u007f]/.test(seg)) return 'has a control character';
+  if (seg.includes('\\')) return 'has a backslash (separators are forward slashes)';
+  if (seg.includes(':')) return `has ":" in "${seg}" (a drive or an alternate data stream on Windows)`;
+  if (FORBIDDEN_CHARS.test(seg)) return `has a character Windows does not allow (< > " | ? *) in "${seg}"`;
+  if (/[. ]$/.test(seg)) return `has a segment ending in a dot or a space ("${seg}"), which Windows drops`;
+  const base = seg.split('.')[0].replace(/ +$/, '');
+  if (DEVICE.test(base)) return `has a reserved Windows device name ("${seg}")`;
+  return null;
+}
+
+/** Why a version file path is unsafe, or null: non-empty, relative, forward slashes, every segment safe. */
+export function filePathProblem(p: string): string | null {
+  if (p.length === 0) return 'is empty';
+  if (p.length > MAX_PATH_LENGTH) return `is longer than ${MAX_PATH_LENGTH} characters`;
+  if (p.startsWith('/')) return 'is absolute (paths are relative to the extract root)';
+  if (/^[A-Za-z]:/.test(p)) return 'starts with a drive letter';
+  for (const seg of p.split('/')) {
+    const why = segmentProblem(seg);
+    if (why) return why;
+  }
+  return null;
+}
+
+/**
+ * Paths of one version that collide on Windows: two files whose names differ only in case (or in trailing
+ * dots and spaces), or a file whose name is also a folder of another path. Returns `[index, message]` pairs,
+ * at most `max`, for the later path of each collision. Paths are assumed to pass `filePathProblem`.
+ */
+export function collidingPaths(paths: readonly string[], max = 20): [number, string][] {
+  const files = new Map<string, number>();
+  const dirs = new Map<string, number>();
+  const out: [number, string][] = [];
+  paths.forEach((p, i) => {
+    if (out.length >= max) return;
+    const segs = p.split('/').map(windowsFold);
+    const key = segs.join('/');
+    const clash = files.get(key) ?? dirs.get(key);
+    if (clash !== undefined) {
+      out.push([i, `collides on Windows with "${paths[clash]}" (names differ only in case)`]);
+      return;
+    }
+    for (let n = 1; n < segs.length; n++) {
+      const prefix = segs.slice(0, n).join('/');
+      const file = files.get(prefix);
+      if (file !== undefined) {
+        out.push([i, `uses "${paths[file]}" as a folder, but it is a file`]);
+        return;
+      }
+    }
+    files.set(key, i);
+    for (let n = 1; n < segs.length; n++) if (!dirs.has(segs.slice(0, n).join('/'))) dirs.set(segs.slice(0, n).join('/'), i);
+  });
+  return out;
+}
+
+/**
+ * The segments of an extract root as the agent places it under its machine root: `\` and `/` both separate,
+ * a leading drive (`C:`) is dropped, empty and `.` segments are skipped. Returns the segments or a problem.
+ */
+export function extractRootSegments(root: string): { segments: string[] } | { problem: string } {
+  if (root.length > MAX_PATH_LENGTH) return { problem: `is longer than ${MAX_PATH_LENGTH} characters` };
+  const segments = root
+    .replace(/\\/g, '/')
+    .replace(/^[A-Za-z]:/, '')
+    .split('/')
+    .filter((s) => s !== '' && s !== '.');
+  if (segments.length === 0) return { problem: 'names no folder' };
+  for (const seg of segments) {
+    const why = segmentProblem(seg);
+    if (why) return { problem: why };
+  }
+  const top = windowsFold(segments[0]).toLowerCase();
+  if ((AGENT_RESERVED_DIRS as readonly string[]).includes(top)) {
+    return { problem: `uses "${segments[0]}", which Windows resolves to the agent's own "${top}" folder` };
+  }
+  return { segments };
+}
+
+/** Why an extract root is unsafe, or null (see `extractRootSegments`). */
+export function extractRootProblem(root: string): string | null {
+  const r = extractRootSegments(root);
+  return 'problem' in r ? r.problem : null;
+}
