@@ -6,6 +6,7 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
+import path from 'node:path';
 import { type ChildProcess, spawnSync } from 'node:child_process';
 
 /** A running embedded service as seen by the process that ensured it. */
@@ -135,8 +136,17 @@ export function describePortHolder(port: number): string | undefined {
       flags.some((f) => hasArg(argv, f, p)) ||
       argv.some((a) => a.endsWith(`:${p}`) || (a.includes(' ') && a.split(' ').some((w) => w.endsWith(`:${p}`))));
     if (hit) {
+      // The folder a service keeps its state in says whose it is (another clone's data folder, typically).
+      for (const flag of ['-D', '--location', '--db-filename', '--dir']) {
+        const i = argv.indexOf(flag);
+        if (i >= 0 && argv[i + 1]) {
+          const program = path.basename(argv[0].split(' ')[0]);
+          const main = program === 'node' && argv[1] ? ` ${argv[1].split('/node_modules/').pop()}` : '';
+          return `pid ${proc.pid} (${program}${main} ${flag} ${argv[i + 1]})`;
+        }
+      }
       const cmd = argv.join(' ');
-      return `pid ${proc.pid}: ${cmd.length > 160 ? `${cmd.slice(0, 157)}…` : cmd}`;
+      return `pid ${proc.pid} (${cmd.length > 120 ? `${cmd.slice(0, 117)}…` : cmd})`;
     }
   }
   return undefined;
@@ -167,7 +177,7 @@ export class PortInUseError extends Error {
       (c) => `port ${c.port} (${c.setting}) is in use by ${c.holder ?? 'another program'}, not by this clone's ${c.service}`,
     );
     const fix = conflicts.map((c, i) => `${c.setting}=${suggestions[i] ?? '<free port>'}`).join(' ');
-    super(`${lines.join('; ')}: set ${conflicts.length > 1 ? 'these settings' : 'the setting'} to free ports, e.g. ${fix}`);
+    super(`${lines.join('; ')}: ${conflicts.length > 1 ? 'set these to free ports' : 'set it to a free port'}, e.g. ${fix}`);
     this.name = 'PortInUseError';
   }
 
