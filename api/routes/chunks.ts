@@ -36,7 +36,6 @@ const Hashes = Type.Array(Digest, { minItems: 1, maxItems: MAX_HASHES, descripti
 const Errors = { '4xx': Problem, '5xx': Problem };
 
 const SiteHashesBody = Type.Object({ siteId: SiteId, hashes: Hashes });
-type SiteHashesBody = Static<typeof SiteHashesBody>;
 
 const CheckResponse = Type.Object({
   missing: Type.Array(Type.String(), { description: 'digests the site lacks, request order, distinct' }),
@@ -48,7 +47,6 @@ const UploadUrlsResponse = Type.Object({ urls: UrlMap, expiresAt: Type.String({ 
 type UploadUrlsResponse = Static<typeof UploadUrlsResponse>;
 
 const DownloadUrlsQuery = Type.Object({ siteId: SiteId, hash: Hashes });
-type DownloadUrlsQuery = Static<typeof DownloadUrlsQuery>;
 const DownloadUrlsResponse = Type.Object({
   urls: UrlMap,
   expiresAt: Type.String({ description: 'RFC 3339 UTC' }),
@@ -57,7 +55,6 @@ const DownloadUrlsResponse = Type.Object({
 type DownloadUrlsResponse = Static<typeof DownloadUrlsResponse>;
 
 const DigestParams = Type.Object({ digest: Digest });
-type DigestParams = Static<typeof DigestParams>;
 
 const MountFields = Type.Object({ siteId: Type.Optional(SiteId), from: Type.Optional(RoostId), to: Type.Optional(RoostId) });
 type MountFields = Static<typeof MountFields>;
@@ -72,7 +69,6 @@ const MountResponse = Type.Object({
 type MountResponse = Static<typeof MountResponse>;
 
 const ReferrersQuery = Type.Object({ siteId: SiteId, ...PagingQuery });
-type ReferrersQuery = Static<typeof ReferrersQuery>;
 const ReferrersResponse = Type.Object({
   digest: Type.String(),
   siteId: Type.String(),
