@@ -17,7 +17,8 @@ import { createReadStream } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import pLimit from 'p-limit';
-import { Agent, type AgentFaults, type AgentOptions, type CommandOutcome, createLimiter } from './agent';
+import { Agent, type AgentFaults, type AgentOptions, type AgentStats, type CommandOutcome, createLimiter } from './agent';
+import { emptyStats } from './commands';
 
 export interface FleetOptions extends AgentFaults {
   baseUrl: string;
@@ -54,7 +55,7 @@ export interface Fleet {
   /** Resolves when every listed machine has handled its command of `commandIds` (map machineId → commandId). */
   waitForCommands(commandIds: Map<string, string>, timeoutMs?: number): Promise<CommandOutcome[]>;
   /** Totals over all agents. */
-  stats(): Agent['stats'];
+  stats(): AgentStats;
   /** Recent warnings (bounded), newest last. */
   warnings: string[];
   /** Stops every agent and waits for them. */
@@ -129,17 +130,7 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
         }),
       ),
     stats: () => {
-      const total = {
-        commands: 0,
-        syncsCommitted: 0,
-        syncsStaged: 0,
-        syncsFailed: 0,
-        chunksFetched: 0,
-        chunksDedup: 0,
-        chunksRefetched: 0,
-        bytesFetched: 0,
-        filesSkipped: 0,
-      };
+      const total = emptyStats();
       for (const a of agents) for (const k of Object.keys(total) as (keyof typeof total)[]) total[k] += a.stats[k];
       return total;
     },

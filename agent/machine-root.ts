@@ -1,0 +1,166 @@
+/**
+ * The reference agent's machine root on disk (docs/agent-protocol.md, docs/decisions/agent-sync.md):
+ *
+ *   <rootDir>/state/agent.json                       agent token and pinned signing keys
+ *   <rootDir>/state/<roostId>.json                   manifest of the roost's last committed version
+ *   <rootDir>/chunks/<hash>                          local chunk store (agent/download.ts)
+ *   <rootDir>/staging/<roostId>/<versionId>/         a staged tree, and `<versionId>.json` its manifest
+ *   <rootDir>/<extractRoot>/…                        the live trees
+ *
+ * Also the path rules that keep every write under the root, and the atomic write (temp file, fsync, rename).
+ */
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import type { SyncCounters } from '../domain/target-state';
+import { SyncFailure } from './errors';
+
+/** Top-level folder of the machine root holding staged trees (`staging/<roostId>/<versionId>/`). */
+export const STAGING_DIR = 'staging';
+/** Top-level folders an extract root may not use. */
+const RESERVED_DIRS = ['chunks', 'state', STAGING_DIR];
+
+/** Last committed state of a roost on this machine. */
+export interface Manifest {
+  roostId: string;
+  versionId: string;
+  /** Extract directory relative to rootDir (forward slashes). */
+  extractDir: string;
+  committedAt: string;
+  files: { path: string; size: number; chunks: string[] }[];
+}
+
+/** A staged tree's manifest (`<rootDir>/staging/<roostId>/<versionId>.json`, written when staging completes). */
+export interface StagedManifest extends Manifest {
+  stagedAt: string;
+  /** The committed version the staging planned against (null: none). */
+  baseVersionId: string | null;
+  /** Counters of the staging run, reported again with `committed` at activation. */
+  counters: SyncCounters;
+}
+
+/**
+ * Maps an extract root as the server gives it (e.g. `C:\Roost\app`, `/opt/app`, `app`) to a directory
+ * under `rootDir`: drive letters and leading slashes dropped, backslashes read as separators.
+ * @throws SyncFailure on `..` segments, an empty root, or the reserved top-level `chunks`/`state`/`staging`.
+ */
+export function resolveExtractDir(rootDir: string, extractRoot: string): string {
+  const s = extractRoot.replace(/\\/g, '/').replace(/^[A-Za-z]:/, '');
+  const segs = s.split('/').filter((x) => x !== '' && x !== '.');
+  if (segs.some((x) => x === '..')) throw new SyncFailure(`extract root "${extractRoot}" must not contain ".."`);
+  if (segs.length === 0) throw new SyncFailure('the roost has no extract root');
+  if (RESERVED_DIRS.includes(segs[0].toLowerCase())) throw new SyncFailure(`extract root "${extractRoot}" uses a reserved folder`);
+  const root = path.resolve(rootDir);
+  const dir = path.resolve(root, ...segs);
+  if (!dir.startsWith(root + path.sep)) throw new SyncFailure(`extract root "${extractRoot}" escapes the machine root`);
+  return dir;
+}
+
+/**
+ * The path of a version file (`rel`, forward slashes) under `dir`.
+ * @throws SyncFailure for empty, `.`/`..`, backslash or NUL segments, or a path that would leave `dir`.
+ */
+export function confined(dir: string, rel: string): string {
+  const segs = rel.split('/');
+  if (segs.some((x) => x === '' || x === '.' || x === '..' || x.includes('\\') || x.includes('\0')))
+    throw new SyncFailure(`unsafe path "${rel}"`);
+  const p = path.resolve(dir, ...segs);
+  if (!p.startsWith(dir + path.sep)) throw new SyncFailure(`path "${rel}" escapes the extract root`);
+  return p;
+}
+
+/** Writes `data` to `file` atomically: temp file in the same folder, fsync, rename. */
+export async function writeAtomic(file: string, data: Buffer | string): Promise<void> {
+  const tmp = path.join(path.dirname(file), `.${path.basename(file)}.tmp-${randomBytes(4).toString('hex')}`);
+  const fh = await fs.open(tmp, 'w');
+  try {
+    await fh.writeFile(data);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  await fs.rename(tmp, file);
+}
+
+/** The layout of one machine root (absolute paths) and its manifests. */
+export class MachineRoot {
+  /** Absolute machine root. */
+  readonly dir: string;
+
+  constructor(rootDir: string) {
+    this.dir = path.resolve(rootDir);
+  }
+
+  /** `<rootDir>/state`: agent state and committed manifests. */
+  get stateDir(): string {
+    return path.join(this.dir, 'state');
+  }
+
+  /** `<rootDir>/chunks`: the local chunk store. */
+  get chunkDir(): string {
+    return path.join(this.dir, 'chunks');
+  }
+
+  /** `<rootDir>/state/agent.json`: token and pinned keys. */
+  get agentStatePath(): string {
+    return path.join(this.stateDir, 'agent.json');
+  }
+
+  /** The committed manifest of a roost. */
+  manifestPath(roostId: string): string {
+    return path.join(this.stateDir, `${encodeURIComponent(roostId)}.json`);
+  }
+
+  /** `<rootDir>/staging/<roostId>`: every staged tree of a roost. */
+  stagingArea(roostId: string): string {
+    return path.join(this.dir, STAGING_DIR, encodeURIComponent(roostId));
+  }
+
+  /** `<rootDir>/staging/<roostId>/<versionId>`: the staged tree of a version. */
+  stagingDir(roostId: string, versionId: string): string {
+    return path.join(this.stagingArea(roostId), versionId);
+  }
+
+  /** The staged manifest (written last: its presence marks a complete staged tree), beside the tree. */
+  stagedManifestPath(roostId: string, versionId: string): string {
+    return path.join(this.stagingArea(roostId), `${versionId}.json`);
+  }
+
+  /** An extract directory as manifests record it: relative to the root, forward slashes. */
+  relative(dir: string): string {
+    return path.relative(this.dir, dir).split(path.sep).join('/');
+  }
+
+  /** The absolute directory of a manifest's relative `extractDir`. */
+  absolute(rel: string): string {
+    return path.resolve(this.dir, ...rel.split('/'));
+  }
+
+  /** Loads the last committed manifest of a roost, or null. */
+  async readManifest(roostId: string): Promise<Manifest | null> {
+    try {
+      return JSON.parse(await fs.readFile(this.manifestPath(roostId), 'utf8')) as Manifest;
+    } catch {
+      return null;
+    }
+  }
+
+  /** Writes a roost's committed manifest atomically. */
+  async writeManifest(manifest: Manifest): Promise<void> {
+    await writeAtomic(this.manifestPath(manifest.roostId), JSON.stringify(manifest));
+  }
+
+  /** Loads the staged manifest of a version, or null. */
+  async readStagedManifest(roostId: string, versionId: string): Promise<StagedManifest | null> {
+    try {
+      return JSON.parse(await fs.readFile(this.stagedManifestPath(roostId, versionId), 'utf8')) as StagedManifest;
+    } catch {
+      return null;
+    }
+  }
+
+  /** Removes every staged tree of a roost (superseded by a newer staging or a commit). */
+  async clearStaging(roostId: string): Promise<void> {
+    await fs.rm(this.stagingArea(roostId), { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,231 @@
+/**
+ * The reference agent's calls to the Roost API (docs/agent-protocol.md), over agent/http.ts: enrolment and
+ * re-enrolment (a 401 means the token was rotated or revoked: enrol again once and repeat the call),
+ * retries of transient failures with jittered backoff, the saved credentials (`<rootDir>/state/agent.json`:
+ * token and pinned signing keys), and one method per agent route.
+ */
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import type { SyncCounters, TargetStatus } from '../domain/target-state';
+import { ApiClient, HttpError, type RequestOptions, isTransient, sleep } from './http';
+import { type MachineRoot, writeAtomic } from './machine-root';
+import type { KeyRing } from './trust';
+
+/** The agentVersion the reference agent reports unless told otherwise. */
+export const AGENT_VERSION = '0.1.0-reference';
+
+/** Who the agent is and how it enrols. */
+export interface AgentIdentity {
+  baseUrl: string;
+  siteId: string;
+  enrolmentSecret: string;
+  machineId: string;
+  hostname?: string;
+  agentVersion?: string;
+  timezone?: string;
+  timezoneIana?: string;
+  capabilities?: Record<string, unknown>;
+  /** Keep the agent token in `<rootDir>/state/agent.json` and reuse it on restart (default true). */
+  persistToken?: boolean;
+}
+
+/** A command as the agent receives it (`GET /api/agent/commands`). */
+export interface AgentCommand {
+  commandId: string;
+  type: string;
+  params: Record<string, unknown>;
+  createdAt: string;
+  expiresAt: string | null;
+}
+
+/** A command report (`POST /api/agent/commands/{commandId}`); `progress` in percent. */
+export interface CommandReport {
+  status: string;
+  progress?: number;
+  result?: string;
+  error?: string;
+}
+
+/** The sync answer of a version (`GET /api/agent/roosts/{roostId}/versions/{versionId}`), as far as the agent reads it. */
+export interface VersionInfo {
+  versionUrl: string;
+  extractPath: string;
+  signature?: string;
+  signingKeyId?: string;
+}
+
+/** Signed download URLs of a batch of chunks (`POST /api/chunks/download-urls`). */
+export interface DownloadUrls {
+  urls: Record<string, string>;
+  /** ISO time the URLs stop working. */
+  expiresAt: string;
+  missing?: string[];
+}
+
+/** The agent's API channel: one credential, retried and re-enrolled as the protocol asks. */
+export class AgentTransport {
+  /** The HTTP client (its `token` is the agent token once enrolled). */
+  readonly client: ApiClient;
+  private enrolling: Promise<void> | undefined;
+
+  /**
+   * @param stopSignal the agent's current stop signal (a restarted agent has a new one): retries end and
+   *        no re-enrolment starts once it aborts
+   * @param random jitter source of the retry backoff
+   */
+  constructor(
+    private readonly id: AgentIdentity,
+    private readonly root: MachineRoot,
+    private readonly keys: KeyRing,
+    private readonly stopSignal: () => AbortSignal,
+    private readonly random: () => number,
+  ) {
+    this.client = new ApiClient(id.baseUrl);
+  }
+
+  /** Agent token (after enrolment or loadState). */
+  get token(): string | undefined {
+    return this.client.token;
+  }
+
+  /** Runs `fn`, retrying transient failures (network, 429, 5xx) up to `tries` times with jittered backoff. */
+  async retrying<T>(fn: () => Promise<T>, tries = 5): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await fn();
+      } catch (err) {
+        const signal = this.stopSignal();
+        if (attempt >= tries || !isTransient(err) || signal.aborted) throw err;
+        await sleep(Math.min(5000, 200 * 2 ** attempt) * (0.5 + this.random() / 2), signal);
+      }
+    }
+  }
+
+  /** Calls the API; a 401 (token rotated or revoked) re-enrols once and retries. @throws HttpError, network errors. */
+  async call<T = unknown>(method: string, p: string, opts: RequestOptions = {}): Promise<T> {
+    try {
+      return await this.client.json<T>(method, p, opts);
+    } catch (err) {
+      if (err instanceof HttpError && err.status === 401 && !this.stopSignal().aborted) {
+        await this.enrol();
+        return this.client.json<T>(method, p, opts);
+      }
+      throw err;
+    }
+  }
+
+  /** Like `call`, retrying transient failures (network, 429, 5xx) up to `tries` times with backoff. */
+  callRetrying<T = unknown>(method: string, p: string, opts: RequestOptions = {}, tries = 4): Promise<T> {
+    return this.retrying(() => this.call<T>(method, p, opts), tries);
+  }
+
+  /** POST /api/agent/enrol: a new token (any previous one stops working); pins the site keys and saves both. Concurrent calls share one enrolment. */
+  async enrol(): Promise<void> {
+    if (this.enrolling) return this.enrolling;
+    this.enrolling = (async () => {
+      const res = await this.client.json<{ agentToken: string; signingKeys?: unknown[] }>('POST', '/api/agent/enrol', {
+        body: {
+          siteId: this.id.siteId,
+          enrolmentSecret: this.id.enrolmentSecret,
+          machineId: this.id.machineId,
+          hostname: this.id.hostname ?? this.id.machineId,
+          agentVersion: this.id.agentVersion ?? AGENT_VERSION,
+          ...(this.id.timezone ? { timezone: this.id.timezone } : {}),
+          timezoneIana: this.id.timezoneIana ?? 'UTC',
+          capabilities: this.id.capabilities ?? { sync_pull: true, screenshot: true, simulated: true },
+        },
+      });
+      this.client.token = res.agentToken;
+      this.keys.pin(res.signingKeys);
+      await this.saveState();
+    })();
+    try {
+      await this.enrolling;
+    } finally {
+      this.enrolling = undefined;
+    }
+  }
+
+  /** Loads a saved token (and its pinned keys) of this site and machine, if there is one. */
+  async loadState(): Promise<void> {
+    try {
+      const saved = JSON.parse(await fs.readFile(this.root.agentStatePath, 'utf8'));
+      if (saved.siteId === this.id.siteId && saved.machineId === this.id.machineId && typeof saved.agentToken === 'string') {
+        this.client.token = saved.agentToken;
+        this.keys.pin(saved.signingKeys);
+      }
+    } catch {
+      /* no saved token */
+    }
+  }
+
+  /** Saves token and pinned keys to `<rootDir>/state/agent.json` (unless `persistToken` is false). */
+  async saveState(): Promise<void> {
+    if (this.id.persistToken === false || !this.client.token) return;
+    await fs.mkdir(this.root.stateDir, { recursive: true });
+    await writeAtomic(
+      this.root.agentStatePath,
+      JSON.stringify({ siteId: this.id.siteId, machineId: this.id.machineId, agentToken: this.client.token, signingKeys: this.keys.keys }),
+    );
+  }
+
+  /** POST /api/agent/heartbeat with a small simulated snapshot (no retry). */
+  heartbeat(signal?: AbortSignal): Promise<{ pendingCommands: number }> {
+    return this.call('POST', '/api/agent/heartbeat', {
+      signal,
+      body: {
+        agentVersion: this.id.agentVersion ?? AGENT_VERSION,
+        hostname: this.id.hostname ?? this.id.machineId,
+        metrics: {
+          schemaVersion: 2,
+          timestamp: new Date().toISOString(),
+          cpus: { count: os.cpus().length, load1: os.loadavg()[0] },
+          memory: { totalBytes: os.totalmem(), freeBytes: os.freemem() },
+        },
+        info: { os: 'simulated', platform: process.platform, agent: 'reference' },
+        processes: [],
+      },
+    });
+  }
+
+  /** GET /api/agent/commands?wait=… (long-poll, `wait` in seconds; no retry). */
+  pollCommands(wait: number, signal: AbortSignal): Promise<{ commands: AgentCommand[] }> {
+    return this.call('GET', '/api/agent/commands', { query: { wait }, signal });
+  }
+
+  /** Reports a command status; returns the server's view (`applied` false when it was already closed). */
+  reportCommand(commandId: string, body: CommandReport): Promise<{ status: string; applied: boolean }> {
+    return this.callRetrying('POST', `/api/agent/commands/${encodeURIComponent(commandId)}`, { body });
+  }
+
+  /** PUT /api/agent/commands/{commandId}/screenshot with a PNG. */
+  async uploadScreenshot(commandId: string, png: Buffer): Promise<void> {
+    await this.callRetrying('PUT', `/api/agent/commands/${encodeURIComponent(commandId)}/screenshot`, {
+      raw: png,
+      contentType: 'image/png',
+    });
+  }
+
+  /** PUT /api/agent/roosts/{roostId}/state: the machine's target state of a roost, with the sync's counters. */
+  async reportState(roostId: string, versionId: string, status: TargetStatus, counters: SyncCounters, error?: string): Promise<void> {
+    await this.callRetrying('PUT', `/api/agent/roosts/${encodeURIComponent(roostId)}/state`, {
+      body: { reportedVersionId: versionId, status, ...counters, ...(error ? { error } : {}) },
+    });
+  }
+
+  /** GET /api/agent/roosts/{roostId}/versions/{versionId}: the signed body URL and signature of a version. */
+  versionInfo(roostId: string, versionId: string): Promise<VersionInfo> {
+    return this.callRetrying('GET', `/api/agent/roosts/${encodeURIComponent(roostId)}/versions/${versionId}`);
+  }
+
+  /** GET /api/agent/signing-keys and pins any new valid key (saved with the token when there is one). */
+  async refreshSigningKeys(): Promise<void> {
+    const res = await this.callRetrying<{ keys: unknown[] }>('GET', '/api/agent/signing-keys');
+    if (this.keys.pin(res.keys) > 0) await this.saveState();
+  }
+
+  /** Signed download URLs of a batch (≤1000 hashes) of this site's chunks, in one call. */
+  downloadUrls(hashes: string[]): Promise<DownloadUrls> {
+    return this.callRetrying('POST', '/api/chunks/download-urls', { body: { siteId: this.id.siteId, hashes } });
+  }
+}
