@@ -1,24 +1,21 @@
 /**
- * Activities of the rollout workflow (workflows/rollout.ts; SPEC.md "Rollout"; DESIGN.md "Temporal").
+ * Activities of the rollout workflow (workflows/rollout.ts; docs/decisions/rollout-control.md,
+ * docs/decisions/rollout-machine-outcomes.md). All SQL is db/rollouts.ts's.
  *
  * Payloads carry ids and counts only, never machine lists. Every activity is idempotent (it may run again
  * after a worker crash): stage changes are guarded by the stored stage, events have deterministic ids,
  * commands have deterministic ids. Business failures are non-retryable `ApplicationFailure`s whose `type`
  * is one of `RolloutFailureType`; anything else (database down, worker shutdown) is retried by Temporal.
+ *
+ * Rollouts started before rollout control run the fixed canary-then-fleet path of the workflow: it
+ * addresses waves by name (`Wave`) with one deadline per wave; `dispatchWave` and `watchWave` keep that
+ * form for them. Every other rollout addresses waves by index.
  */
 import { Context, log } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
-import type { ActivityDeps } from './index';
+import type { ActivityDeps } from './deps';
 import {
-  type HistoryEntry,
-  type RolloutPolicy,
-  type RolloutStage,
-  type RolloutState,
   type StageChange,
-  TERMINAL_STAGES,
-  type Wave,
-  type WaveCounts,
-  type WavePlan,
   activateStaged,
   createRollbackRollout,
   dbNowPlus,
@@ -33,10 +30,20 @@ import {
   rolloutState,
   setCurrentWave,
   setRolloutStage,
-  sumCounts,
+  siteTimezone,
 } from '../db/rollouts';
 import { getRoost } from '../db/roosts';
-import { maxFailures, successTarget, windowDelayMs } from '../domain/rollout-policy';
+import {
+  type HistoryEntry,
+  type RolloutStage,
+  type RolloutState,
+  TERMINAL_STAGES,
+  type Wave,
+  type WaveCounts,
+  type WavePlan,
+  sumCounts,
+} from '../domain/rollout';
+import { type RolloutPolicy, isTimeZone, maxFailures, successTarget, windowDelayMs } from '../domain/rollout-policy';
 
 /** Workflow input: ids only. */
 export interface RolloutRef {
@@ -59,18 +66,18 @@ export interface RolloutPlan {
   policy: RolloutPolicy;
   canaryCount: number;
   fleetCount: number;
-  /** Issue #5: the waves in order (names and sizes), and the rollout undone when this is a rollback. */
+  /** The waves in order (names and sizes), and the rollout undone when this is a rollback. */
   waves?: WavePlan[];
   rollbackOf?: string | null;
 }
 
-/** Which part of a wave a watcher waits for (issue #5 path). */
+/** Which part of a wave a watcher waits for (rollouts with rollout control). */
 export type WatchPhase = 'sync' | 'stage' | 'activate';
 
-/** How a watched wave ended (issue #5 path). */
+/** How a watched wave ended (rollouts with rollout control). */
 export type WaveOutcome = 'done' | 'advance' | 'tripped' | 'aborted';
 
-/** Counts of the watched waves plus, on the issue #5 path, how the watch ended. */
+/** Counts of the watched waves plus, for rollouts with rollout control, how the watch ended. */
 export interface WatchResult extends WaveCounts {
   outcome?: WaveOutcome;
 }
@@ -96,10 +103,13 @@ export interface DispatchResult {
   deadline: number;
 }
 
-/** A wave to watch: a name (issue #2 path) or an index into the rollout's waves (issue #5 path). */
+/**
+ * A wave to watch: a name (the fixed canary-then-fleet path of rollouts started before rollout control) or
+ * an index into the rollout's waves.
+ */
 export interface WatchInput extends RolloutRef {
   wave: Wave | number;
-  /** From DispatchResult.deadline (issue #2 path; the issue #5 path uses per-machine deadlines). */
+  /** From DispatchResult.deadline when `wave` is a name (epoch ms); waves by index use per-machine deadlines. */
   deadline: number;
   phase?: WatchPhase;
   /** True for the last wave: never advance early, wait for every machine. */
@@ -119,7 +129,7 @@ export function createRolloutActivities({ db }: ActivityDeps) {
   }
 
   /**
-   * Issue #5 watcher over waves 0..`index` (stragglers of earlier waves included): reconciles, retries
+   * Watcher over waves 0..`index` (stragglers of earlier waves included): reconciles, retries
    * (not while paused), and returns when the rollout was aborted, the failure threshold tripped (once
    * nothing is in flight), every machine finished its phase, or (sync phase, not the last wave) the
    * wave reached its success threshold.
@@ -230,10 +240,6 @@ export function createRolloutActivities({ db }: ActivityDeps) {
     },
 
     /**
-     * Moves the rollout to `stage` with its event in one transaction (db/rollouts.ts setRolloutStage).
-     * A terminal rollout is left as it is. Throws `rollout_not_found` (non-retryable) when it is gone.
-     */
-    /**
      * Queues roost_activate for the staged machines of waves `from`..`to` and moves them to activating
      * (db/rollouts.ts activateStaged). Returns how many were queued.
      */
@@ -262,13 +268,8 @@ export function createRolloutActivities({ db }: ActivityDeps) {
       const r = await getRollout(db, ref.siteId, ref.rolloutId);
       const w = r?.policy.maintenanceWindow;
       if (!w) return 0;
-      const { rows } = await db.query<{ timezone: string }>('SELECT timezone FROM sites WHERE site_id = $1', [ref.siteId]);
-      let tz = rows[0]?.timezone || 'UTC';
-      try {
-        new Intl.DateTimeFormat('en-US', { timeZone: tz });
-      } catch {
-        tz = 'UTC';
-      }
+      const stored = await siteTimezone(db, ref.siteId);
+      const tz = stored && isTimeZone(stored) ? stored : 'UTC';
       return windowDelayMs(w, tz, Date.now());
     },
 
@@ -287,6 +288,10 @@ export function createRolloutActivities({ db }: ActivityDeps) {
       };
     },
 
+    /**
+     * Moves the rollout to `stage` with its event in one transaction (db/rollouts.ts setRolloutStage).
+     * A terminal rollout is left as it is. Throws `rollout_not_found` (non-retryable) when it is gone.
+     */
     async changeRolloutStage(input: RolloutRef & { stage: RolloutStage; abortReason?: string }): Promise<StageChange> {
       const change = await setRolloutStage(db, input.siteId, input.rolloutId, input.stage, input.abortReason ?? null);
       if (!change) throw businessFailure('rollout_not_found', `rollout ${input.rolloutId} not found in site ${input.siteId}`);

@@ -6,10 +6,10 @@
  * Settings (staleness, grace, safety window) come from the worker's configuration.
  */
 import { Context } from '@temporalio/activity';
-import type { ActivityDeps } from './index';
+import type { ActivityDeps } from './deps';
 import { chunkBlobName } from '../storage/blob';
+import type { ChunkCursor } from '../domain/sweeps';
 import {
-  type ChunkCursor,
   announceKeyExpiry,
   chunksToVerify,
   condemnChunk,

@@ -18,7 +18,7 @@ import { push, type PushResult } from './push';
 import { createProgress } from './progress';
 import { startFleet, verifyTree } from '../agent/fleet';
 import { resolveExtractDir } from '../agent/agent';
-import { rolloutWorkflowId, workflowUiUrl } from '../api/temporal';
+import { rolloutWorkflowId, workflowUiUrl } from '../workflows/client';
 
 /**
  * The default tree: installed packages copied side by side into one working copy (~1,800 real files,

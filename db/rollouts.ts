@@ -1,5 +1,6 @@
 /**
- * Rollouts repository (SPEC.md "Rollout", "roost deploy"; DESIGN.md "Temporal"): the `rollouts` row, its
+ * Rollouts repository (`POST /api/roosts/{roostId}/deploy` and the `/api/roosts/{roostId}/rollouts` routes;
+ * docs/decisions/rollout-stages.md, docs/decisions/rollout-machine-outcomes.md): the `rollouts` row, its
  * per-machine `rollout_machines` rows, the `sync_pull` commands a wave queues, and the set-based
  * reconciliation that turns agent reports (`roost_target_states`, `commands`) into per-machine outcomes.
  *
@@ -13,109 +14,32 @@
  * machine's wave ran; with staged activation `dispatched` → `staged` → `activating` → `succeeded`.
  * Rollout stage: `canary` (created; canary wave) → `started` (later waves) → `completed` | `failed`
  * (docs/decisions/rollout-stages.md); the control `state` beside it (running, paused, …) is described in
- * docs/decisions/rollout-control.md.
+ * docs/decisions/rollout-control.md. The types are domain/rollout.ts's; the policy is
+ * domain/rollout-policy.ts's `RolloutPolicy`.
  */
 import { createHash } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx, type Queryable } from './pool';
 import { recordEvent } from './events';
 import { activateCommandId, dispatchActivation, DEFAULT_ACTIVATION_TTL_MS } from './activation';
-import type { Activation, MaintenanceWindow, PolicySpec, PromotionGate, Threshold } from '../domain/rollout-policy';
+import {
+  type HistoryEntry,
+  type Rollout,
+  type RolloutMachine,
+  type RolloutMachineStatus,
+  type RolloutStage,
+  type RolloutState,
+  type Wave,
+  type WaveCounts,
+  type WavePlan,
+  emptyCounts,
+  rollbackWorkflowId,
+  sumCounts,
+} from '../domain/rollout';
+import { type RolloutPolicy, resolvePolicy, rollbackPolicy, waveNames } from '../domain/rollout-policy';
 
-export type RolloutStage = 'canary' | 'started' | 'completed' | 'failed';
-export type Wave = 'canary' | 'fleet';
-
-export const TERMINAL_STAGES: readonly RolloutStage[] = ['completed', 'failed'];
-
-/** Tunables stored with each rollout (`rollouts.policy`); missing keys take `DEFAULT_POLICY`. */
-export interface RolloutPolicy {
-  /** How long a wave may run before unfinished machines fail with reason `timeout` (ms). */
-  waveTimeoutMs: number;
-  /** Retries per machine after its first attempt (so at most 1 + retries sync_pull commands). */
-  retries: number;
-  /** Backoff before the first retry (ms); doubles for each further retry. */
-  retryBackoffMs: number;
-  /** How often the wave watcher polls the database (ms). */
-  pollIntervalMs: number;
-  /** Issue #5 policy fields (domain/rollout-policy.ts); absent on rollouts stored before it. */
-  canary?: PolicySpec['canary'];
-  waves?: number[];
-  bakeMs?: number;
-  successThreshold?: Threshold | null;
-  failureThreshold?: Threshold;
-  requirePromotion?: PromotionGate;
-  maintenanceWindow?: MaintenanceWindow | null;
-  autoRollback?: boolean;
-  activation?: Activation;
-}
-
-export const DEFAULT_POLICY: RolloutPolicy = {
-  waveTimeoutMs: 30 * 60 * 1000,
-  retries: 2,
-  retryBackoffMs: 10_000,
-  pollIntervalMs: 2_000,
-};
-
-/** Canary wave size: ceil(CANARY_PERCENT % of targets), at least 1, at most CANARY_MAX. */
-export const CANARY_PERCENT = 10;
-export const CANARY_MAX = 100;
 /** Machines dispatched per transaction. */
 export const DISPATCH_BATCH = 500;
-/** Most machines one deploy may target (SPEC.md validation of `machines`). */
-export const MAX_ROLLOUT_MACHINES = 10_000;
-
-/** A rollout as stored. `canary`/`fleet` are machine ids in wave order. */
-export interface Rollout {
-  siteId: string;
-  rolloutId: string;
-  roostId: string;
-  versionId: string;
-  stage: RolloutStage;
-  active: boolean;
-  canary: string[];
-  fleet: string[];
-  extractRoot: string;
-  policy: RolloutPolicy;
-  scheduleAt: Date | null;
-  workflowId: string;
-  abortReason: string | null;
-  succeeded: number;
-  failed: number;
-  createdAt: Date;
-  createdBy: string;
-  completedAt: Date | null;
-  /** Control state (docs/decisions/rollout-control.md). */
-  state: RolloutState;
-  stateSeq: number;
-  history: HistoryEntry[];
-  /** Waves in order (old rows: canary then fleet). */
-  waves: WavePlan[];
-  currentWave: number | null;
-  rollbackOf: string | null;
-  rolledBackBy: string | null;
-  updatedAt: Date;
-}
-
-/** Control state beside the spec's stage. */
-export type RolloutState =
-  'running' | 'paused' | 'awaiting_promotion' | 'waiting_window' | 'completed' | 'failed' | 'aborted' | 'rolled_back';
-
-/** One planned wave: its stored name (rollout_machines.wave) and machine count. */
-export interface WavePlan {
-  name: string;
-  size: number;
-}
-
-/** One entry of a rollout's own transition log (rollouts.history). */
-export interface HistoryEntry {
-  seq: number;
-  at: string;
-  action: string;
-  state?: RolloutState;
-  by?: string;
-  wave?: number;
-  detail?: Record<string, unknown>;
-}
 
 interface RolloutRow {
   site_id: string;
@@ -150,41 +74,6 @@ const ROLLOUT_COLUMNS = `site_id, rollout_id, roost_id, version_id, stage, activ
   workflow_id, abort_reason, succeeded, failed, created_at, created_by, completed_at, state, state_seq, history, waves, current_wave,
   rollback_of, rolled_back_by, updated_at`;
 
-const NUMERIC_KEYS = ['waveTimeoutMs', 'retries', 'retryBackoffMs', 'pollIntervalMs'] as const;
-const SPEC_KEYS = [
-  'canary',
-  'waves',
-  'bakeMs',
-  'successThreshold',
-  'failureThreshold',
-  'requirePromotion',
-  'maintenanceWindow',
-  'autoRollback',
-  'activation',
-] as const;
-
-/** Policy with defaults filled in (unknown keys dropped; issue #5 fields kept as stored). */
-export function resolvePolicy(stored: Partial<RolloutPolicy> | null | undefined): RolloutPolicy {
-  const p: RolloutPolicy = { ...DEFAULT_POLICY };
-  for (const k of NUMERIC_KEYS) {
-    const v = stored?.[k];
-    if (typeof v === 'number' && Number.isFinite(v) && v >= 0) p[k] = v;
-  }
-  for (const k of SPEC_KEYS) {
-    const v = stored?.[k];
-    if (v !== undefined) (p as unknown as Record<string, unknown>)[k] = v;
-  }
-  return p;
-}
-
-/**
- * The stored policy of a validated spec. The watcher's poll interval is not a policy field: it is the
- * operator setting ROOST_ROLLOUT_POLL_MS (config/env.ts, 50..60000 ms, default 2 s), passed in here.
- */
-export function policyFromSpec(spec: PolicySpec, pollIntervalMs: number = DEFAULT_POLICY.pollIntervalMs): RolloutPolicy {
-  return { ...spec, pollIntervalMs };
-}
-
 function toRollout(r: RolloutRow): Rollout {
   return {
     siteId: r.site_id,
@@ -217,21 +106,6 @@ function toRollout(r: RolloutRow): Rollout {
     rolledBackBy: r.rolled_back_by,
     updatedAt: r.updated_at,
   };
-}
-
-/**
- * Splits targets into the canary and fleet waves, deterministically: machines are ordered by
- * SHA-256(rolloutId + ':' + machineId) (ties impossible in practice; machine id breaks them) and the first
- * ceil(10 %) (min 1, max CANARY_MAX) form the canary. The fleet keeps the caller's order.
- * Pure; `machines` must be distinct. docs/decisions/canary-selection.md.
- */
-export function splitWaves(rolloutId: string, machines: readonly string[]): { canary: string[]; fleet: string[] } {
-  if (machines.length === 0) return { canary: [], fleet: [] };
-  const size = Math.min(CANARY_MAX, Math.max(1, Math.ceil((machines.length * CANARY_PERCENT) / 100)));
-  const keyed = machines.map((m) => ({ m, k: createHash('sha256').update(`${rolloutId}:${m}`).digest('hex') }));
-  keyed.sort((a, b) => (a.k < b.k ? -1 : a.k > b.k ? 1 : a.m < b.m ? -1 : a.m > b.m ? 1 : 0));
-  const canarySet = new Set(keyed.slice(0, size).map((x) => x.m));
-  return { canary: keyed.slice(0, size).map((x) => x.m), fleet: machines.filter((m) => !canarySet.has(m)) };
 }
 
 /** Deterministic id of the sync_pull command for (rollout, machine, attempt): `cmd_` + 24 hex. */
@@ -287,7 +161,7 @@ export interface NewRollout {
   workflowId: string;
   createdBy: string;
   /**
-   * Issue #5: the machines of every wave in order (domain/rollout-policy.ts planWaves). Absent: the two
+   * The machines of every wave in order (domain/rollout-policy.ts planWaves). Absent: the two
    * waves `canary` and `fleet` as before. Named by `waveNames` unless `waveNames` is given.
    */
   waves?: string[][];
@@ -299,11 +173,6 @@ export interface NewRollout {
   targetVersions?: Map<string, string>;
 }
 
-/** Names of `count` waves: 'canary', then 'fleet' when there is one more, else 'wave-<i>'. */
-function defaultWaveNames(count: number): string[] {
-  return Array.from({ length: count }, (_, i) => (i === 0 ? 'canary' : count === 2 ? 'fleet' : `wave-${i}`));
-}
-
 /**
  * Inserts the rollout (stage `canary` unless told, state running, active) and one `rollout_machines` row
  * per machine (bulk UNNEST) with the version each machine reports committed now (`previous_version_id`,
@@ -312,7 +181,7 @@ function defaultWaveNames(count: number): string[] {
  */
 export async function insertRollout(tx: Queryable, r: NewRollout): Promise<void> {
   const waves = r.waves ?? [r.canary, r.fleet];
-  const names = r.waveNames ?? (r.waves ? defaultWaveNames(waves.length) : ['canary', 'fleet']);
+  const names = r.waveNames ?? (r.waves ? waveNames(waves.length) : ['canary', 'fleet']);
   const plan: WavePlan[] = waves.map((w, i) => ({ name: names[i], size: w.length }));
   await tx.query(
     `INSERT INTO rollouts (site_id, rollout_id, roost_id, version_id, stage, active, canary, fleet, extract_root, policy, schedule_at, workflow_id, created_by,
@@ -351,6 +220,32 @@ export async function insertRollout(tx: Queryable, r: NewRollout): Promise<void>
        LEFT JOIN roost_target_states AS ts ON ts.site_id = $1 AND ts.machine_id = t.machine_id AND ts.roost_id = $5 AND ts.status = 'committed'`,
     [r.siteId, r.rolloutId, machines, waveOf, r.roostId, targets],
   );
+}
+
+/**
+ * In one transaction: returns the non-terminal rollout of (site, roost, version) when there is one, else
+ * inserts `r` (`insertRollout`) and returns null.
+ * @throws the unique violation of `rollouts_one_active` when a concurrent deploy of the same version
+ *   committed first (`isActiveRolloutRace` tells it apart; calling again then finds that rollout).
+ */
+export async function insertRolloutUnlessActive(pool: Pool, r: NewRollout): Promise<Rollout | null> {
+  return withTx(pool, async (tx) => {
+    const existing = await findActiveRollout(tx, r.siteId, r.roostId, r.versionId);
+    if (existing) return existing;
+    await insertRollout(tx, r);
+    return null;
+  });
+}
+
+/** True when `err` is a unique violation (SQLSTATE 23505), as a concurrent insert of the same active rollout raises. */
+export function isActiveRolloutRace(err: unknown): boolean {
+  return (err as { code?: string } | null)?.code === '23505';
+}
+
+/** The site's IANA timezone (sites.timezone; '' or null when unset, null when the site is unknown). */
+export async function siteTimezone(q: Queryable, siteId: string): Promise<string | null> {
+  const { rows } = await q.query<{ timezone: string | null }>('SELECT timezone FROM sites WHERE site_id = $1', [siteId]);
+  return rows[0] ? rows[0].timezone : null;
 }
 
 /**
@@ -410,25 +305,6 @@ export async function recordRolloutStarted(pool: Pool, siteId: string, rolloutId
   });
 }
 
-/** Per-machine outcome counts of a rollout or of one wave. */
-export interface WaveCounts {
-  total: number;
-  pending: number;
-  dispatched: number;
-  succeeded: number;
-  failed: number;
-  cancelled: number;
-  /** Of `failed`, how many failed because the wave timed out. */
-  timedOut: number;
-  /** Staged activation (issue #5): staged and waiting for activation / roost_activate queued. */
-  staged?: number;
-  activating?: number;
-}
-
-function emptyCounts(): WaveCounts {
-  return { total: 0, pending: 0, dispatched: 0, succeeded: 0, failed: 0, cancelled: 0, timedOut: 0, staged: 0, activating: 0 };
-}
-
 function addCount(c: WaveCounts, status: string, n: number, timedOut: number): void {
   c.total += n;
   if (status in c) (c as unknown as Record<string, number>)[status] += n;
@@ -459,13 +335,6 @@ export async function countsByWave(
     addCount(c, r.status, Number(r.n), Number(r.timed_out));
   }
   return out;
-}
-
-/** Sum of the counts of several waves. */
-export function sumCounts(list: Iterable<WaveCounts>): WaveCounts {
-  const c = emptyCounts();
-  for (const w of list) for (const k of Object.keys(c) as (keyof WaveCounts)[]) (c[k] as number) += w[k] ?? 0;
-  return c;
 }
 
 /** Context a wave operation needs (from the rollout row). */
@@ -504,7 +373,8 @@ export async function getWaveTarget(q: Queryable, siteId: string, rolloutId: str
 
 /**
  * Queues `sync_pull` commands (params per docs/agent-protocol.md) for the wave's machines that are
- * `pending` and due (see `dispatchDueIn`). Kept for the workflow path of issue #2.
+ * `pending` and due (see `dispatchDueIn`). Used by the fixed canary-then-fleet path of rollouts started
+ * before rollout control (workflows/rollout.ts), which addresses waves by name.
  */
 export async function dispatchDue(
   pool: Pool,
@@ -593,7 +463,10 @@ export async function dispatchDueIn(
   }
 }
 
-/** One reconciliation pass over a wave with a fixed wave deadline (the workflow path of issue #2). */
+/**
+ * One reconciliation pass over a wave with a fixed wave deadline (the fixed canary-then-fleet path of
+ * rollouts started before rollout control).
+ */
 export async function reconcileWave(pool: Pool, t: WaveTarget, wave: Wave, deadline: Date): Promise<WaveCounts> {
   const byWave = await reconcileWaves(pool, t, [wave], deadline);
   return sumCounts(byWave.values());
@@ -609,7 +482,7 @@ export async function reconcileWave(pool: Pool, t: WaveTarget, wave: Wave, deadl
  *   command failed or was cancelled: back to `pending` for a retry while attempts ≤ retries, else `failed`;
  * - an `activating` machine succeeded when its state reports the version committed after the activation,
  *   failed (no retry) when its roost_activate command failed or was cancelled;
- * - deadlines: with `deadline` (issue #2 path) every unfinished machine of the waves fails with
+ * - deadlines: with `deadline` (rollouts started before rollout control) every unfinished machine fails with
  *   `last_error = 'timeout'` at or after it; without, each machine's own `deadline_at` applies. Still
  *   pending commands of timed-out machines are cancelled.
  * Monotonic and idempotent. Returns the counts per wave after the pass.
@@ -813,7 +686,7 @@ export async function setRolloutStage(
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Issue #5: control state and history, listing, rollback rollouts, delta plans
+// Rollout control: control state and history, listing, rollback rollouts, delta plans
 
 /**
  * Writes the rollout's control `state` (when given and `seq` is newer than the stored state_seq) and
@@ -890,11 +763,10 @@ export async function listRollouts(
   return { rows: rows.slice(0, opts.limit).map(toRollout), more: rows.length > opts.limit };
 }
 
-/** One machine of a rollout as stored. */
-export interface RolloutMachineRow {
+interface RolloutMachineRow {
   machine_id: string;
   wave: string;
-  status: string;
+  status: RolloutMachineStatus;
   attempts: number;
   command_id: string | null;
   last_error: string | null;
@@ -908,13 +780,32 @@ export interface RolloutMachineRow {
   updated_at: Date;
 }
 
+function toRolloutMachine(m: RolloutMachineRow): RolloutMachine {
+  return {
+    machineId: m.machine_id,
+    wave: m.wave,
+    status: m.status,
+    attempts: m.attempts,
+    commandId: m.command_id,
+    lastError: m.last_error,
+    bytesFetched: Number(m.bytes_fetched),
+    previousVersionId: m.previous_version_id,
+    targetVersionId: m.target_version_id,
+    dispatchedAt: m.dispatched_at,
+    finishedAt: m.finished_at,
+    stagedAt: m.staged_at,
+    deadlineAt: m.deadline_at,
+    updatedAt: m.updated_at,
+  };
+}
+
 /** A page of a rollout's machines ordered by machine id, optionally filtered by status and wave name. */
 export async function listRolloutMachines(
   q: Queryable,
   siteId: string,
   rolloutId: string,
-  opts: { limit: number; after?: string; status?: string; wave?: string },
-): Promise<{ rows: RolloutMachineRow[]; more: boolean }> {
+  opts: { limit: number; after?: string; status?: RolloutMachineStatus; wave?: string },
+): Promise<{ rows: RolloutMachine[]; more: boolean }> {
   const { rows } = await q.query<RolloutMachineRow>(
     `SELECT machine_id, wave, status, attempts, command_id, last_error, bytes_fetched, previous_version_id, target_version_id,
             dispatched_at, finished_at, staged_at, deadline_at, updated_at
@@ -923,7 +814,7 @@ export async function listRolloutMachines(
       ORDER BY machine_id LIMIT $6`,
     [siteId, rolloutId, opts.after ?? '', opts.status ?? null, opts.wave ?? null, opts.limit + 1],
   );
-  return { rows: rows.slice(0, opts.limit), more: rows.length > opts.limit };
+  return { rows: rows.slice(0, opts.limit).map(toRolloutMachine), more: rows.length > opts.limit };
 }
 
 /** Why a rollback rollout could not be created. */
@@ -934,11 +825,6 @@ export type RollbackRefusal =
 export interface RollbackCreated {
   rollout: Rollout;
   machines: number;
-}
-
-/** Workflow id of the rollback of `rolloutId`: `rollback:<siteId>:<rolloutId>`. */
-export function rollbackWorkflowId(siteId: string, rolloutId: string): string {
-  return `rollback:${siteId}:${rolloutId}`;
 }
 
 /** Deterministic id of the rollback rollout of `rolloutId` (so a retried activity creates it once). */
@@ -994,18 +880,7 @@ export async function createRollbackRollout(
     const versionId = [...tally.entries()].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1))[0][0];
     if (await findActiveRollout(tx, siteId, r.roostId, versionId)) return 'version_busy';
     const machines = rows.map((m) => m.machine_id);
-    const policy: RolloutPolicy = {
-      waveTimeoutMs: r.policy.waveTimeoutMs,
-      retries: r.policy.retries,
-      retryBackoffMs: r.policy.retryBackoffMs,
-      pollIntervalMs: r.policy.pollIntervalMs,
-      waves: [100],
-      failureThreshold: { count: 0 },
-      requirePromotion: 'none',
-      maintenanceWindow: null,
-      autoRollback: false,
-      activation: 'immediate',
-    };
+    const policy = rollbackPolicy(r.policy);
     const targetVersions = new Map(
       rows.filter((m) => m.previous_version_id !== versionId).map((m) => [m.machine_id, m.previous_version_id]),
     );

@@ -1,6 +1,6 @@
 /**
- * Repository of the background sweeps (SPEC.md Event catalog: machine.offline, chunk.garbage_collected,
- * chunk.verify_failed, api_key.expired; Limits "chunk garbage-collection grace"; docs/decisions/sweeps.md).
+ * Repository of the background sweeps (events machine.offline, chunk.garbage_collected, chunk.verify_failed,
+ * api_key.expired; the chunk garbage-collection grace; docs/decisions/sweeps.md).
  *
  * Every sweep works the same way: a bounded candidate query (across sites: a sweep serves the whole
  * deployment), then one small SERIALIZABLE transaction per candidate that re-checks the condition on
@@ -16,6 +16,7 @@ import type { Pool } from 'pg';
 import { createHash } from 'node:crypto';
 import { recordEvent } from './events';
 import { type Queryable, withTx } from './pool';
+import type { ChunkCursor } from '../domain/sweeps';
 
 /** `evt_` + 24 hex of SHA-256 over `parts` joined by `|`: the same fact always gets the same event id. */
 export function sweepEventId(...parts: string[]): string {
@@ -96,9 +97,6 @@ function keptByReferrer(cutoff: string): string {
                   WHERE cr.site_id = c.site_id AND cr.hash = c.hash
                     AND (r.roost_id IS NULL OR r.deleted_at IS NULL OR r.deleted_at > ${cutoff})))`;
 }
-
-/** A chunk position in (site_id, hash) order: where the next condemn batch starts scanning. */
-export type ChunkCursor = [string, string];
 
 /**
  * Scans up to `limit` chunk rows after `after` in (site_id, hash) order and returns the collectable

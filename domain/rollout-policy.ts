@@ -1,10 +1,13 @@
 /**
- * Rollout policy (issue #5; docs/decisions/rollout-control.md): the optional `policy` object of a roost
- * deploy, validated into a `PolicySpec`, and the pure rules built on it: wave planning, thresholds and
- * maintenance windows. No I/O and no clock of its own (callers pass `now`).
+ * Rollout policy (docs/decisions/rollout-control.md): the optional `policy` object of
+ * `POST /api/roosts/{roostId}/deploy`, validated into a `PolicySpec`; the `RolloutPolicy` a rollout
+ * stores and runs by (the spec plus the watcher's poll interval); and the pure rules built on them: wave
+ * planning (the one canary-sizing rule), thresholds and maintenance windows. No I/O and no clock of its
+ * own (callers pass `now`).
  *
- * Wire shape (every field optional; defaults reproduce the rollout of issue #2: canary = ceil(10 %) of
- * the targets (1..100), then one fleet wave, any failure past the retry budget fails the rollout):
+ * Wire shape (every field optional; the defaults are the fixed canary-then-fleet rollout of
+ * docs/decisions/canary-selection.md: canary = ceil(10 %) of the targets (1..100), then one fleet wave,
+ * any failure past the retry budget fails the rollout):
  *
  *   canary:            { count: 1..10000 } | { percent: (0, 100] }
  *   waves:             cumulative percentages of all targets after the canary, strictly increasing,
@@ -58,7 +61,7 @@ export interface PolicySpec {
   activation: Activation;
 }
 
-/** The canary rule of issue #2 (docs/decisions/canary-selection.md). */
+/** The default canary rule (docs/decisions/canary-selection.md): ceil(10 %) of the targets, 1..100. */
 export const DEFAULT_CANARY_PERCENT = 10;
 export const DEFAULT_CANARY_MAX = 100;
 export const MAX_WAVES = 10;
@@ -248,7 +251,7 @@ export function canarySize(n: number, canary: PolicySpec['canary']): number {
  * Splits `machines` (distinct) into waves: the canary (machines ordered by SHA-256(rolloutId:machineId),
  * first `canarySize`), then the rest in the caller's order cut at the cumulative percentages of all
  * targets (`ceil(n · p / 100)`, never below the canary). Empty waves are dropped, so the result has 1 to
- * 1 + waves.length non-empty waves; the default policy gives [canary, fleet] exactly as issue #2 did.
+ * 1 + waves.length non-empty waves; the default policy gives [canary, fleet] (`splitWaves`).
  */
 export function planWaves(rolloutId: string, machines: readonly string[], spec: Pick<PolicySpec, 'canary' | 'waves'>): string[][] {
   const n = machines.length;
@@ -284,6 +287,91 @@ export function maxFailures(t: Threshold, population: number): number {
 export function successTarget(t: Threshold | null, size: number): number {
   if (!t) return size;
   return 'count' in t ? Math.min(size, t.count) : Math.min(size, Math.max(1, Math.ceil(t.fraction * size - 1e-9)));
+}
+
+/**
+ * The default policy's two waves: the canary (first `canarySize` machines by SHA-256(rolloutId:machineId))
+ * and the fleet (the others, in the caller's order). `planWaves` with `DEFAULT_SPEC`, as two lists.
+ */
+export function splitWaves(rolloutId: string, machines: readonly string[]): { canary: string[]; fleet: string[] } {
+  const waves = planWaves(rolloutId, machines, DEFAULT_SPEC);
+  return { canary: waves[0] ?? [], fleet: waves.slice(1).flat() };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The stored policy
+
+/** The spec fields every stored policy carries, rollouts started before rollout control included. */
+type RetryFields = 'waveTimeoutMs' | 'retries' | 'retryBackoffMs';
+
+/**
+ * The policy a rollout stores (`rollouts.policy`) and runs by: a `PolicySpec` plus the wave watcher's
+ * poll interval (ms). Rollouts started before rollout control stored only the retry fields and the poll
+ * interval; their other spec fields are absent, and every reader applies `DEFAULT_SPEC`'s value (the
+ * workflow, the wave watcher in activities/rollout.ts and `policyView`).
+ */
+export type RolloutPolicy = Pick<PolicySpec, RetryFields> & Partial<Omit<PolicySpec, RetryFields>> & { pollIntervalMs: number };
+
+/** The retry fields and poll interval of a rollout stored without them (2 s poll; see ROOST_ROLLOUT_POLL_MS). */
+export const DEFAULT_POLICY: RolloutPolicy = {
+  waveTimeoutMs: DEFAULT_SPEC.waveTimeoutMs,
+  retries: DEFAULT_SPEC.retries,
+  retryBackoffMs: DEFAULT_SPEC.retryBackoffMs,
+  pollIntervalMs: 2_000,
+};
+
+const NUMERIC_KEYS = ['waveTimeoutMs', 'retries', 'retryBackoffMs', 'pollIntervalMs'] as const;
+const SPEC_KEYS = [
+  'canary',
+  'waves',
+  'bakeMs',
+  'successThreshold',
+  'failureThreshold',
+  'requirePromotion',
+  'maintenanceWindow',
+  'autoRollback',
+  'activation',
+] as const;
+
+/** A stored policy with `DEFAULT_POLICY` filled in for missing or invalid numbers (unknown keys dropped; spec fields kept as stored). */
+export function resolvePolicy(stored: Partial<RolloutPolicy> | null | undefined): RolloutPolicy {
+  const p: RolloutPolicy = { ...DEFAULT_POLICY };
+  for (const k of NUMERIC_KEYS) {
+    const v = stored?.[k];
+    if (typeof v === 'number' && Number.isFinite(v) && v >= 0) p[k] = v;
+  }
+  for (const k of SPEC_KEYS) {
+    const v = stored?.[k];
+    if (v !== undefined) (p as unknown as Record<string, unknown>)[k] = v;
+  }
+  return p;
+}
+
+/**
+ * The stored policy of a validated spec. The watcher's poll interval is not a policy field: it is the
+ * operator setting ROOST_ROLLOUT_POLL_MS (config/env.ts, 50..60000 ms, default 2 s), passed in here.
+ */
+export function policyFromSpec(spec: PolicySpec, pollIntervalMs: number = DEFAULT_POLICY.pollIntervalMs): RolloutPolicy {
+  return { ...spec, pollIntervalMs };
+}
+
+/**
+ * The policy of the rollback of a rollout stored with `original`: one wave of every machine (no canary),
+ * the original's retries, timeout and poll interval, no failure tolerance, gates, windows or staging.
+ */
+export function rollbackPolicy(original: RolloutPolicy): RolloutPolicy {
+  return {
+    waveTimeoutMs: original.waveTimeoutMs,
+    retries: original.retries,
+    retryBackoffMs: original.retryBackoffMs,
+    pollIntervalMs: original.pollIntervalMs,
+    waves: [100],
+    failureThreshold: { count: 0 },
+    requirePromotion: 'none',
+    maintenanceWindow: null,
+    autoRollback: false,
+    activation: 'immediate',
+  };
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /**
- * Background workflows of a deployment (issue #4): `ensureBackgroundWorkflows` starts, idempotently, the
- * long-running workflows and creates the Temporal Schedules that must exist once per task queue. Safe to
- * call on every worker start (ids are fixed per task queue; what exists is left alone).
+ * Background workflows of a deployment (docs/decisions/sweeps.md, docs/decisions/webhook-relay.md):
+ * `ensureBackgroundWorkflows` starts, idempotently, the long-running workflows and creates the Temporal
+ * Schedules that must exist once per task queue. Safe to call on every worker start (ids are fixed per task
+ * queue; what exists is left alone).
  *
  * Sweeps (docs/decisions/sweeps.md): one Schedule per sweep, id `roost-sweep-<name>-<taskQueue>`, every
  * ROOST_SWEEP_*_INTERVAL_SECONDS, overlap SKIP (a run still going when the next is due is skipped).

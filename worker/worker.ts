@@ -1,5 +1,5 @@
 /**
- * Worker wiring (DESIGN.md "worker"): a Temporal worker serving every workflow of workflows/index.ts
+ * Worker wiring (docs/decisions/worker-process.md): a Temporal worker serving every workflow of workflows/index.ts
  * (bundled once per process) and every activity of activities/index.ts (built by the `createActivities`
  * factory over the caller's pool, blob store and configuration) on the configured task queue
  * (ROOST_TASK_QUEUE), through a NativeConnection to `cfg.temporalAddress`.
@@ -18,7 +18,8 @@ import {
 } from '@temporalio/worker';
 import type { Duration } from '@temporalio/common';
 import type { Config } from '../config/env';
-import { createActivities, type ActivityDeps } from '../activities';
+import { createActivities } from '../activities';
+import type { ActivityDeps } from '../activities/deps';
 
 /** Absolute path of the workflow bundle's entry point. */
 export const WORKFLOWS_PATH = require.resolve('../workflows');

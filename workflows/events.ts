@@ -1,5 +1,5 @@
 /**
- * `eventRelayWorkflow`: the long-running webhook fan-out (DESIGN.md "Events"; docs/decisions/webhooks.md).
+ * `eventRelayWorkflow`: the long-running webhook fan-out (docs/decisions/webhooks.md, docs/decisions/webhook-relay.md).
  * One heartbeating activity (`relayEvents`, activities/events.ts) polls the outbox, creates deliveries
  * and starts their workflows for a few minutes, then returns; the workflow continues as new, so its
  * history stays a handful of events however long it runs. Several relays may run at once (each on its

@@ -1,23 +1,25 @@
 /**
- * `rolloutWorkflow`: a roost deploy's canary-then-fleet rollout (SPEC.md "Rollout", deploy; DESIGN.md
- * "Temporal"). Deterministic code only: activities are imported by type, every activity has explicit
- * timeouts, and the payloads carry ids and counts, never machine lists.
+ * `rolloutWorkflow`: the rollout of `POST /api/roosts/{roostId}/deploy` (and of
+ * `POST /api/roosts/{roostId}/rollouts/{rolloutId}/rollback`); docs/decisions/rollout-stages.md,
+ * docs/decisions/rollout-control.md. Deterministic code only: it imports domain types and activity types,
+ * every activity has explicit timeouts, and the payloads carry ids and counts, never machine lists. The
+ * client side (ids, starts, the updates below sent by their definitions) is workflows/client.ts.
  *
  * 1. `loadRollout` (plan: ids, policy, delay until scheduleAt); search attributes RoostSiteId,
- *    RoostRoostId, RoostVersionId, RoostStage.
+ *    RoostRoostId, RoostVersionId, RoostStage (workflows/search-attributes.ts).
  * 2. Durable timer until scheduleAt (the delay is measured by the activity, so no clock here).
  * 3. `markRolloutStarted` → `deployment.started` (stage canary).
- * 4. Canary wave: `dispatchWave` queues sync_pull commands, `watchWave` (heartbeating) waits until every
- *    canary machine succeeded or failed for good. Any failure → stage failed (`canary_failed`).
- * 5. Stage `started`; fleet wave the same way. Any failure → stage failed (`retry_budget_exhausted`, or
- *    `wave_timeout` when every failure was a timeout); else stage completed.
- * Stage changes and their events commit together (`changeRolloutStage`); RoostStage follows each change.
+ * 4. Waves in order (`controlledRollout`, behind `patched('rollout-control-v1')`): the policy's waves, bake
+ *    timers, manual gates (`promote`), maintenance windows (the activity measures the delay), `pause` /
+ *    `resume` / `abort` updates with validators, a `status` query, failure thresholds with an automatic
+ *    rollback as a child workflow, and stage-then-activate.
+ * 5. Stage changes and their events commit together (`changeRolloutStage`); RoostStage follows each change.
  *
- * Issue #5 (`patched('rollout-control-v1')`, `controlledRollout`; docs/decisions/rollout-control.md):
- * the policy's waves, bake timers, manual gates (`promote`), maintenance windows (the activity measures
- * the delay), `pause` / `resume` / `abort` updates with validators, a `status` query, failure thresholds
- * with an automatic rollback as a child workflow, and stage-then-activate. Histories recorded before the
- * patch replay on the code above it.
+ * Histories recorded before rollout control existed have no patch marker and replay on the fixed
+ * canary-then-fleet path kept below (`fixedCanaryThenFleet`): canary wave, any failure → failed
+ * (`canary_failed`); stage `started`; fleet wave, any failure → failed (`retry_budget_exhausted`, or
+ * `wave_timeout` when every failure was a timeout); else completed. Keep it as it is: it exists for replay
+ * and for runs started before the patch.
  *
  * The history has a fixed number of events whatever the number of machines (58 for a completed two-wave
  * rollout, 10,000 machines included; 12 more per further wave).
@@ -41,16 +43,10 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
-import { SearchAttributeType, defineSearchAttributeKey } from '@temporalio/common';
 import type { Activities } from '../activities';
 import type { RolloutFailureType, RolloutPlan, RolloutRef, WatchPhase, WatchResult } from '../activities/rollout';
-import type { RolloutStage, RolloutState, Wave, WaveCounts } from '../db/rollouts';
-
-/** Search attributes of rollout workflows (registered on the dev server by stack/services.ts). */
-export const RoostSiteId = defineSearchAttributeKey('RoostSiteId', SearchAttributeType.KEYWORD);
-export const RoostRoostId = defineSearchAttributeKey('RoostRoostId', SearchAttributeType.KEYWORD);
-export const RoostVersionId = defineSearchAttributeKey('RoostVersionId', SearchAttributeType.KEYWORD);
-export const RoostStage = defineSearchAttributeKey('RoostStage', SearchAttributeType.KEYWORD);
+import type { RolloutStage, RolloutState, Wave, WaveCounts } from '../domain/rollout';
+import { RoostRoostId, RoostSiteId, RoostStage, RoostVersionId, rolloutSearchAttributes } from './search-attributes';
 
 /** How the workflow ended. */
 export interface RolloutOutcome {
@@ -59,7 +55,7 @@ export interface RolloutOutcome {
   succeeded: number;
   failed: number;
   abortReason: string | null;
-  /** Issue #5: the automatic rollback's rollout id and stage, when one ran. */
+  /** The automatic rollback's rollout id and stage, when one ran. */
   rollback?: { rolloutId: string; stage: RolloutStage; succeeded: number; failed: number } | null;
 }
 
@@ -82,14 +78,24 @@ export interface RolloutRuntime extends ControlResult {
   waiting: 'pause' | 'promotion' | 'window' | 'bake' | 'schedule' | null;
 }
 
-/** Control updates of the rollout workflow (issue #5; each validator rejects with type `conflict`). */
+/** `type` of the ApplicationFailure a control update's validator rejects with (the client maps it to 409). */
+export const CONTROL_CONFLICT = 'conflict';
+
+/**
+ * Control updates of the rollout workflow, sent by workflows/client.ts `controlRollout` for
+ * `POST /api/roosts/{roostId}/rollouts/{rolloutId}/{pause|resume|promote|abort}`; each validator rejects
+ * with a `CONTROL_CONFLICT` failure. `status` answers the control state and what the workflow waits for.
+ */
 export const pauseUpdate = defineUpdate<ControlResult, [ControlArgs]>('pause');
 export const resumeUpdate = defineUpdate<ControlResult, [ControlArgs]>('resume');
 export const promoteUpdate = defineUpdate<ControlResult, [ControlArgs]>('promote');
 export const abortUpdate = defineUpdate<ControlResult, [ControlArgs]>('abort');
 export const statusQuery = defineQuery<RolloutRuntime>('status');
 
-/** Patch id of the issue #5 path (rollouts started before it keep the issue #2 path on replay). */
+/**
+ * Patch id of rollout control (rollouts started before it keep the fixed canary-then-fleet path on replay).
+ * Never rename it: recorded histories carry it.
+ */
 export const CONTROL_PATCH = 'rollout-control-v1';
 
 /** Business failure types that end the rollout as failed (they are also its abortReason). */
@@ -128,13 +134,25 @@ export async function rolloutWorkflow(input: RolloutRef): Promise<RolloutOutcome
   };
   if (plan.terminal) return finish(plan.stage);
 
+  if (patched(CONTROL_PATCH)) return controlledRollout(input, plan, finish);
+  return fixedCanaryThenFleet(input, plan, finish);
+}
+
+/**
+ * The fixed canary-then-fleet path of rollouts started before rollout control (histories without the
+ * `rollout-control-v1` marker replay here): waves by name with one deadline each, no control updates.
+ * Kept unchanged for replay and for runs started before the patch.
+ */
+async function fixedCanaryThenFleet(
+  input: RolloutRef,
+  plan: RolloutPlan,
+  finish: (stage: RolloutStage, abortReason?: string) => Promise<RolloutOutcome>,
+): Promise<RolloutOutcome> {
   const { watchWave } = proxyActivities<Activities>({
     startToCloseTimeout: plan.policy.waveTimeoutMs + WAVE_TIMEOUT_MARGIN_MS,
     heartbeatTimeout: '15 seconds',
     retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
   });
-  if (patched(CONTROL_PATCH)) return controlledRollout(input, plan, finish);
-
   const runWave = async (wave: Wave): Promise<WaveCounts> => {
     const { deadline } = await dispatchWave({ ...input, wave });
     return watchWave({ ...input, wave, deadline });
@@ -167,13 +185,14 @@ export async function rolloutWorkflow(input: RolloutRef): Promise<RolloutOutcome
 }
 
 function conflict(message: string): ApplicationFailure {
-  return ApplicationFailure.create({ type: 'conflict', message, nonRetryable: true });
+  return ApplicationFailure.create({ type: CONTROL_CONFLICT, message, nonRetryable: true });
 }
 
 /**
- * The issue #5 path: waves from the policy, bake time, manual gates, maintenance windows, pause /
- * resume / promote / abort updates, failure thresholds with optional automatic rollback, and staged
- * activation. Every wait is a durable timer or `condition`; every clock reading is an activity's.
+ * The rollout-control path (every rollout started since `rollout-control-v1`): waves from the policy, bake
+ * time, manual gates, maintenance windows, pause / resume / promote / abort updates, failure thresholds with
+ * optional automatic rollback, and staged activation. Every wait is a durable timer or `condition`; every
+ * clock reading is an activity's.
  */
 async function controlledRollout(
   input: RolloutRef,
@@ -317,12 +336,12 @@ async function controlledRollout(
       taskQueue: workflowInfo().taskQueue,
       parentClosePolicy: ParentClosePolicy.ABANDON,
       memo: { rolloutId: rb.rolloutId },
-      typedSearchAttributes: [
-        { key: RoostSiteId, value: input.siteId },
-        { key: RoostRoostId, value: rb.roostId },
-        { key: RoostVersionId, value: rb.versionId },
-        { key: RoostStage, value: 'started' },
-      ],
+      typedSearchAttributes: rolloutSearchAttributes({
+        siteId: input.siteId,
+        roostId: rb.roostId,
+        versionId: rb.versionId,
+        stage: 'started',
+      }),
     });
     // The rollback's completion marks this rollout rolled_back in the database (db/rollouts.ts setRolloutStage).
     if (child.stage === 'completed') upsertSearchAttributes([{ key: RoostStage, value: 'rolled_back' }]);

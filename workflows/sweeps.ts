@@ -1,5 +1,5 @@
 /**
- * The background sweeps (docs/decisions/sweeps.md; SPEC.md Event catalog). Each is a short workflow
+ * The background sweeps (docs/decisions/sweeps.md). Each is a short workflow
  * started by a Temporal Schedule (worker/background.ts `ensureSweepSchedules`): it runs batches of an
  * idempotent activity (activities/sweeps.ts) until a batch reports no more work or `maxBatches` is
  * reached, and returns the counts. Deterministic code only: activities imported by type, explicit
@@ -15,7 +15,7 @@
  */
 import { proxyActivities } from '@temporalio/workflow';
 import type { Activities } from '../activities';
-import type { ChunkCursor } from '../db/sweeps';
+import type { ChunkCursor } from '../domain/sweeps';
 
 /** Input of every sweep run (the schedule passes values from configuration). */
 export interface SweepInput {

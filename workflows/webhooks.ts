@@ -1,8 +1,8 @@
 /**
- * `webhookDeliveryWorkflow`: delivers one webhook delivery (SPEC.md "Events" › Delivery; DESIGN.md
- * "Events": deliveries are workflows with a retry policy and a delivery history;
- * docs/decisions/webhooks.md). Workflow id `webhook-delivery:<deliveryId>`; a manual retry is a new run of
- * the same id. Deterministic code only: activities by type, explicit timeouts, ids in payloads.
+ * `webhookDeliveryWorkflow`: delivers one webhook delivery (deliveries are workflows with a retry policy
+ * and a delivery history; docs/decisions/webhooks.md, docs/decisions/webhook-delivery.md). Workflow id
+ * `webhook-delivery:<deliveryId>`; a manual retry is a new run of the same id. Deterministic code only:
+ * activities by type, explicit timeouts, ids in payloads.
  *
  * 1. `prepareWebhookDelivery` → whether the delivery exists, and the run's retry settings (from
  *    configuration, through an activity so that replay sees the same values).

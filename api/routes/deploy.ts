@@ -1,8 +1,8 @@
 /**
- * Roost deploy (SPEC.md "Roost versions, rollback, deploy", deploy row; "Rollout"): POST
- * /api/roosts/{roostId}/deploy plans a canary-then-fleet rollout of a version to machines, stores it and
- * starts its workflow (workflows/rollout.ts). Idempotency-Key required; scope roost deploy (or site
- * deploy).
+ * Roost deploy: `POST /api/roosts/{roostId}/deploy` plans a canary-then-fleet rollout of a version to
+ * machines, stores it and starts its workflow (the deploy use case is services/rollouts.ts deployRollout;
+ * the workflow is workflows/rollout.ts). Idempotency-Key required; scope roost deploy (or site deploy);
+ * capability DISTRIBUTION_MANAGE. docs/decisions/deploy-request.md.
  *
  * - 202 rollout record (stage `canary`, alreadyRunning false, dryRun false), header
  *   `X-Roost-Workflow-Url` (Temporal Web UI of the run).
@@ -11,44 +11,24 @@
  * - dryRun: the same planning fields with dryRun true; nothing written, no workflow.
  * - scheduleAt more than 60 s ahead: stored (`scheduleAt` in the record) and fired by the workflow's
  *   durable timer; past or near-future values deploy now.
- * - policy (issue #5, domain/rollout-policy.ts): waves, thresholds, gates, windows, activation; the record
- *   then carries `waves` and `policy`, and a dry run adds `delta` (what each machine would download).
- * Errors: 400 validation_failed (body, policy keyed by dotted path, machine ids, unknown machines listed in `unknownMachines`),
- * 404 not_found (site hidden, roost missing), 404 version_not_found, 409 conflict (roost deleted, no
- * current version, version body missing, roost targets not enrolled), 503 service_unavailable (workflow
- * could not start; the rollout is marked failed and nothing is left running).
+ * - policy (domain/rollout-policy.ts; docs/decisions/rollout-control.md): waves, thresholds, gates,
+ *   windows, activation; the record then carries `waves` and `policy`, and a dry run adds `delta` (what
+ *   each machine would download).
+ * Errors: 400 validation_failed (body, policy keyed by dotted path, machine ids, unknown machines listed in
+ * `unknownMachines`), 404 not_found (site hidden, roost missing), 404 version_not_found, 409 conflict (roost
+ * deleted, no current version, version body missing, roost targets not enrolled), 503 service_unavailable
+ * (workflow could not start; the rollout is marked failed and nothing is left running).
  */
-import type { FastifyInstance } from 'fastify';
+import { type FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
-import { ApiError } from '../../domain/errors';
-import { newId } from '../../domain/hex';
-import { parseVersionRef, type VersionRef } from '../../domain/versionRef';
-import { withTx } from '../../db/pool';
-import { getRoost, getVersion, resolveVersionIn, type RoostRow, versionUrlOf, type VersionRow } from '../../db/roosts';
-
-import {
-  MAX_ROLLOUT_MACHINES,
-  type Rollout,
-  deltaPlan,
-  failUnstartedRollout,
-  findActiveRollout,
-  insertRollout,
-  policyFromSpec,
-  unknownMachines,
-} from '../../db/rollouts';
-import { planWaves, policyView, validatePolicy, waveNames, type PolicySpec } from '../../domain/rollout-policy';
-import { rolloutWorkflowId, startRolloutWorkflow, workflowUiUrl } from '../temporal';
+import { MAX_ROLLOUT_MACHINES } from '../../domain/rollout';
+import { policyView } from '../../domain/rollout-policy';
+import { DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
+import { type DeployResult, deployRollout } from '../../services/rollouts';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
-import { RoostParams } from './roosts';
-import { DateTime, MachineId, Nullable, problems, SiteId } from '../../domain/schemas';
 
-/** scheduleAt at most this far ahead counts as "now" (SPEC.md: more than 60 seconds is scheduled). */
-export const SCHEDULE_THRESHOLD_MS = 60_000;
-/** Latest accepted scheduleAt, relative to now (docs/decisions/deploy-request.md). */
-export const SCHEDULE_MAX_AHEAD_MS = 365 * 24 * 60 * 60 * 1000;
-/** Unknown machine ids named in a validation problem (the count is always given). */
-export const MAX_UNKNOWN_LISTED = 100;
+const Params = Type.Object({ roostId: RoostId });
 
 const DeployBody = Type.Object(
   {
@@ -86,7 +66,6 @@ const DeployBody = Type.Object(
   },
   { additionalProperties: false },
 );
-type DeployBody = Static<typeof DeployBody>;
 
 /** Most machines listed one by one in a dry run's delta plan (totals and groups cover all). */
 export const DELTA_MACHINES_LISTED = 1000;
@@ -124,7 +103,7 @@ const DeltaRecord = Type.Object({
   totals: Type.Object({ machines: Type.Integer(), bytes: Type.Number(), chunks: Type.Integer() }),
 });
 
-/** The rollout record of SPEC.md "Rollout" plus `scheduleAt` (null when deploying now). */
+/** The rollout record of `POST /api/roosts/{roostId}/deploy` plus `scheduleAt` (null when deploying now). */
 export const RolloutRecord = Type.Object({
   rolloutId: Type.String(),
   versionId: Type.String(),
@@ -144,19 +123,12 @@ export const RolloutRecord = Type.Object({
 });
 export type RolloutRecord = Static<typeof RolloutRecord>;
 
-type RecordSource = Pick<
-  Rollout,
-  'rolloutId' | 'versionId' | 'siteId' | 'roostId' | 'stage' | 'canary' | 'fleet' | 'extractRoot' | 'scheduleAt'
-> & {
-  waves?: { name: string; size: number }[];
-  policy?: Partial<PolicySpec>;
-};
-
 /**
  * The wire record. `waves` and `policy` are added when `withPlan` (a deploy that sent a policy, or a dry
- * run planning a new rollout): a plain deploy answers exactly the spec's fields, as before issue #5.
+ * run planning a new rollout): a plain deploy answers exactly the contract's fields.
  */
-function record(r: RecordSource, versionUrl: string, alreadyRunning: boolean, dryRun: boolean, withPlan = false): RolloutRecord {
+function record(d: DeployResult): RolloutRecord {
+  const r = d.rollout;
   return {
     rolloutId: r.rolloutId,
     versionId: r.versionId,
@@ -166,83 +138,37 @@ function record(r: RecordSource, versionUrl: string, alreadyRunning: boolean, dr
     canary: r.canary,
     fleet: r.fleet,
     extractRoot: r.extractRoot,
-    versionUrl,
-    alreadyRunning,
-    dryRun,
+    versionUrl: d.versionUrl,
+    alreadyRunning: d.alreadyRunning,
+    dryRun: d.dryRun,
     scheduleAt: r.scheduleAt ? r.scheduleAt.toISOString() : null,
-    ...(withPlan && r.waves ? { waves: r.waves.map((w, index) => ({ index, name: w.name, size: w.size })) } : {}),
-    ...(withPlan && r.policy ? { policy: policyView(r.policy) } : {}),
+    ...(d.withPlan && r.waves ? { waves: r.waves.map((w, index) => ({ index, name: w.name, size: w.size })) } : {}),
+    ...(d.withPlan && r.policy ? { policy: policyView(r.policy) } : {}),
+    ...(d.delta
+      ? {
+          delta: {
+            versionId: d.delta.versionId,
+            machines: d.delta.machines.slice(0, DELTA_MACHINES_LISTED),
+            machinesListed: Math.min(DELTA_MACHINES_LISTED, d.delta.machines.length),
+            truncated: d.delta.machines.length > DELTA_MACHINES_LISTED,
+            byCurrentVersion: d.delta.byCurrentVersion,
+            totals: d.delta.totals,
+          },
+        }
+      : {}),
   };
 }
 
-/** `versionId` must be a concrete id: 64 hex or legacy `vrs_<hex>` (numbers and aliases are refused). */
-function parseConcreteVersionId(raw: string): VersionRef {
-  let ref: VersionRef | undefined;
-  try {
-    ref = parseVersionRef(raw, 'versionId');
-  } catch {
-    ref = undefined;
-  }
-  if (!ref || (ref.kind !== 'id' && ref.kind !== 'idPrefix')) {
-    throw new ApiError('validation_failed', 'versionId must be a concrete version id (64 lowercase hex, or vrs_<hex>)', {
-      extras: { param: 'versionId', errors: { versionId: ['must be a concrete version id (64 lowercase hex, or vrs_<hex>)'] } },
-    });
-  }
-  return ref;
-}
-
-/** scheduleAt → the stored schedule (null when past or within 60 s). @throws validation_failed. */
-function parseScheduleAt(raw: string | undefined, now: number): Date | null {
-  if (raw === undefined) return null;
-  const at = Date.parse(raw);
-  const bad = (msg: string) =>
-    new ApiError('validation_failed', `scheduleAt ${msg}`, { extras: { param: 'scheduleAt', errors: { scheduleAt: [msg] } } });
-  if (!Number.isFinite(at)) throw bad('must be an ISO 8601 date-time with an offset');
-  if (at - now > SCHEDULE_MAX_AHEAD_MS) throw bad('must be at most 365 days ahead');
-  return at - now > SCHEDULE_THRESHOLD_MS ? new Date(at) : null;
-}
-
-function unknownMachinesError(unknown: string[], fromTargets: boolean): ApiError {
-  const listed = unknown.slice(0, MAX_UNKNOWN_LISTED);
-  const msg = `${unknown.length} machine id(s) are not enrolled machines of this site: ${listed.slice(0, 10).join(', ')}${unknown.length > 10 ? ', …' : ''}`;
-  const extras = { param: 'machines', unknownMachines: listed, unknownCount: unknown.length };
-  if (fromTargets) {
-    return new ApiError('conflict', `the roost's targets include machines that are not enrolled; enrol them or send machines. ${msg}`, {
-      extras,
-    });
-  }
-  return new ApiError('validation_failed', msg, { extras: { ...extras, errors: { machines: [msg] } } });
-}
-
 /** The deploy route. */
-export default async function deployRoutes(app: FastifyInstance): Promise<void> {
-  const { db, blob, temporal, cfg } = app.deps;
-
-  /** True when the version body blob exists. A storage failure is 503 service_unavailable. */
-  async function bodyStored(v: VersionRow): Promise<boolean> {
-    try {
-      return await blob.container('versions').getBlobClient(v.blob_name).exists();
-    } catch (err) {
-      app.log.error({ err }, 'version body check failed');
-      throw new ApiError('service_unavailable', 'blob storage is unavailable; retry later', { headers: { 'Retry-After': '5' } });
-    }
-  }
-
-  /** The roost's current version. @throws 409 conflict when there is none. */
-  async function currentVersion(roost: RoostRow): Promise<VersionRow> {
-    const v = roost.current_version_id === null ? null : await getVersion(db, roost.site_id, roost.roost_id, roost.current_version_id);
-    if (!v) throw new ApiError('conflict', 'the roost has no current version; publish one or send versionId');
-    return v;
-  }
-
-  app.post<{ Params: Static<typeof RoostParams>; Body: DeployBody }>(
+const deployRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.post(
     '/api/roosts/:roostId/deploy',
     {
       config: { idempotency: 'required' },
       schema: {
         summary: 'Deploy a version to machines as a canary-then-fleet rollout',
         tags: ['versions'],
-        params: RoostParams,
+        params: Params,
         body: DeployBody,
         response: { 202: RolloutRecord, ...problems(409, 422, 503) },
       },
@@ -250,102 +176,13 @@ export default async function deployRoutes(app: FastifyInstance): Promise<void> 
     async (request, reply) => {
       const { roostId } = request.params;
       const b = request.body;
-      const siteId = b.siteId;
-      const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'deploy'));
-      await enforceCapability(request, 'DISTRIBUTION_MANAGE', siteId);
-      const ref = b.versionId !== undefined ? parseConcreteVersionId(b.versionId) : undefined;
-      const scheduleAt = parseScheduleAt(b.scheduleAt, Date.now());
-      const dryRun = b.dryRun === true;
-      const checked = validatePolicy(b.policy);
-      if (checked.errors) {
-        const first = Object.entries(checked.errors)[0];
-        throw new ApiError('validation_failed', `${first[0]} ${first[1][0]}`, { extras: { param: 'policy', errors: checked.errors } });
-      }
-      const spec = checked.spec;
-
-      const roost = await getRoost(db, siteId, roostId, { includeDeleted: true });
-      if (!roost) throw new ApiError('not_found', 'roost not found', { extras: { param: 'roostId' } });
-      if (roost.deleted_at !== null) throw new ApiError('conflict', 'the roost is deleted; deploy is not possible');
-      const version = ref ? await resolveVersionIn(db, roost, ref, 'versionId') : await currentVersion(roost);
-      if (!(await bodyStored(version)))
-        throw new ApiError('conflict', `version ${version.version_id} has no stored body (no versionUrl); it cannot be deployed`);
-      const versionUrl = versionUrlOf(blob, version);
-
-      const machines = b.machines ? [...new Set(b.machines)] : roost.targets;
-      if (machines.length === 0) throw new ApiError('conflict', 'the roost has no targets; send machines');
-      const unknown = await unknownMachines(db, siteId, machines);
-      if (unknown.length > 0) throw unknownMachinesError(unknown, !b.machines);
-
-      const rolloutId = newId('rol');
-      const waveMachines = planWaves(rolloutId, machines, spec);
-      const names = waveNames(waveMachines.length);
-      const waves = { canary: waveMachines[0] ?? [], fleet: waveMachines.slice(1).flat() };
-      const workflowId = rolloutWorkflowId(siteId, roostId, version.version_id);
-      const policy = policyFromSpec(spec, cfg.ROOST_ROLLOUT_POLL_MS);
-      const planned = {
-        rolloutId,
-        versionId: version.version_id,
-        siteId,
-        roostId,
-        stage: 'canary' as const,
-        ...waves,
-        extractRoot: roost.extract_path,
-        scheduleAt,
-        waves: waveMachines.map((w, i) => ({ name: names[i], size: w.length })),
-        policy,
-      };
-
-      if (dryRun) {
-        const existing = await findActiveRollout(db, siteId, roostId, version.version_id);
-        // An existing rollout is reported as it is (its record only); a new plan carries waves, policy and the delta plan.
-        if (existing) return reply.code(202).send(record(existing, versionUrl, true, true, b.policy !== undefined));
-        const rec = record(planned, versionUrl, false, true, true);
-        const delta = await deltaPlan(db, siteId, roostId, version.version_id, machines);
-        rec.delta = {
-          versionId: version.version_id,
-          machines: delta.machines.slice(0, DELTA_MACHINES_LISTED),
-          machinesListed: Math.min(DELTA_MACHINES_LISTED, delta.machines.length),
-          truncated: delta.machines.length > DELTA_MACHINES_LISTED,
-          byCurrentVersion: delta.byCurrentVersion,
-          totals: delta.totals,
-        };
-        return reply.code(202).send(rec);
-      }
-
-      let outcome: { rollout: Rollout | typeof planned; alreadyRunning: boolean } | undefined;
-      for (let attempt = 0; !outcome; attempt++) {
-        try {
-          outcome = await withTx(db, async (tx) => {
-            const existing = await findActiveRollout(tx, siteId, roostId, version.version_id);
-            if (existing) return { rollout: existing, alreadyRunning: true };
-            await insertRollout(tx, { ...planned, waves: waveMachines, waveNames: names, policy, workflowId, createdBy: user.userId });
-            return { rollout: planned, alreadyRunning: false };
-          });
-        } catch (err) {
-          // A concurrent deploy of the same version won the rollouts_one_active index: read it next time.
-          if ((err as { code?: string }).code === '23505' && attempt < 2) continue;
-          throw err;
-        }
-      }
-
-      const start = { siteId, roostId, versionId: version.version_id, rolloutId: outcome.rollout.rolloutId };
-      try {
-        const started = await startRolloutWorkflow(temporal, cfg, start);
-        reply.header('X-Roost-Workflow-Url', started.url);
-      } catch (err) {
-        if (outcome.alreadyRunning) {
-          // The stored rollout stays authoritative; its workflow is re-attached on the next deploy call.
-          request.log.warn({ err, workflowId }, 'could not re-attach the running rollout workflow');
-          reply.header('X-Roost-Workflow-Url', workflowUiUrl(cfg, workflowId));
-        } else {
-          request.log.error({ err, workflowId }, 'rollout workflow start failed');
-          await failUnstartedRollout(db, siteId, rolloutId, 'workflow_start_failed');
-          throw new ApiError('service_unavailable', 'the rollout could not be started (workflow service unavailable); retry later', {
-            headers: { 'Retry-After': '5' },
-          });
-        }
-      }
-      return reply.code(202).send(record(outcome.rollout, versionUrl, outcome.alreadyRunning, false, b.policy !== undefined));
+      const user = await authorizeSite(request, b.siteId, roostRequirement(b.siteId, roostId, 'deploy'));
+      await enforceCapability(request, 'DISTRIBUTION_MANAGE', b.siteId);
+      const result = await deployRollout(app.deps, { ...b, roostId, userId: user.userId, log: request.log });
+      if (result.workflowUrl) reply.header('X-Roost-Workflow-Url', result.workflowUrl);
+      return reply.code(202).send(record(result));
     },
   );
-}
+};
+
+export default deployRoutes;

@@ -1,5 +1,6 @@
 /**
- * Rollouts as resources and their control (issue #5; docs/decisions/rollout-control.md):
+ * Rollouts as resources and their control (docs/decisions/rollout-control.md); the use cases are
+ * services/rollouts.ts:
  *
  * - GET  /api/roosts/{roostId}/rollouts?siteId=…            newest first, paged (page_size default 20, max
  *   100, page_token; aliases limit, cursor), `stage` filter. Scope roost read.
@@ -17,28 +18,24 @@
  * another roost), 409 conflict (terminal rollout, refused by the workflow, nothing to roll back),
  * 503 service_unavailable (workflow service unavailable).
  */
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { type FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
+import type { RolloutMachine, WaveCounts } from '../../domain/rollout';
 import { policyView } from '../../domain/rollout-policy';
+import { DateTime, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
 import {
-  type Rollout,
+  type RolloutControl,
   type RolloutListPosition,
-  type RolloutStage,
-  type WaveCounts,
-  countsByRollout,
-  countsByWave,
-  createRollbackRollout,
-  failUnstartedRollout,
-  getRollout,
-  listRolloutMachines,
-  listRollouts,
-} from '../../db/rollouts';
+  type RolloutOverview,
+  controlRolloutAction,
+  getRolloutDetail,
+  listRolloutPage,
+  rollbackRollout,
+} from '../../services/rollouts';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
-import { type RolloutControl, RolloutControlRefused, controlRollout, startRolloutWorkflow, workflowUiUrl } from '../temporal';
 import { PolicyRecord } from './deploy';
-import { DateTime, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
 
 /** Page limits of the list and of the machines of one rollout. */
 export const ROLLOUT_PAGE = { defaultSize: 20, maxSize: 100 };
@@ -49,16 +46,29 @@ const Params = Type.Object({ roostId: RoostId, rolloutId: RolloutId });
 const RoostOnly = Type.Object({ roostId: RoostId });
 const Stage = Type.Union([Type.Literal('canary'), Type.Literal('started'), Type.Literal('completed'), Type.Literal('failed')]);
 const State = Type.Union(
-  ['running', 'paused', 'awaiting_promotion', 'waiting_window', 'completed', 'failed', 'aborted', 'rolled_back'].map((s) =>
-    Type.Literal(s),
-  ),
+  [
+    Type.Literal('running'),
+    Type.Literal('paused'),
+    Type.Literal('awaiting_promotion'),
+    Type.Literal('waiting_window'),
+    Type.Literal('completed'),
+    Type.Literal('failed'),
+    Type.Literal('aborted'),
+    Type.Literal('rolled_back'),
+  ],
   { description: 'control state beside the stage (docs/decisions/rollout-control.md)' },
 );
 
 const ListQuery = Type.Object({ siteId: SiteId, stage: Type.Optional(Stage), ...PagingQuery });
-const MachineStatus = Type.Union(
-  ['pending', 'dispatched', 'staged', 'activating', 'succeeded', 'failed', 'cancelled'].map((s) => Type.Literal(s)),
-);
+const MachineStatus = Type.Union([
+  Type.Literal('pending'),
+  Type.Literal('dispatched'),
+  Type.Literal('staged'),
+  Type.Literal('activating'),
+  Type.Literal('succeeded'),
+  Type.Literal('failed'),
+  Type.Literal('cancelled'),
+]);
 const DetailQuery = Type.Object({
   siteId: SiteId,
   status: Type.Optional(MachineStatus),
@@ -173,69 +183,90 @@ function fullCounts(c: WaveCounts | undefined): Static<typeof Counts> {
 
 const iso = (d: Date | null) => (d ? d.toISOString() : null);
 
+/** The wire summary of a rollout. */
+function summary({ rollout: r, counts, workflowUrl }: RolloutOverview): RolloutSummary {
+  return {
+    rolloutId: r.rolloutId,
+    siteId: r.siteId,
+    roostId: r.roostId,
+    versionId: r.versionId,
+    stage: r.stage,
+    state: r.state,
+    active: r.active,
+    abortReason: r.abortReason,
+    succeeded: r.succeeded,
+    failed: r.failed,
+    counts: fullCounts(counts),
+    waveCount: r.waves.filter((w) => w.size > 0).length,
+    currentWave: r.currentWave,
+    extractRoot: r.extractRoot,
+    scheduleAt: iso(r.scheduleAt),
+    rollbackOf: r.rollbackOf,
+    rolledBackBy: r.rolledBackBy,
+    createdAt: r.createdAt.toISOString(),
+    createdBy: r.createdBy,
+    updatedAt: r.updatedAt.toISOString(),
+    completedAt: iso(r.completedAt),
+    workflowId: r.workflowId,
+    workflowUrl,
+  };
+}
+
+/** The wire record of one machine of a rollout (`versionId`: its own target, else the rollout's). */
+function machineRecord(m: RolloutMachine, rolloutVersionId: string): Static<typeof MachineRecord> {
+  return {
+    machineId: m.machineId,
+    wave: m.wave,
+    status: m.status,
+    attempts: m.attempts,
+    lastError: m.lastError,
+    bytesFetched: m.bytesFetched,
+    commandId: m.commandId,
+    previousVersionId: m.previousVersionId,
+    versionId: m.targetVersionId ?? rolloutVersionId,
+    dispatchedAt: iso(m.dispatchedAt),
+    stagedAt: iso(m.stagedAt),
+    finishedAt: iso(m.finishedAt),
+    deadlineAt: iso(m.deadlineAt),
+    updatedAt: m.updatedAt.toISOString(),
+  };
+}
+
+/** siteId of a mutation: body or query, which must agree. @throws 400 validation_failed. */
+function mutationSiteId(fromBody: string | undefined, fromQuery: string | undefined): string {
+  if (fromBody && fromQuery && fromBody !== fromQuery) {
+    throw new ApiError('validation_failed', 'siteId in the body and in the query differ', {
+      extras: { param: 'siteId', errors: { siteId: ['differs between body and query'] } },
+    });
+  }
+  const siteId = fromBody ?? fromQuery;
+  if (!siteId)
+    throw new ApiError('validation_failed', 'siteId is required (body or query)', {
+      extras: { param: 'siteId', errors: { siteId: ['is required'] } },
+    });
+  return siteId;
+}
+
+/** A position of the rollout list this server issued. */
+function isListPosition(p: unknown): p is RolloutListPosition {
+  return (
+    typeof p === 'object' &&
+    p !== null &&
+    typeof (p as RolloutListPosition).t === 'string' &&
+    typeof (p as RolloutListPosition).id === 'string'
+  );
+}
+
+const CONTROL: { action: RolloutControl; summary: string }[] = [
+  { action: 'pause', summary: 'Pause a rollout: no new dispatch, no next wave; dispatched machines finish' },
+  { action: 'resume', summary: 'Resume a paused rollout' },
+  { action: 'promote', summary: 'Pass the manual promotion gate a rollout waits at' },
+  { action: 'abort', summary: 'Abort a rollout: pending machines and their pending commands are cancelled' },
+];
+
 /** The rollout routes. */
-export default async function rolloutRoutes(app: FastifyInstance): Promise<void> {
-  const { db, temporal, cfg } = app.deps;
-
-  function summary(r: Rollout, counts: WaveCounts | undefined): RolloutSummary {
-    return {
-      rolloutId: r.rolloutId,
-      siteId: r.siteId,
-      roostId: r.roostId,
-      versionId: r.versionId,
-      stage: r.stage,
-      state: r.state,
-      active: r.active,
-      abortReason: r.abortReason,
-      succeeded: r.succeeded,
-      failed: r.failed,
-      counts: fullCounts(counts),
-      waveCount: r.waves.filter((w) => w.size > 0).length,
-      currentWave: r.currentWave,
-      extractRoot: r.extractRoot,
-      scheduleAt: iso(r.scheduleAt),
-      rollbackOf: r.rollbackOf,
-      rolledBackBy: r.rolledBackBy,
-      createdAt: r.createdAt.toISOString(),
-      createdBy: r.createdBy,
-      updatedAt: r.updatedAt.toISOString(),
-      completedAt: iso(r.completedAt),
-      workflowId: r.workflowId,
-      workflowUrl: workflowUiUrl(cfg, r.workflowId),
-    };
-  }
-
-  /** The rollout of this site and roost. @throws 404 not_found. */
-  async function requireRollout(siteId: string, roostId: string, rolloutId: string): Promise<Rollout> {
-    const r = await getRollout(db, siteId, rolloutId);
-    if (!r || r.roostId !== roostId) throw new ApiError('not_found', 'rollout not found', { extras: { param: 'rolloutId' } });
-    return r;
-  }
-
-  async function summaryOf(r: Rollout): Promise<RolloutSummary> {
-    return summary(r, (await countsByRollout(db, r.siteId, [r.rolloutId])).get(r.rolloutId));
-  }
-
-  /** siteId of a mutation: body or query, which must agree. @throws 400 validation_failed. */
-  function mutationSiteId(
-    request: FastifyRequest<{ Querystring: Static<typeof ControlQuery>; Body: Static<typeof ControlBody> | undefined }>,
-  ): string {
-    const fromBody = request.body?.siteId;
-    const fromQuery = request.query.siteId;
-    if (fromBody && fromQuery && fromBody !== fromQuery) {
-      throw new ApiError('validation_failed', 'siteId in the body and in the query differ', {
-        extras: { param: 'siteId', errors: { siteId: ['differs between body and query'] } },
-      });
-    }
-    const siteId = fromBody ?? fromQuery;
-    if (!siteId)
-      throw new ApiError('validation_failed', 'siteId is required (body or query)', {
-        extras: { param: 'siteId', errors: { siteId: ['is required'] } },
-      });
-    return siteId;
-  }
-
-  app.get<{ Params: Static<typeof RoostOnly>; Querystring: Static<typeof ListQuery> }>(
+const rolloutRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.get(
     '/api/roosts/:roostId/rollouts',
     {
       schema: {
@@ -249,34 +280,20 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
     async (request) => {
       const { roostId } = request.params;
       const q = request.query;
-      const paging = parsePaging<RolloutListPosition>(q, {
-        ...ROLLOUT_PAGE,
-        accept: (p) =>
-          typeof p === 'object' &&
-          p !== null &&
-          typeof (p as RolloutListPosition).t === 'string' &&
-          typeof (p as RolloutListPosition).id === 'string',
-      });
+      const paging = parsePaging<RolloutListPosition>(q, { ...ROLLOUT_PAGE, accept: isListPosition });
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
-      const page = await listRollouts(db, q.siteId, roostId, {
+      const page = await listRolloutPage(app.deps, {
+        siteId: q.siteId,
+        roostId,
         limit: paging.pageSize,
         after: paging.after,
-        stage: q.stage as RolloutStage | undefined,
+        stage: q.stage,
       });
-      const counts = await countsByRollout(
-        db,
-        q.siteId,
-        page.rows.map((r) => r.rolloutId),
-      );
-      const last = page.rows[page.rows.length - 1];
-      return {
-        rollouts: page.rows.map((r) => summary(r, counts.get(r.rolloutId))),
-        ...pageTokens(page.more && last ? { t: last.createdAt.toISOString(), id: last.rolloutId } : undefined),
-      };
+      return { rollouts: page.rollouts.map(summary), ...pageTokens(page.next) };
     },
   );
 
-  app.get<{ Params: Static<typeof Params>; Querystring: Static<typeof DetailQuery> }>(
+  app.get(
     '/api/roosts/:roostId/rollouts/:rolloutId',
     {
       schema: {
@@ -292,54 +309,29 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
       const q = request.query;
       const paging = parsePaging<string>(q, { ...ROLLOUT_MACHINE_PAGE, accept: (p) => typeof p === 'string' && p.length <= 128 });
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
-      const r = await requireRollout(q.siteId, roostId, rolloutId);
-      const byWave = await countsByWave(db, q.siteId, rolloutId, null);
-      let total: WaveCounts | undefined;
-      for (const c of byWave.values()) {
-        if (!total) total = { ...c };
-        else for (const k of Object.keys(c) as (keyof WaveCounts)[]) (total[k] as number) = (total[k] ?? 0) + (c[k] ?? 0);
-      }
-      const page = await listRolloutMachines(db, q.siteId, rolloutId, {
+      const d = await getRolloutDetail(app.deps, {
+        siteId: q.siteId,
+        roostId,
+        rolloutId,
         limit: paging.pageSize,
         after: paging.after,
         status: q.status,
         wave: q.wave,
       });
-      const last = page.rows[page.rows.length - 1];
+      const r = d.rollout;
       return {
-        ...summary(r, total),
+        ...summary(d),
         policy: policyView(r.policy),
-        waves: r.waves.map((w, index) => ({ index, name: w.name, size: w.size, counts: fullCounts(byWave.get(w.name)) })),
+        waves: r.waves.map((w, index) => ({ index, name: w.name, size: w.size, counts: fullCounts(d.countsByWave.get(w.name)) })),
         history: r.history,
-        machines: page.rows.map((m) => ({
-          machineId: m.machine_id,
-          wave: m.wave,
-          status: m.status as Static<typeof MachineStatus>,
-          attempts: m.attempts,
-          lastError: m.last_error,
-          bytesFetched: Number(m.bytes_fetched),
-          commandId: m.command_id,
-          previousVersionId: m.previous_version_id,
-          versionId: m.target_version_id ?? r.versionId,
-          dispatchedAt: iso(m.dispatched_at),
-          stagedAt: iso(m.staged_at),
-          finishedAt: iso(m.finished_at),
-          deadlineAt: iso(m.deadline_at),
-          updatedAt: m.updated_at.toISOString(),
-        })),
-        ...pageTokens(page.more && last ? last.machine_id : undefined),
+        machines: d.machines.map((m) => machineRecord(m, r.versionId)),
+        ...pageTokens(d.nextMachine),
       };
     },
   );
 
-  const CONTROL: { action: RolloutControl; summary: string }[] = [
-    { action: 'pause', summary: 'Pause a rollout: no new dispatch, no next wave; dispatched machines finish' },
-    { action: 'resume', summary: 'Resume a paused rollout' },
-    { action: 'promote', summary: 'Pass the manual promotion gate a rollout waits at' },
-    { action: 'abort', summary: 'Abort a rollout: pending machines and their pending commands are cancelled' },
-  ];
   for (const c of CONTROL) {
-    app.post<{ Params: Static<typeof Params>; Querystring: Static<typeof ControlQuery>; Body: Static<typeof ControlBody> | undefined }>(
+    app.post(
       `/api/roosts/:roostId/rollouts/:rolloutId/${c.action}`,
       {
         config: { idempotency: 'required' },
@@ -354,34 +346,26 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
       },
       async (request) => {
         const { roostId, rolloutId } = request.params;
-        const siteId = mutationSiteId(request);
+        // The body is optional: a POST without one has no body at all.
+        const body = request.body as Static<typeof ControlBody> | undefined;
+        const siteId = mutationSiteId(body?.siteId, request.query.siteId);
         const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'deploy'));
-        const r = await requireRollout(siteId, roostId, rolloutId);
-        if (!r.active)
-          throw new ApiError('conflict', `the rollout has ended (stage ${r.stage}, state ${r.state}); ${c.action} is not possible`, {
-            extras: { state: r.state, stage: r.stage },
-          });
-        try {
-          await controlRollout(temporal, r.workflowId, r.rolloutId, c.action, {
-            by: user.userId,
-            ...(request.body?.reason ? { reason: request.body.reason } : {}),
-          });
-        } catch (err) {
-          if (err instanceof RolloutControlRefused) {
-            const now = await requireRollout(siteId, roostId, rolloutId);
-            throw new ApiError('conflict', `${c.action} refused: ${err.message}`, { extras: { state: now.state, stage: now.stage } });
-          }
-          request.log.error({ err }, 'rollout control failed');
-          throw new ApiError('service_unavailable', 'the workflow service is unavailable; retry later', {
-            headers: { 'Retry-After': '5' },
-          });
-        }
-        return summaryOf(await requireRollout(siteId, roostId, rolloutId));
+        const reason = body?.reason;
+        const o = await controlRolloutAction(app.deps, {
+          siteId,
+          roostId,
+          rolloutId,
+          action: c.action,
+          by: user.userId,
+          reason,
+          log: request.log,
+        });
+        return summary(o);
       },
     );
   }
 
-  app.post<{ Params: Static<typeof Params>; Querystring: Static<typeof ControlQuery>; Body: Static<typeof ControlBody> | undefined }>(
+  app.post(
     '/api/roosts/:roostId/rollouts/:rolloutId/rollback',
     {
       config: { idempotency: 'required' },
@@ -396,43 +380,14 @@ export default async function rolloutRoutes(app: FastifyInstance): Promise<void>
     },
     async (request, reply) => {
       const { roostId, rolloutId } = request.params;
-      const siteId = mutationSiteId(request);
+      const body = request.body as Static<typeof ControlBody> | undefined;
+      const siteId = mutationSiteId(body?.siteId, request.query.siteId);
       const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'deploy'));
-      const r = await requireRollout(siteId, roostId, rolloutId);
-      if (r.rolledBackBy)
-        throw new ApiError('conflict', 'the rollout was already rolled back', { extras: { rollbackRolloutId: r.rolledBackBy } });
-      const out = await createRollbackRollout(db, siteId, rolloutId, user.userId);
-      if (typeof out === 'string') {
-        const why: Record<string, string> = {
-          not_found: 'rollout not found',
-          not_terminal: 'the rollout is still running; abort it first',
-          completed: 'the rollout completed; deploy the version you want instead',
-          already_rolled_back: 'the rollout was already rolled back',
-          is_rollback: 'a rollback rollout cannot be rolled back; deploy the version you want instead',
-          nothing_to_roll_back: 'no machine of the rollout switched to its version from a previous one',
-          version_busy: 'another rollout of the previous version is running',
-        };
-        if (out === 'not_found') throw new ApiError('not_found', why[out], { extras: { param: 'rolloutId' } });
-        throw new ApiError('conflict', why[out], { extras: { reason: out } });
-      }
-      const rb = out.rollout;
-      try {
-        const started = await startRolloutWorkflow(temporal, cfg, {
-          siteId,
-          roostId,
-          versionId: rb.versionId,
-          rolloutId: rb.rolloutId,
-          workflowId: rb.workflowId,
-        });
-        reply.header('X-Roost-Workflow-Url', started.url);
-      } catch (err) {
-        request.log.error({ err }, 'rollback workflow start failed');
-        await failUnstartedRollout(db, siteId, rb.rolloutId, 'workflow_start_failed');
-        throw new ApiError('service_unavailable', 'the rollback could not be started (workflow service unavailable); retry later', {
-          headers: { 'Retry-After': '5' },
-        });
-      }
-      return reply.code(202).send(await summaryOf(rb));
+      const rb = await rollbackRollout(app.deps, { siteId, roostId, rolloutId, by: user.userId, log: request.log });
+      reply.header('X-Roost-Workflow-Url', rb.runUrl);
+      return reply.code(202).send(summary(rb));
     },
   );
-}
+};
+
+export default rolloutRoutes;

@@ -6,8 +6,8 @@
  */
 import { Client, Connection } from '@temporalio/client';
 import { buildApp } from '../../api/app';
-import { describeWorkflow, rolloutWorkflowId } from '../../api/temporal';
-import { splitWaves } from '../../db/rollouts';
+import { describeWorkflow, rolloutWorkflowId } from '../../workflows/client';
+import { splitWaves } from '../../domain/rollout-policy';
 import { closeWorkerConnections } from '../../worker/worker';
 import { createHarness, type Harness, idemKey } from '../support/harness';
 import {

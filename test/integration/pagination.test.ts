@@ -11,9 +11,10 @@ import { decodePageToken, encodePageToken } from '../../api/pagination';
 import { createHarness, type Harness, idemKey } from '../support/harness';
 import { idTokenFor, insertKey, makeUser } from '../support/identity';
 import { withTx } from '../../db/pool';
-import { DEFAULT_POLICY, insertRollout, splitWaves } from '../../db/rollouts';
+import { insertRollout } from '../../db/rollouts';
+import { DEFAULT_POLICY, splitWaves } from '../../domain/rollout-policy';
 import { insertWebhook, webhookAad } from '../../db/webhooks';
-import { rolloutWorkflowId } from '../../api/temporal';
+import { rolloutWorkflowId } from '../../workflows/client';
 import { seal } from '../../domain/seal';
 import { secretKey } from '../../config/secrets';
 

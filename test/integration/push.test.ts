@@ -12,7 +12,7 @@ import { publishScan, push, type PushProgress } from '../../cli/push';
 import { scanTree } from '../../cli/chunker';
 import { listAllFiles, listVersions } from '../../cli/commands/versions';
 import { type Rollout, watchRollout } from '../../cli/commands/deploy';
-import { rolloutWorkflowId } from '../../api/temporal';
+import { rolloutWorkflowId } from '../../workflows/client';
 import { sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, computeVersionId } from '../../domain/version';
 import { createHarness, type Harness } from '../support/harness';

@@ -14,8 +14,7 @@ import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { type Harness, idemKey } from '../support/harness';
 import { recordHistory } from '../../scripts/record-history';
-import { rolloutWorkflowId } from '../../api/temporal';
-import { rollbackWorkflowId } from '../../db/rollouts';
+import { rollbackWorkflowId, rolloutWorkflowId } from '../../workflows/client';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
 import {

@@ -18,8 +18,9 @@ import type { Scope } from '../../domain/scopes';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName } from '../../storage/blob';
 import { withTx } from '../../db/pool';
-import { DEFAULT_POLICY, type RolloutPolicy, insertRollout, splitWaves } from '../../db/rollouts';
-import { rolloutWorkflowId, startRolloutWorkflow } from '../../api/temporal';
+import { insertRollout } from '../../db/rollouts';
+import { DEFAULT_POLICY, type RolloutPolicy, splitWaves } from '../../domain/rollout-policy';
+import { rolloutWorkflowId, startRolloutWorkflow } from '../../workflows/client';
 import { closeWorkerConnections, createWorker } from '../../worker/worker';
 
 /** A live key of the harness user carrying only `scopes` (test/support/identity.ts insertKey). */

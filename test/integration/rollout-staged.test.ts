@@ -12,7 +12,7 @@ import path from 'node:path';
 import { createHarness, type Harness } from '../support/harness';
 import { closeWorkerConnections } from '../../worker/worker';
 import { recordHistory } from '../../scripts/record-history';
-import { rolloutWorkflowId } from '../../api/temporal';
+import { rolloutWorkflowId } from '../../workflows/client';
 import { startFleet, type Fleet, fleetMachineIds } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
 import { type TestWorker, publishFiles, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';

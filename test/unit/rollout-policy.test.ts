@@ -2,12 +2,12 @@
  * Pure rules of rollout policies (domain/rollout-policy.ts): validation with dotted-path errors, wave
  * planning, thresholds and maintenance windows in a timezone.
  */
-import { splitWaves } from '../../db/rollouts';
 import {
   DEFAULT_SPEC,
   canarySize,
   maxFailures,
   planWaves,
+  splitWaves,
   policyView,
   successTarget,
   validatePolicy,

@@ -1,0 +1,187 @@
+/**
+ * The Temporal client side of roost workflows, beside the workflows it drives: workflow ids derived from
+ * business keys, the search attributes workflows start with, the starters, and the control updates sent by
+ * their definitions (imported from workflows/rollout.ts, never by string name). Services
+ * (services/rollouts.ts), launchers and tests use this module; workflow code never imports it.
+ *
+ * A rollout's workflow id is derived from (site, roost, version) and the workflow is started with the
+ * USE_EXISTING conflict policy, so a second start for the same version attaches to the running workflow
+ * instead of starting another (`alreadyRunning` of `POST /api/roosts/{roostId}/deploy`;
+ * docs/decisions/rollout-workflow-ids.md). Errors are classified by their classes and failure types, never
+ * by message text.
+ */
+import { type Client, WorkflowNotFoundError, WorkflowUpdateFailedError } from '@temporalio/client';
+import { ApplicationFailure } from '@temporalio/common';
+import type { Config } from '../config/env';
+import { rollbackWorkflowId, rolloutWorkflowId } from '../domain/rollout';
+import {
+  CONTROL_CONFLICT,
+  type ControlArgs,
+  type ControlResult,
+  type RolloutRuntime,
+  abortUpdate,
+  pauseUpdate,
+  promoteUpdate,
+  resumeUpdate,
+  rolloutWorkflow,
+  statusQuery,
+} from './rollout';
+import { ROOST_SEARCH_ATTRIBUTES, rolloutSearchAttributes } from './search-attributes';
+
+export { rollbackWorkflowId, rolloutWorkflowId, ROOST_SEARCH_ATTRIBUTES };
+export type { ControlArgs, ControlResult, RolloutRuntime };
+
+/** Temporal Web UI page of a workflow run (history view); the latest run when `runId` is omitted. */
+export function workflowUiUrl(cfg: Pick<Config, 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>, workflowId: string, runId?: string): string {
+  const base = `${cfg.temporalUiUrl.replace(/\/+$/, '')}/namespaces/${encodeURIComponent(cfg.TEMPORAL_NAMESPACE)}/workflows/${encodeURIComponent(workflowId)}`;
+  return runId ? `${base}/${encodeURIComponent(runId)}/history` : base;
+}
+
+/** The ids and business keys of a rollout to start. */
+export interface RolloutStartRequest {
+  siteId: string;
+  roostId: string;
+  versionId: string;
+  rolloutId: string;
+  /** Workflow id to use (default `rolloutWorkflowId`; rollback rollouts use `rollbackWorkflowId`). */
+  workflowId?: string;
+}
+
+/** A started (or already running) rollout workflow. */
+export interface StartedWorkflow {
+  workflowId: string;
+  runId: string;
+  /** Web UI link to the run. */
+  url: string;
+}
+
+/** Raised when the rollout's workflow id stays held by a run of a different (finished) rollout. */
+export class WorkflowIdBusyError extends Error {
+  constructor(readonly workflowId: string) {
+    super(`workflow ${workflowId} is still held by a previous rollout's run`);
+    this.name = 'WorkflowIdBusyError';
+  }
+}
+
+/**
+ * Starts `rolloutWorkflow` (input ids only; memo `rolloutId`; search attributes RoostSiteId, RoostRoostId,
+ * RoostVersionId, RoostStage=canary) on `taskQueue` (default cfg.ROOST_TASK_QUEUE) with
+ * WorkflowIdConflictPolicy USE_EXISTING. Safe to call again for the same rollout: it attaches to the
+ * running workflow. When the id is still held by the run of an earlier rollout of the same version (which
+ * finished in the database and is returning), waits up to `waitMs` (default 2 s) for that run to close and
+ * tries again (three tries in all).
+ * @throws WorkflowIdBusyError when the earlier run does not close in time; Temporal client errors when the
+ *   service is unavailable.
+ */
+export async function startRolloutWorkflow(
+  client: Client,
+  cfg: Pick<Config, 'ROOST_TASK_QUEUE' | 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>,
+  r: RolloutStartRequest,
+  opts: { taskQueue?: string; waitMs?: number } = {},
+): Promise<StartedWorkflow> {
+  const workflowId = r.workflowId ?? rolloutWorkflowId(r.siteId, r.roostId, r.versionId);
+  const waitMs = opts.waitMs ?? 2_000;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const handle = await client.workflow.start(rolloutWorkflow, {
+      taskQueue: opts.taskQueue ?? cfg.ROOST_TASK_QUEUE,
+      workflowId,
+      args: [{ siteId: r.siteId, rolloutId: r.rolloutId }],
+      workflowIdConflictPolicy: 'USE_EXISTING',
+      memo: { rolloutId: r.rolloutId },
+      typedSearchAttributes: rolloutSearchAttributes({ siteId: r.siteId, roostId: r.roostId, versionId: r.versionId, stage: 'canary' }),
+    });
+    const runId = handle.firstExecutionRunId;
+    const desc = await handle.describe();
+    if (desc.memo?.rolloutId === r.rolloutId) {
+      return { workflowId, runId, url: workflowUiUrl(cfg, workflowId, runId) };
+    }
+    // The id belongs to another rollout's run that is finishing: wait for it to close, then start ours.
+    if (attempt === 2) break;
+    const previous = client.workflow.getHandle(workflowId, runId);
+    await Promise.race([previous.result().catch(() => undefined), delay(waitMs)]);
+  }
+  throw new WorkflowIdBusyError(workflowId);
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}
+
+/** Status of a workflow run, or null when no workflow has that id. */
+export interface WorkflowStatusView {
+  workflowId: string;
+  runId: string;
+  /** Temporal's execution status name (RUNNING, COMPLETED, FAILED, …). */
+  status: string;
+  historyLength: number;
+  memo: Record<string, unknown> | undefined;
+}
+
+/** Describes the latest run of `workflowId` (null when none exists). @throws Temporal client errors otherwise. */
+export async function describeWorkflow(client: Client, workflowId: string): Promise<WorkflowStatusView | null> {
+  try {
+    const d = await client.workflow.getHandle(workflowId).describe();
+    return { workflowId, runId: d.runId, status: d.status.name, historyLength: d.historyLength, memo: d.memo };
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError) return null;
+    throw err;
+  }
+}
+
+/** Control actions of a running rollout, each sent as the update of the same name (workflows/rollout.ts). */
+export type RolloutControl = 'pause' | 'resume' | 'promote' | 'abort';
+
+/** The update definition of each control action. */
+const CONTROL_UPDATES = { pause: pauseUpdate, resume: resumeUpdate, promote: promoteUpdate, abort: abortUpdate } as const;
+
+/** Why a control update was refused. */
+export class RolloutControlRefused extends Error {
+  constructor(
+    message: string,
+    /** `conflict`: the workflow's validator refused; `closed`: no running workflow for the rollout. */
+    readonly reason: 'conflict' | 'closed',
+  ) {
+    super(message);
+    this.name = 'RolloutControlRefused';
+  }
+}
+
+const NO_RUNNING_WORKFLOW = 'the rollout has no running workflow';
+
+/**
+ * Sends control update `action` to the running rollout workflow `workflowId` (the run whose memo names
+ * `rolloutId`) and returns its answer.
+ * @throws RolloutControlRefused (`conflict` when the validator refused, with its message, or the update
+ *   failed otherwise; `closed` when the workflow is not running or belongs to another rollout); Temporal
+ *   client errors otherwise (service unavailable, update call timed out).
+ */
+export async function controlRollout(
+  client: Client,
+  workflowId: string,
+  rolloutId: string,
+  action: RolloutControl,
+  args: ControlArgs,
+): Promise<ControlResult> {
+  const handle = client.workflow.getHandle(workflowId);
+  try {
+    const d = await handle.describe();
+    if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
+    return await handle.executeUpdate(CONTROL_UPDATES[action], { args: [args] });
+  } catch (err) {
+    if (err instanceof RolloutControlRefused) throw err;
+    // The workflow closed before the update was admitted: the service answers NOT_FOUND.
+    if (err instanceof WorkflowNotFoundError) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
+    if (err instanceof WorkflowUpdateFailedError) {
+      const cause = err.cause;
+      if (cause instanceof ApplicationFailure && cause.type === CONTROL_CONFLICT)
+        throw new RolloutControlRefused(cause.message, 'conflict');
+      throw new RolloutControlRefused(cause?.message ?? 'the update failed', 'conflict');
+    }
+    throw err;
+  }
+}
+
+/** The `status` query of a running rollout workflow: its control state and what it waits for. */
+export async function rolloutRuntime(client: Client, workflowId: string): Promise<RolloutRuntime> {
+  return client.workflow.getHandle(workflowId).query(statusQuery);
+}

@@ -1,0 +1,30 @@
+/**
+ * The search attributes of roost workflows (all Keyword), one definition for the workflow code that upserts
+ * them (workflows/rollout.ts), the client side that starts workflows with them (workflows/client.ts) and
+ * the launchers that register them on a Temporal namespace (`ROOST_SEARCH_ATTRIBUTES`).
+ *
+ * Deterministic-safe: only key definitions, no I/O.
+ */
+import { type SearchAttributePair, SearchAttributeType, defineSearchAttributeKey } from '@temporalio/common';
+
+/** Site of a rollout workflow. */
+export const RoostSiteId = defineSearchAttributeKey('RoostSiteId', SearchAttributeType.KEYWORD);
+/** Roost of a rollout workflow. */
+export const RoostRoostId = defineSearchAttributeKey('RoostRoostId', SearchAttributeType.KEYWORD);
+/** Version a rollout workflow deploys. */
+export const RoostVersionId = defineSearchAttributeKey('RoostVersionId', SearchAttributeType.KEYWORD);
+/** A rollout's stage, or its control state while not running (paused, awaiting_promotion, aborted, rolled_back…). */
+export const RoostStage = defineSearchAttributeKey('RoostStage', SearchAttributeType.KEYWORD);
+
+/** Names of every search attribute above (each of type Keyword): what a namespace must have registered. */
+export const ROOST_SEARCH_ATTRIBUTES: readonly string[] = [RoostSiteId.name, RoostRoostId.name, RoostVersionId.name, RoostStage.name];
+
+/** The search attributes a rollout workflow starts with (by a client, or as the child of an automatic rollback). */
+export function rolloutSearchAttributes(r: { siteId: string; roostId: string; versionId: string; stage: string }): SearchAttributePair[] {
+  return [
+    { key: RoostSiteId, value: r.siteId },
+    { key: RoostRoostId, value: r.roostId },
+    { key: RoostVersionId, value: r.versionId },
+    { key: RoostStage, value: r.stage },
+  ];
+}
