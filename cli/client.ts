@@ -296,9 +296,25 @@ export class RoostClient {
     }
   }
 
-  private async pause(method: string, url: string, attempt: number, delayMs: number, reason: string): Promise<void> {
+  private async pause(method: string, url: string, attempt: number, delayMs: number, reason: string, signal?: AbortSignal): Promise<void> {
+    signal?.throwIfAborted();
     this.onRetry?.({ method, url, attempt: attempt + 1, delayMs, reason });
-    await this.sleep(delayMs);
+    if (!signal) return this.sleep(delayMs);
+    // An abort ends the wait at once (the caller gave up on the whole operation).
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = () => reject(signal.reason);
+      signal.addEventListener('abort', onAbort, { once: true });
+      this.sleep(delayMs).then(
+        () => {
+          signal.removeEventListener('abort', onAbort);
+          resolve();
+        },
+        (err: unknown) => {
+          signal.removeEventListener('abort', onAbort);
+          reject(err instanceof Error ? err : new Error(String(err)));
+        },
+      );
+    });
   }
 
   /** GET returning the body. */
@@ -324,12 +340,16 @@ export class RoostClient {
   /**
    * PUTs bytes to a signed blob URL (no API credential is sent; the URL carries its own SAS) as a
    * BlockBlob with `Content-Type: application/octet-stream`. Writing the same bytes again is harmless,
-   * so 429/5xx/network failures are always retried. @throws ClientError code `upload_forbidden` (403,
-   * e.g. an expired URL), `upload_failed` (other statuses) or `network_error`.
+   * so 429/5xx/network failures are always retried. `signal` abandons the upload (in flight or between
+   * retries): the promise then rejects with the signal's reason.
+   * @throws ClientError code `upload_forbidden` (403, e.g. an expired URL), `upload_failed` (other statuses)
+   *   or `network_error`; the abort reason when `signal` aborts.
    */
-  async putBlob(url: string, bytes: Buffer): Promise<void> {
+  async putBlob(url: string, bytes: Buffer, opts: { signal?: AbortSignal } = {}): Promise<void> {
     const display = url.split('?')[0];
+    const { signal } = opts;
     for (let attempt = 0; ; attempt++) {
+      signal?.throwIfAborted();
       const last = attempt + 1 >= this.maxAttempts;
       let res: Response;
       try {
@@ -337,12 +357,15 @@ export class RoostClient {
           method: 'PUT',
           headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': String(bytes.length) },
           body: bytes,
-          signal: AbortSignal.timeout(Math.max(this.timeoutMs, 5 * 60_000)),
+          signal: signal
+            ? AbortSignal.any([signal, AbortSignal.timeout(Math.max(this.timeoutMs, 5 * 60_000))])
+            : AbortSignal.timeout(Math.max(this.timeoutMs, 5 * 60_000)),
         });
       } catch (err) {
+        signal?.throwIfAborted();
         const reason = describeNetworkError(err);
         if (!last) {
-          await this.pause('PUT', display, attempt, backoffDelayMs(attempt, this.random), reason);
+          await this.pause('PUT', display, attempt, backoffDelayMs(attempt, this.random), reason, signal);
           continue;
         }
         throw new ClientError({
@@ -365,6 +388,7 @@ export class RoostClient {
           attempt,
           Math.min(after ?? backoffDelayMs(attempt, this.random), MAX_RETRY_AFTER_MS),
           `HTTP ${res.status}`,
+          signal,
         );
         continue;
       }

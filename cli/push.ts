@@ -175,32 +175,48 @@ export async function uploadChunks(
   let chunksDone = 0;
   progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });
   const limit = pLimit(Math.max(1, ctx.concurrency ?? 4));
-  for (const batch of batches(hashes, HASH_BATCH)) {
-    const { urls } = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: batch }, { retrySafe: true });
-    await Promise.all(
-      batch.map((hash) =>
-        limit(async () => {
-          const loc = scan.locations.get(hash) as ChunkLocation;
-          const url = urls?.[hash];
-          if (!url) throw new Error(`the server issued no upload URL for chunk ${hash}`);
-          const bytes = await readChunk(loc, hash);
-          try {
-            await client.putBlob(url, bytes);
-          } catch (err) {
-            if (!(err instanceof ClientError) || err.code !== 'upload_forbidden') throw err;
-            const fresh = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: [hash] }, { retrySafe: true });
-            const again = fresh.urls?.[hash];
-            if (!again) throw err;
-            await client.putBlob(again, bytes);
-          }
-          tally.uploaded.add(hash);
-          tally.bytes += loc.size;
-          done += loc.size;
-          chunksDone += 1;
-          progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });
-        }),
-      ),
-    );
+  // The first failure that survives its retries ends the whole stage: uploads in flight are aborted and
+  // queued ones never start, so the command reports the error and exits instead of running on.
+  const stop = new AbortController();
+  const upload = async (hash: string, urls: Record<string, string> | undefined): Promise<void> => {
+    stop.signal.throwIfAborted();
+    const loc = scan.locations.get(hash) as ChunkLocation;
+    const url = urls?.[hash];
+    if (!url) throw new Error(`the server issued no upload URL for chunk ${hash}`);
+    const bytes = await readChunk(loc, hash);
+    try {
+      await client.putBlob(url, bytes, { signal: stop.signal });
+    } catch (err) {
+      if (!(err instanceof ClientError) || err.code !== 'upload_forbidden') throw err;
+      const fresh = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: [hash] }, { retrySafe: true });
+      const again = fresh.urls?.[hash];
+      if (!again) throw err;
+      await client.putBlob(again, bytes, { signal: stop.signal });
+    }
+    tally.uploaded.add(hash);
+    tally.bytes += loc.size;
+    done += loc.size;
+    chunksDone += 1;
+    progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });
+  };
+  try {
+    for (const batch of batches(hashes, HASH_BATCH)) {
+      const { urls } = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: batch }, { retrySafe: true });
+      await Promise.all(
+        batch.map((hash) =>
+          limit(() =>
+            upload(hash, urls).catch((err: unknown) => {
+              if (!stop.signal.aborted) stop.abort(err);
+              throw err;
+            }),
+          ),
+        ),
+      );
+    }
+  } catch (err) {
+    limit.clearQueue();
+    // The first failure, not an abort echoed by the uploads it cancelled.
+    throw stop.signal.aborted ? stop.signal.reason : err;
   }
   return tally;
 }

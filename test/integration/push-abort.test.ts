@@ -1,0 +1,81 @@
+/**
+ * `roost push` stops at its first fatal error: with Azure Blob unreachable (the API's blob endpoint is a TCP
+ * proxy in front of the suite's Azurite, closed for the test), the upload stage rejects once the first chunk
+ * has used its retries, uploads in flight are abandoned and queued ones never start (cli/push.ts).
+ */
+import fs from 'node:fs';
+import fsp from 'node:fs/promises';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { azuriteConnectionString } from '../../config/env';
+import { RoostClient, type RetryInfo } from '../../cli/client';
+import { scanTree } from '../../cli/chunker';
+import { findMissing, uploadChunks } from '../../cli/push';
+import { createHarness, type Harness } from '../support/harness';
+import { testConfig } from '../support/env';
+
+let h: Harness;
+let proxy: net.Server;
+const sockets = new Set<net.Socket>();
+let tmp: string;
+
+beforeAll(async () => {
+  const azurite = testConfig().ROOST_AZURITE_PORT;
+  proxy = net.createServer((client) => {
+    const upstream = net.connect(azurite, '127.0.0.1');
+    sockets.add(client).add(upstream);
+    client.pipe(upstream).pipe(client);
+    const end = () => (client.destroy(), upstream.destroy());
+    client.on('error', end).on('close', end);
+    upstream.on('error', end).on('close', end);
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  const port = (proxy.address() as net.AddressInfo).port;
+  h = await createHarness({ AZURE_STORAGE_CONNECTION_STRING: azuriteConnectionString(port) });
+  tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'roost-push-abort-'));
+  for (let i = 0; i < 24; i++) fs.writeFileSync(path.join(tmp, `f${i}.bin`), randomBytes(1024 + i));
+});
+
+afterAll(async () => {
+  await h?.close();
+  proxy?.close();
+  for (const s of sockets) s.destroy();
+  await fsp.rm(tmp, { recursive: true, force: true });
+});
+
+test('an unreachable blob store ends the upload stage at the first fatal error, with nothing left running', async () => {
+  const base = await h.listen();
+  const retries: RetryInfo[] = [];
+  const client = new RoostClient({
+    baseUrl: base,
+    apiKey: h.apiKey,
+    maxAttempts: 3,
+    onRetry: (r) => retries.push(r),
+    sleep: (ms) => new Promise((r) => setTimeout(r, Math.min(ms, 150))),
+  });
+  const scan = await scanTree(tmp);
+  const missing = await findMissing({ client, siteId: h.siteId, scan });
+  expect(missing).toHaveLength(24);
+
+  // Azure Blob goes away: the proxy stops listening and drops its connections.
+  await new Promise<void>((resolve) => proxy.close(() => resolve()));
+  for (const s of sockets) s.destroy();
+
+  const started = Date.now();
+  const err = (await uploadChunks({ client, siteId: h.siteId, scan, concurrency: 4 }, missing).catch((e: unknown) => e)) as {
+    code?: string;
+  };
+  const elapsed = Date.now() - started;
+  expect(err.code).toBe('network_error');
+  const atRejection = retries.length;
+  // Without the abort, the other 23 chunks would each go on through their own retries after this point.
+  await new Promise((r) => setTimeout(r, 1500));
+  expect(retries.length).toBe(atRejection);
+  // At most the first `concurrency` chunks were ever tried, each at most maxAttempts - 1 retry sleeps.
+  const tried = new Set(retries.map((r) => r.url));
+  expect(tried.size).toBeLessThanOrEqual(4);
+  expect(atRejection).toBeLessThanOrEqual(4 * 2);
+  expect(elapsed).toBeLessThan(5000);
+});
