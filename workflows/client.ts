@@ -26,9 +26,9 @@ import {
   rolloutWorkflow,
   statusQuery,
 } from './rollout';
-import { ROOST_SEARCH_ATTRIBUTES, rolloutSearchAttributes } from './search-attributes';
+import { ROOST_SEARCH_ATTRIBUTES, ROOST_SEARCH_ATTRIBUTE_KEYS, rolloutSearchAttributes } from './search-attributes';
 
-export { rollbackWorkflowId, rolloutWorkflowId, ROOST_SEARCH_ATTRIBUTES };
+export { rollbackWorkflowId, rolloutWorkflowId, ROOST_SEARCH_ATTRIBUTES, ROOST_SEARCH_ATTRIBUTE_KEYS };
 export type { ControlArgs, ControlResult, RolloutRuntime };
 
 /** Temporal Web UI page of a workflow run (history view); the latest run when `runId` is omitted. */

@@ -16,8 +16,11 @@ export const RoostVersionId = defineSearchAttributeKey('RoostVersionId', SearchA
 /** A rollout's stage, or its control state while not running (paused, awaiting_promotion, aborted, rolled_back…). */
 export const RoostStage = defineSearchAttributeKey('RoostStage', SearchAttributeType.KEYWORD);
 
-/** Names of every search attribute above (each of type Keyword): what a namespace must have registered. */
-export const ROOST_SEARCH_ATTRIBUTES: readonly string[] = [RoostSiteId.name, RoostRoostId.name, RoostVersionId.name, RoostStage.name];
+/** Every search attribute above: what a namespace must have registered (test servers take the keys). */
+export const ROOST_SEARCH_ATTRIBUTE_KEYS = [RoostSiteId, RoostRoostId, RoostVersionId, RoostStage] as const;
+
+/** Names of every search attribute above (each of type Keyword), for `temporal server start-dev --search-attribute <name>=Keyword`. */
+export const ROOST_SEARCH_ATTRIBUTES: readonly string[] = ROOST_SEARCH_ATTRIBUTE_KEYS.map((k) => k.name);
 
 /** The search attributes a rollout workflow starts with (by a client, or as the child of an automatic rollback). */
 export function rolloutSearchAttributes(r: { siteId: string; roostId: string; versionId: string; stage: string }): SearchAttributePair[] {
