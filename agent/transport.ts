@@ -119,7 +119,10 @@ export class AgentTransport {
     return this.retrying(() => this.call<T>(method, p, opts), tries);
   }
 
-  /** POST /api/agent/enrol: a new token (any previous one stops working); pins the site keys and saves both. Concurrent calls share one enrolment. */
+  /**
+   * POST /api/agent/enrol: a new token (any previous one stops working); pins the site keys and saves
+   * both. Concurrent calls share one enrolment. @throws HttpError when refused (401: wrong secret).
+   */
   async enrol(): Promise<void> {
     if (this.enrolling) return this.enrolling;
     this.enrolling = (async () => {

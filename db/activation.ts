@@ -3,10 +3,10 @@
  * docs/decisions/stage-activate.md): queues `roost_activate` commands for machines of a rollout that
  * have staged a version (their `sync_pull` with `activation: 'staged'` completed with result `staged`).
  *
- * The rollout workflow (workflows/, through db/rollouts.ts) decides which machines to activate and when; this module only writes
- * the command rows, set-based (one statement per batch of `ACTIVATION_BATCH` machines) and idempotent:
- * command ids are derived from (rolloutId, machineId, versionId, attempt), so a retried activity inserts
- * nothing twice (`ON CONFLICT DO NOTHING`). Every statement names `site_id`.
+ * The rollout workflow (workflows/, through db/rollouts.ts) decides which machines to activate and when;
+ * this module only writes the command rows, set-based (one statement per batch of `ACTIVATION_BATCH`
+ * machines) and idempotent: command ids are derived from (rolloutId, machineId, versionId, attempt), so a
+ * retried activity inserts nothing twice (`ON CONFLICT DO NOTHING`). Every statement names `site_id`.
  */
 import { createHash } from 'node:crypto';
 import type { Queryable } from './pool';

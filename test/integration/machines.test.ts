@@ -1,4 +1,4 @@
-/** Machines routes (SPEC.md "Machines (site scoped)", "Machine", "Command"). */
+/** Machines routes (api/routes/machines.ts: list, detail, deployments, commands; docs/decisions/machine-commands.md). */
 import { createHarness, type Harness, idemKey } from '../support/harness';
 import type { Scope } from '../../domain/scopes';
 import { scopedKey as scopedKeyOf } from '../support/identity';

@@ -1,9 +1,10 @@
 /**
- * Stage-then-activate with real agents (issue #5; docs/decisions/stage-activate.md): sync_pull with
- * `activation: 'staged'` builds the complete tree in `<rootDir>/staging/<roostId>/<versionId>/` and leaves
- * the live tree alone; roost_activate (queued by db/activation.ts dispatchActivation) switches it in; a
- * machine that fails to stage keeps its old files; activating what was not staged is `not_staged`;
- * superseded staging areas are removed. Commands are inserted directly (no rollout workflow).
+ * Stage-then-activate with real agents (docs/agent-protocol.md "Staged sync and activation";
+ * docs/decisions/stage-activate.md): sync_pull with `activation: 'staged'` builds the complete tree in
+ * `<rootDir>/staging/<roostId>/<versionId>/` and leaves the live tree alone; roost_activate (queued by
+ * db/activation.ts dispatchActivation) switches it in; a machine that fails to stage keeps its old files;
+ * activating what was not staged is `not_staged`; superseded staging areas are removed. Commands are
+ * inserted directly (no rollout workflow).
  */
 import fs from 'node:fs/promises';
 import os from 'node:os';
