@@ -21,4 +21,5 @@ export function createActivities(deps: ActivityDeps) {
   };
 }
 
+/** Every activity by name: what workflows pass to `proxyActivities<Activities>` (type only). */
 export type Activities = ReturnType<typeof createActivities>;

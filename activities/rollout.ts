@@ -300,4 +300,5 @@ export function createRolloutActivities({ db }: ActivityDeps) {
   };
 }
 
+/** The rollout activities by name (workflows import them by type through `Activities`). */
 export type RolloutActivities = ReturnType<typeof createRolloutActivities>;

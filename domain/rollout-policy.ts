@@ -32,8 +32,11 @@ import { createHash } from 'node:crypto';
 
 /** A count, or a share of a population. */
 export type Threshold = { count: number } | { fraction: number };
+/** Where a rollout waits for `promote`: never, after the canary, or before every wave after the first. */
 export type PromotionGate = 'none' | 'canary' | 'everyWave';
+/** Stage-then-activate: activate on sync (immediate), per wave once staged, or once for the whole fleet. */
 export type Activation = 'immediate' | 'wave' | 'fleet';
+/** Weekday names of maintenance windows, in `Date.getUTCDay()` order. */
 export const WEEKDAYS = ['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat'] as const;
 export type Weekday = (typeof WEEKDAYS)[number];
 
@@ -64,8 +67,10 @@ export interface PolicySpec {
 /** The default canary rule (docs/decisions/canary-selection.md): ceil(10 %) of the targets, 1..100. */
 export const DEFAULT_CANARY_PERCENT = 10;
 export const DEFAULT_CANARY_MAX = 100;
+/** Most entries of `waves`. */
 export const MAX_WAVES = 10;
 
+/** The spec of a deploy without `policy` (the fixed canary-then-fleet rollout). */
 export const DEFAULT_SPEC: PolicySpec = {
   canary: null,
   waves: [100],

@@ -1,9 +1,9 @@
 /**
- * Replay gate of the rollout workflow (DESIGN.md "Temporal": every workflow has a replay test from a
- * recorded history). Each history under histories/ was recorded from a real run (rollout.test.ts with
- * ROOST_RECORD_HISTORIES=1, or scripts/record-history.ts) and must replay against today's
- * workflows/index.ts bundle; a workflow changed without `patched()` fails here. The negative test proves
- * the gate works: a variant with one extra activity call fails replay with a DeterminismViolationError.
+ * Replay gate of the rollout workflow (every workflow has a replay test from a recorded history;
+ * docs/decisions/replay-histories.md). Each history under histories/ was recorded from a real run
+ * (rollout.test.ts with ROOST_RECORD_HISTORIES=1, or scripts/record-history.ts) and must replay against
+ * today's workflows/index.ts bundle; a workflow changed without `patched()` fails here. The negative test
+ * proves the gate works: a variant with one extra activity call fails replay with a DeterminismViolationError.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -18,9 +18,12 @@ const files = fs
   .readdirSync(HISTORIES)
   .filter((f) => f.startsWith('rollout-') && f.endsWith('.json'))
   .sort();
-/** Histories recorded before the issue #5 control path existed (they must replay on the issue #2 path). */
+/**
+ * Histories recorded before rollout control existed (they must replay on the fixed canary-then-fleet path of
+ * workflows/rollout.ts).
+ */
 const PRE_CONTROL = ['rollout-completed.json', 'rollout-canary-failed.json', 'rollout-scheduled.json'];
-/** Histories of the issue #5 paths (test/integration/rollout-control.test.ts with ROOST_RECORD_HISTORIES=1). */
+/** Histories of the rollout-control paths (test/integration/rollout-control.test.ts with ROOST_RECORD_HISTORIES=1). */
 const CONTROL = [
   'rollout-policy-waves.json',
   'rollout-pause-resume.json',

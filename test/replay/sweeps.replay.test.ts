@@ -1,7 +1,7 @@
 /**
- * Replay gate of the sweep workflows (workflows/sweeps.ts; DESIGN.md "Temporal": every workflow has a
- * replay test from a recorded history). histories/sweeps/sweep-*.json were recorded from real runs of
- * test/integration/sweeps.test.ts (ROOST_RECORD_HISTORIES=1) and must replay against today's
+ * Replay gate of the sweep workflows (workflows/sweeps.ts; every workflow has a replay test from a
+ * recorded history, docs/decisions/replay-histories.md). histories/sweeps/sweep-*.json were recorded from
+ * real runs of test/integration/sweeps.test.ts (ROOST_RECORD_HISTORIES=1) and must replay against today's
  * workflows/index.ts bundle: a sweep changed without `patched()` (or a new workflow type) fails here.
  * Each recorded run made more than one activity call, so a changed batching loop is caught too.
  */

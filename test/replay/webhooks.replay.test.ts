@@ -1,6 +1,6 @@
 /**
- * Replay gate of the webhook workflows (DESIGN.md "Temporal": every workflow has a replay test from a
- * recorded history). histories/webhooks/ holds real runs recorded by
+ * Replay gate of the webhook workflows (every workflow has a replay test from a recorded history;
+ * docs/decisions/replay-histories.md). histories/webhooks/ holds real runs recorded by
  * `ROOST_RECORD_HISTORIES=1 npx jest test/integration/webhooks.test.ts`: a delivery that succeeded at
  * once, a delivery retried after two 500s, and one closed run of the event relay (it continued as new).
  * Each must replay against today's workflows/index.ts bundle; a variant with one extra activity call
