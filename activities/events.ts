@@ -1,5 +1,6 @@
 /**
- * The event relay's activity (workflows/events.ts; DESIGN.md "Events"; docs/decisions/webhooks.md):
+ * The event relay's activity (workflows/events.ts; docs/decisions/webhooks.md,
+ * docs/decisions/webhook-relay.md):
  * a heartbeating loop that, every ROOST_WEBHOOK_RELAY_POLL_MS,
  *
  * 1. numbers newly committed outbox rows (`sequenceEvents(pool, null)`),

@@ -1,31 +1,26 @@
 /**
- * Webhook delivery side effects (SPEC.md "Events" › Delivery; workflows/webhooks.ts;
- * docs/decisions/webhooks.md):
+ * Webhook delivery side effects (workflows/webhooks.ts; docs/decisions/webhooks.md,
+ * docs/decisions/webhook-delivery.md):
  *
- * - `postWebhook`: one signed POST with a timeout, no redirects, the address rules applied again at send
- *   time (a guarded DNS lookup refuses names that now resolve to loopback/private/link-local addresses
- *   unless ROOST_WEBHOOK_ALLOW_PRIVATE), any 2xx is success. Used by the delivery activity and the probe.
- * - `deliveryWorkflowId`, `startDeliveryWorkflow`: the delivery workflow id is `webhook-delivery:<id>`.
+ * - `startDeliveryWorkflow`: the event relay's first start of a delivery run (activities/events.ts);
+ *   the workflow id is `webhook-delivery:<id>` (domain/webhooks.ts). A manual retry's new run is started
+ *   by services/webhooks.ts.
  * - Activities `prepareWebhookDelivery`, `attemptWebhookDelivery` (one attempt, recorded; Temporal's
  *   retry policy makes the next), `finishWebhookDelivery` (failed after the last attempt; fail_count and
- *   pausing).
+ *   pausing). The POST itself is net/webhooks.ts `postWebhook`.
  */
-import http from 'node:http';
-import https from 'node:https';
-import dns from 'node:dns';
-import type { LookupAddress } from 'node:dns';
-import { performance } from 'node:perf_hooks';
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import { type Client, WorkflowExecutionAlreadyStartedError } from '@temporalio/client';
 import type { Pool } from 'pg';
 import type { Config } from '../config/env';
-import { checkWebhookUrl, isNonPublicAddress, signPayload } from '../domain/webhook-signature';
-import { openSealed } from '../domain/seal';
-import { secretKey } from '../config/secrets';
+import { sealKeyOf } from '../config/secrets';
 import { failDelivery, loadDeliveryForSend, noteNextAttempt, recordAttempt, webhookAad } from '../db/webhooks';
+import { openSealed } from '../domain/seal';
+import { DELIVERY_WORKFLOW_TYPE, deliveryWorkflowId } from '../domain/webhooks';
+import { signPayload } from '../domain/webhook-signature';
+import { deliveryHeaders, postWebhook } from '../net/webhooks';
 
-/** Workflow type name of deliveries (workflows/webhooks.ts). */
-export const DELIVERY_WORKFLOW_TYPE = 'webhookDeliveryWorkflow';
+export { DELIVERY_WORKFLOW_TYPE, deliveryWorkflowId };
 
 /** What a delivery run works on. `manual`: a retry asked through the API (delivers to paused subscriptions too). */
 export interface DeliveryRef {
@@ -51,23 +46,17 @@ export const NON_RETRYABLE_DELIVERY_FAILURES: readonly DeliveryFailureType[] = [
   'url_refused',
 ];
 
-/** `webhook-delivery:<deliveryId>`: one workflow id per delivery (starting it twice is harmless). */
-export function deliveryWorkflowId(deliveryId: string): string {
-  return `webhook-delivery:${deliveryId}`;
-}
-
 /**
- * Starts a delivery run. `reuse: 'never'` (fan-out): a delivery that already had a run is left alone
- * (REJECT_DUPLICATE; the "already started" error is swallowed and `started` is false).
- * `reuse: 'replace-finished'` (manual retry, called only once the database shows the previous run's
- * outcome): a new run of the same workflow id; a previous run still open is only returning and is
- * terminated (TERMINATE_EXISTING).
+ * Starts the first run of a delivery (the event relay's fan-out). A delivery that already had a run is
+ * left alone (REJECT_DUPLICATE; the "already started" error is swallowed and `started` is false). By
+ * type name: this module cannot import workflows/client.ts without an import cycle through the
+ * workflows' activity types.
+ * @throws Temporal client errors other than "already started" (service unavailable).
  */
 export async function startDeliveryWorkflow(
   client: Client,
   taskQueue: string,
   ref: DeliveryRef,
-  reuse: 'never' | 'replace-finished' = 'never',
 ): Promise<{ workflowId: string; started: boolean }> {
   const workflowId = deliveryWorkflowId(ref.deliveryId);
   try {
@@ -75,121 +64,14 @@ export async function startDeliveryWorkflow(
       taskQueue,
       workflowId,
       args: [ref],
-      workflowIdReusePolicy: reuse === 'never' ? 'REJECT_DUPLICATE' : 'ALLOW_DUPLICATE',
-      workflowIdConflictPolicy: reuse === 'never' ? 'FAIL' : 'TERMINATE_EXISTING',
+      workflowIdReusePolicy: 'REJECT_DUPLICATE',
+      workflowIdConflictPolicy: 'FAIL',
     });
     return { workflowId, started: true };
   } catch (err) {
     if (err instanceof WorkflowExecutionAlreadyStartedError) return { workflowId, started: false };
     throw err;
   }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Sending
-
-/** Result of one POST. `refused`: the address rules stopped it before any byte was sent. */
-export interface PostResult {
-  ok: boolean;
-  statusCode: number | null;
-  latencyMs: number;
-  error: string | null;
-  refused: boolean;
-}
-
-class AddressRefusedError extends Error {
-  constructor(host: string, address: string) {
-    super(`refused: ${host} resolves to a loopback, private or link-local address (${address})`);
-    this.name = 'AddressRefusedError';
-  }
-}
-
-type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void;
-
-/** dns.lookup that fails with AddressRefusedError when any resolved address is not public. */
-function guardedLookup(hostname: string, options: dns.LookupOptions, callback: LookupCallback): void {
-  dns.lookup(hostname, { ...options, all: true }, (err, addresses) => {
-    if (err) return callback(err, []);
-    const list = addresses as LookupAddress[];
-    const bad = list.find((a) => isNonPublicAddress(a.address));
-    if (bad) return callback(new AddressRefusedError(hostname, bad.address), []);
-    if (list.length === 0) return callback(Object.assign(new Error(`${hostname} has no address`), { code: 'ENOTFOUND' }), []);
-    if (options.all) return callback(null, list);
-    return callback(null, list[0].address, list[0].family);
-  });
-}
-
-/**
- * The addresses `host` resolves to that are not public (empty when all are public, when `host` is an IP
- * literal (checked by `checkWebhookUrl`) or when it does not resolve: the send-time check decides then).
- */
-export async function nonPublicAddressesOf(host: string): Promise<string[]> {
-  try {
-    const list = await dns.promises.lookup(host, { all: true, verbatim: true });
-    return list.map((a) => a.address).filter((a) => isNonPublicAddress(a));
-  } catch {
-    return [];
-  }
-}
-
-/**
- * POSTs `body` to `url` with `headers` (Content-Type and Content-Length are set here). Never throws:
- * network errors, timeouts and refusals come back in `error`. Redirects are not followed (a 3xx is a
- * failure). `latencyMs`: from the start to the response headers (or the failure).
- */
-export async function postWebhook(req: {
-  url: string;
-  body: string;
-  headers: Record<string, string>;
-  timeoutMs: number;
-  allowPrivate: boolean;
-}): Promise<PostResult> {
-  const started = performance.now();
-  const elapsed = () => Math.max(0, Math.round(performance.now() - started));
-  const checked = checkWebhookUrl(req.url, req.allowPrivate);
-  if (!checked.ok) return { ok: false, statusCode: null, latencyMs: 0, error: `refused: url ${checked.problem.message}`, refused: true };
-  const u = new URL(checked.url);
-  const mod = u.protocol === 'https:' ? https : http;
-  return new Promise<PostResult>((resolve) => {
-    let done = false;
-    let timer: NodeJS.Timeout | undefined;
-    const finish = (r: Omit<PostResult, 'latencyMs'>) => {
-      if (done) return;
-      done = true;
-      if (timer) clearTimeout(timer);
-      resolve({ ...r, latencyMs: elapsed() });
-    };
-    const request = mod.request(
-      u,
-      {
-        method: 'POST',
-        agent: false,
-        headers: {
-          'Content-Type': 'application/json',
-          'User-Agent': 'Roost-Webhooks/1',
-          ...req.headers,
-          'Content-Length': String(Buffer.byteLength(req.body)),
-        },
-        lookup: req.allowPrivate ? undefined : (guardedLookup as unknown as http.RequestOptions['lookup']),
-      },
-      (res) => {
-        const code = res.statusCode ?? null;
-        const ok = code !== null && code >= 200 && code < 300;
-        finish({ ok, statusCode: code, error: ok ? null : `HTTP ${code}`, refused: false });
-        // Drain what the receiver sends back, but never for long.
-        res.resume();
-        setTimeout(() => res.destroy(), 5_000).unref();
-      },
-    );
-    timer = setTimeout(() => request.destroy(new Error(`timed out after ${req.timeoutMs} ms`)), req.timeoutMs);
-    request.on('error', (err) => finish({ ok: false, statusCode: null, error: err.message, refused: err instanceof AddressRefusedError }));
-    request.end(req.body);
-  });
-}
-
-/** The delivery headers of SPEC.md "Events" › Delivery (Content-Type is added by `postWebhook`). */
-export function deliveryHeaders(event: string, deliveryId: string, signature: string): Record<string, string> {
-  return { 'Roost-Event': event, 'Roost-Delivery': deliveryId, 'Roost-Signature': signature };
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -214,8 +96,7 @@ export function deliveryRetry(cfg: Config): DeliveryRetry {
 /** The delivery activities over `deps`. */
 export function createWebhookActivities(deps: WebhookActivityDeps) {
   const { db, cfg } = deps;
-  let key: Buffer | undefined;
-  const sealKey = () => (key ??= secretKey(cfg));
+  const sealKey = () => sealKeyOf(cfg);
 
   return {
     /** Whether the delivery exists, and the retry settings of this run. */

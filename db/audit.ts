@@ -1,5 +1,5 @@
 /**
- * The per-site audit chain (SPEC.md "Audit record", "Audit log"; migration 008, docs/decisions/audit-chain.md).
+ * The per-site audit chain (docs/contract.md "Audit record", "Audit log"; migration 008, docs/decisions/audit-chain.md).
  *
  * Appends read the site's head row (`audit_heads`, FOR UPDATE) inside a SERIALIZABLE transaction, link
  * the new record to the head's hash, insert it and advance the head. Concurrent appenders of one site

@@ -1,5 +1,5 @@
 /**
- * API key repository (SPEC.md "API key and scope", "Other state sets" API key row): insert, list, find,
+ * API key repository (docs/contract.md "API key and scope"; docs/decisions/api-key-lifecycle.md): insert, list, find,
  * rotate and revoke rows of `api_keys`, plus the access lookups that scope ids are checked against.
  * Raw keys never reach this module: only their SHA-256 digests and display prefixes.
  *
@@ -149,7 +149,7 @@ export async function listKeys(db: Queryable, opts: { uid?: string; after?: KeyP
 }
 
 /**
- * Rotates a key (SPEC.md: new key, same scopes and environment; the old key keeps working for 24 h):
+ * Rotates a key (docs/contract.md: new key, same scopes and environment; the old key keeps working for 24 h):
  * generates the successor's raw key (returned once), inserts it (same name, scopes, environment, primary site, legacy flag, and lifetime unless
  * `lifetimeDays` is given; a key issued without a lifetime gets the default 90 days) and marks the old
  * one rotated with `grace_until = now + 24 h`.
@@ -201,7 +201,7 @@ export async function rotateKey(
 }
 
 /**
- * Revokes a key at once and for good (SPEC.md). Revoking a revoked key changes nothing and reports
+ * Revokes a key at once and for good (docs/contract.md). Revoking a revoked key changes nothing and reports
  * `alreadyRevoked: true`.
  * @throws ApiError not_found (absent or not owned by `uid` when given)
  */

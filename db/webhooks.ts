@@ -1,5 +1,5 @@
 /**
- * Webhook subscriptions, deliveries and attempts (SPEC.md "Webhook subscription", "Events" › Delivery;
+ * Webhook subscriptions, deliveries and attempts (docs/contract.md "Webhook subscription", "Events" › Delivery;
  * migration 009; docs/decisions/webhooks.md). Every query names the site. Secrets are stored sealed
  * (domain/seal.ts) with associated data `webhookAad(siteId, webhookId)`; this module never sees them in
  * clear text.
@@ -318,7 +318,7 @@ export async function laggingSites(q: Queryable, limit = 200): Promise<LaggingSi
   return rows.map((r) => ({ siteId: r.site_id, cursor: Number(r.cursor), lastSeq: Number(r.last_seq) }));
 }
 
-/** The dispatcher envelope (SPEC.md "Events" › Envelopes): event, siteId, occurredAt, data; no top-level id. */
+/** The dispatcher envelope (docs/contract.md "Events" › Envelopes): event, siteId, occurredAt, data; no top-level id. */
 export interface DispatcherEnvelope {
   event: string;
   siteId: string;

@@ -1,5 +1,5 @@
 /**
- * Audit record hashing and verification (SPEC.md "Audit record", "Audit log"). Pure: no I/O.
+ * Audit record hashing and verification (docs/contract.md "Audit record", "Audit log"). Pure: no I/O.
  *
  * A record's canonical content is the object
  *   { kind, actor, occurredAt, attributes, previousHash, siteId }
@@ -11,7 +11,7 @@
 import { canonicalJson } from './version';
 import { isSha256Hex, sha256Hex } from './hex';
 
-/** Kinds of SPEC.md; mutation kinds are named per route (api/plugins/audit.ts). */
+/** Kinds of docs/contract.md "Audit record"; mutation kinds are named per route (api/plugins/audit.ts). */
 export const AUDIT_KIND_API_KEY_USED = 'api_key_used';
 export const AUDIT_KIND_SIGNED_URL_ISSUED = 'signed_url_issued';
 
@@ -34,7 +34,7 @@ export interface AuditRecord extends AuditContent {
   hash: string;
 }
 
-/** Verification report of one record (SPEC.md "Audit record"). */
+/** Verification report of one record (docs/contract.md "Audit record"). */
 export interface VerificationReport {
   /** The record's content hashes to its claimed hash. */
   hashValid: boolean;
@@ -55,12 +55,12 @@ export interface VerificationReport {
   ok: boolean;
 }
 
-/** Actor string of an API key (SPEC.md: `apiKey:<keyId>`). */
+/** Actor string of an API key (docs/contract.md: `apiKey:<keyId>`). */
 export function apiKeyActor(keyId: string): string {
   return `apiKey:${keyId}`;
 }
 
-/** Actor string of a user acting through a session or ID token (SPEC.md: `user:<uid>`). */
+/** Actor string of a user acting through a session or ID token (docs/contract.md: `user:<uid>`). */
 export function userActor(uid: string): string {
   return `user:${uid}`;
 }
@@ -106,7 +106,7 @@ function hashes(r: AuditContent): string | null {
  * Verifies one record against its predecessor (the site's record whose hash is `record.previousHash`,
  * or null when there is none). `ok` is true only when the content hashes to the claimed hash and the
  * record either is the genesis record or links to a present predecessor whose own content hashes to
- * `previousHash` (SPEC.md "Audit record").
+ * `previousHash` (docs/contract.md "Audit record").
  */
 export function verifyRecord(record: AuditRecord, predecessor: AuditRecord | null): VerificationReport {
   const hashValid = isSha256Hex(record.hash) && hashes(record) === record.hash;

@@ -1,5 +1,5 @@
 /**
- * API key rules (SPEC.md "API key and scope", Authentication 3 and 8, "Other state sets", Limits). Pure:
+ * API key rules (docs/contract.md "API key and scope", "Authentication" 3 and 8, "Limits"). Pure:
  * the key format, its display prefix, lifetimes, and the list-view status derived from the stored state.
  *
  * Stored state (`api_keys.status`) is one of active, rotated, revoked; the list view adds the derived
@@ -20,17 +20,17 @@ export type StoredKeyStatus = 'active' | 'rotated' | 'revoked';
 /** `svk_live_` or `svk_test_` followed by 43 base64url characters (32 random bytes). */
 export const API_KEY_RE = /^svk_(live|test)_[A-Za-z0-9_-]{43}$/;
 
-/** Length of the display prefix kept in `keyPrefix` (SPEC.md: about the first 12 characters). */
+/** Length of the display prefix kept in `keyPrefix` (docs/contract.md: about the first 12 characters). */
 export const KEY_PREFIX_LENGTH = 12;
 
 export const DAY_MS = 24 * 60 * 60 * 1000;
 export const DEFAULT_LIFETIME_DAYS = 90;
 export const MIN_LIFETIME_DAYS = 1;
 export const MAX_LIFETIME_DAYS = 365;
-/** How long a rotated key keeps working (SPEC.md: 24 hours). */
+/** How long a rotated key keeps working (docs/contract.md: 24 hours). */
 export const ROTATION_GRACE_MS = DAY_MS;
 
-/** Presets of SPEC.md key creation; mutually exclusive with an explicit scope list. */
+/** Presets of key creation (docs/contract.md "API key and scope"); mutually exclusive with an explicit scope list. */
 export const KEY_PRESETS = ['readonly', 'publisher', 'operator', 'admin'] as const;
 export type KeyPreset = (typeof KEY_PRESETS)[number];
 
@@ -86,7 +86,7 @@ export function deriveKeyStatus(k: KeyStateFields, now: number): KeyStatus {
 }
 
 /**
- * Why a presented key cannot authenticate at `now`, or null when it can (SPEC.md Authentication 10):
+ * Why a presented key cannot authenticate at `now`, or null when it can (docs/contract.md "Authentication" 10):
  * revoked and retired keys are `unauthorized`; an expired key is `token_expired`.
  */
 export function keyRejection(k: KeyStateFields, now: number): null | { code: 'unauthorized' | 'token_expired'; detail: string } {

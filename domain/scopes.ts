@@ -1,5 +1,5 @@
 /**
- * API key scopes (SPEC.md "API key and scope", Authentication 5–7). Pure rules.
+ * API key scopes (docs/contract.md "API key and scope", Authentication 5–7). Pure rules.
  * A scope is { resource, id, permissions }; permissions are exact (write does not imply read).
  */
 export const RESOURCES = ['roost', 'site', 'machine', 'chat', 'deploy', 'process', 'user', 'installer'] as const;
@@ -45,7 +45,7 @@ export function parseScopeSpec(spec: string): Scope {
   return { resource: resource as Resource, id, permissions: [...new Set(permissions)] as Permission[] };
 }
 
-/** Presets wildcard the roost, site, machine and chat resources (SPEC.md key creation parameters). */
+/** Presets wildcard the roost, site, machine and chat resources (docs/contract.md "API key and scope"). */
 export const PRESETS: Record<'readonly' | 'publisher' | 'operator' | 'admin', Permission[]> = {
   readonly: ['read'],
   publisher: ['read', 'write'],

@@ -1,6 +1,6 @@
 /**
- * Sealing secrets at rest (DESIGN.md "Keys and secrets": webhook secrets encrypted at rest; per-site
- * signing keys). AES-256-GCM with a random 96-bit nonce; the associated data binds a sealed value to its
+ * Sealing secrets at rest (webhook secrets, services/webhooks.ts; per-site signing keys,
+ * services/signing.ts; the key is config/secrets.ts `sealKeyOf`). AES-256-GCM with a random 96-bit nonce; the associated data binds a sealed value to its
  * owner (e.g. `webhook:<siteId>:<webhookId>`), so a sealed value copied to another row does not open.
  *
  * Sealed form: `v1.<nonce b64url>.<ciphertext b64url>.<tag b64url>` (ASCII, fits a TEXT column).

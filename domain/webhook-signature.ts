@@ -1,5 +1,5 @@
 /**
- * Webhook signatures (SPEC.md "Events" › Delivery): `Roost-Signature: t=<unix seconds>,v1=<hex>` where the
+ * Webhook signatures (docs/contract.md "Events" › Delivery): `Roost-Signature: t=<unix seconds>,v1=<hex>` where the
  * hex is HMAC-SHA256 of `<t>.<raw body>` keyed with the subscription's signing secret, over the exact raw
  * bytes. During a secret rotation's grace window the header carries one `v1` per secret.
  *
@@ -15,10 +15,10 @@ import { BlockList, isIP } from 'node:net';
 
 /** Name of the signature header. */
 export const SIGNATURE_HEADER = 'Roost-Signature';
-/** SPEC.md Limits: webhook signature tolerance, seconds. */
+/** docs/contract.md "Limits": webhook signature tolerance, seconds. */
 export const SIGNATURE_TOLERANCE_SECONDS = 300;
 
-/** Why a signature was refused (SPEC.md "Events" › Delivery). */
+/** Why a signature was refused (docs/contract.md "Events" › Delivery). */
 export type SignatureFailureReason =
   'missing_header' | 'malformed_header' | 'missing_timestamp' | 'missing_v1' | 'timestamp_out_of_tolerance' | 'bad_signature';
 
@@ -88,7 +88,7 @@ export interface VerifySignatureInput {
   secrets: readonly string[];
   /** Now, in unix seconds; default the system clock. */
   nowSeconds?: number;
-  /** Allowed |now − t| in seconds; default 300 (SPEC.md Limits). */
+  /** Allowed |now − t| in seconds; default 300 (docs/contract.md "Limits"). */
   toleranceSeconds?: number;
 }
 
@@ -98,7 +98,7 @@ function constantTimeHexEqual(expectedHex: string, candidate: string): boolean {
 }
 
 /**
- * Applies the receiver rules of SPEC.md "Events" › Delivery. Order of checks: header present
+ * Applies the receiver rules of docs/contract.md "Events" › Delivery. Order of checks: header present
  * (missing_header), parseable (malformed_header), has t (missing_timestamp), has at least one v1
  * (missing_v1), some v1 equals the HMAC under some secret, compared in constant time (bad_signature),
  * and |now − t| ≤ tolerance (timestamp_out_of_tolerance). The signature is checked before the clock so a

@@ -1,8 +1,8 @@
 /**
- * The event hub of one API process (SPEC.md "Event stream"; DESIGN.md "Events"; decisions in
- * docs/decisions/event-stream.md). One poller per site that has connected clients: every
- * `pollMs` it numbers the site's newly committed outbox rows (`sequenceEvents`, shared with every other
- * API process and the event relay), reads the rows after its cursor (`listEventsAfter`) and fans them
+ * The event hub of one API process (`GET /api/events/stream`; docs/decisions/event-stream.md). One poller
+ * per site that has connected clients: every `pollMs` it numbers the site's newly committed outbox rows
+ * (services/events.ts `sequenceSiteEvents`, shared with every other API process and the event relay),
+ * reads the rows after its cursor (`siteEventsAfter`) and fans them
  * out to the site's clients. Every API process runs its own hub over the same table, so each client
  * sees every event of its site whichever process serves it.
  *
@@ -17,9 +17,9 @@
  * kicks the feed), after which it catches up from the database like any client behind. Others are
  * never waited for; a client that stays over its bound is dropped and resumes with Last-Event-ID.
  */
-import type { Pool } from 'pg';
 import type { FastifyBaseLogger } from 'fastify';
-import { lastEventSeq, listEventsAfter, sequenceEvents, type SequencedEvent } from '../../db/events';
+import type { ServiceDeps } from '../../services/deps';
+import { lastSiteEventSeq, type SequencedEvent, sequenceSiteEvents, siteEventsAfter } from '../../services/events';
 import type { SseConnection } from './sse';
 import { sseFrame } from './sse';
 
@@ -36,7 +36,7 @@ export interface EventHubOptions {
   log?: FastifyBaseLogger;
 }
 
-/** The stream's data for one event: the dispatcher envelope (SPEC.md "Envelopes"). */
+/** The stream's data for one event: the dispatcher envelope (event, siteId, occurredAt, data). */
 export function streamEnvelope(e: SequencedEvent): { event: string; siteId: string; occurredAt: string; data: Record<string, unknown> } {
   return { event: e.type, siteId: e.siteId, occurredAt: e.occurredAt.toISOString(), data: e.data };
 }
@@ -93,17 +93,17 @@ class SiteFeed {
   }
 
   private async tick(): Promise<void> {
-    const db = this.hub.db;
-    await sequenceEvents(db, this.siteId);
+    const deps = this.hub.deps;
+    await sequenceSiteEvents(deps, this.siteId);
     // The live feed starts at the current end; clients with an older cursor catch up page by page.
-    if (this.cursor === null) this.cursor = await lastEventSeq(db, this.siteId);
+    if (this.cursor === null) this.cursor = await lastSiteEventSeq(deps, this.siteId);
     const feedCursor = this.cursor;
     for (const client of [...this.clients]) {
       if (client.cursor < feedCursor) await this.catchUp(client, feedCursor);
     }
     for (;;) {
       const from = this.cursor;
-      const batch = await listEventsAfter(db, this.siteId, from, { limit: HUB_PAGE });
+      const batch = await siteEventsAfter(deps, this.siteId, from, { limit: HUB_PAGE });
       if (batch.length === 0) return;
       const last = batch[batch.length - 1].seq;
       for (const client of this.clients) {
@@ -130,7 +130,7 @@ class SiteFeed {
     const types = client.types ? [...client.types] : null;
     for (let page = 0; page < HUB_CATCHUP_PAGES_PER_TICK; page++) {
       if (client.cursor >= upTo || !client.ready()) return;
-      const rows = await listEventsAfter(this.hub.db, this.siteId, client.cursor, { limit: HUB_CATCHUP_PAGE, types });
+      const rows = await siteEventsAfter(this.hub.deps, this.siteId, client.cursor, { limit: HUB_CATCHUP_PAGE, types });
       const done = rows.length < HUB_CATCHUP_PAGE || rows[rows.length - 1].seq >= upTo;
       const through = done ? upTo : rows[rows.length - 1].seq;
       if (
@@ -183,7 +183,7 @@ export class EventHub {
   private readonly feeds = new Map<string, SiteFeed>();
 
   constructor(
-    readonly db: Pool,
+    readonly deps: Pick<ServiceDeps, 'db'>,
     readonly opts: EventHubOptions,
   ) {}
 

@@ -1,5 +1,5 @@
 /**
- * One server-sent-events connection (SPEC.md "Event stream"; docs/decisions/event-stream.md): frames
+ * One server-sent-events connection (docs/contract.md "Event stream"; docs/decisions/event-stream.md): frames
  * `event: <kind>`, `data: <json>` and optionally `id: <seq>`, a `keepalive` frame every `keepaliveMs`,
  * and a bounded send buffer: the hub stops writing to a client whose unsent bytes exceed
  * `maxBufferedBytes` (it falls behind and catches up from the database once its socket drains), and a

@@ -1,5 +1,5 @@
 /**
- * `Roost-Version` (SPEC.md "Versioning"), checked on every request (an `onRequest` hook at the root, so
+ * `Roost-Version` (docs/contract.md "Versioning"), checked on every request (an `onRequest` hook at the root, so
  * it also runs for unknown routes, unauthenticated routes and the reference page, and before
  * authentication, validation and Idempotency-Key handling). A request may name an API date; an
  * unsupported one (anything not in SUPPORTED_API_VERSIONS, including malformed or repeated headers)

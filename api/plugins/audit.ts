@@ -1,8 +1,8 @@
 /**
- * Audit recording (SPEC.md "Audit record", "Audit log", Event catalog `api_key.used`): one `onSend`
- * hook, so routes need no audit code. For a successful (status < 400) request of a site-scoped route by
- * a user principal (API key, session or ID token), before the response is sent, one SERIALIZABLE
- * transaction appends to that site's chain:
+ * Audit recording (the log is read by `GET /api/sites/{siteId}/audit-log`; the event `api_key.used`):
+ * one `onSend` hook, so routes need no audit code. For a successful (status < 400) request of a
+ * site-scoped route by a user principal (API key, session or ID token), before the response is sent, one
+ * SERIALIZABLE transaction (services/audit.ts `recordSiteActivity`) appends to that site's chain:
  *
  * 1. `api_key_used` (API keys only, sampled): when this key has no sample from this client address on
  *    this site within ROOST_AUDIT_KEY_USE_SAMPLE_SECONDS (default 1 h). On the first use ever from the
@@ -22,10 +22,8 @@
  */
 import fp from 'fastify-plugin';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { recordEvent } from '../../db/events';
-import { withTx } from '../../db/pool';
-import { appendAuditRecords, type AuditInput, AUDIT_TX_ATTEMPTS, type KeyUse, noteKeyUse } from '../../db/audit';
-import { apiKeyActor, AUDIT_KIND_API_KEY_USED, AUDIT_KIND_SIGNED_URL_ISSUED, hashSetDigest, userActor } from '../../domain/audit';
+import { apiKeyActor, AUDIT_KIND_SIGNED_URL_ISSUED, hashSetDigest, userActor } from '../../domain/audit';
+import { type AuditInput, recordSiteActivity } from '../../services/audit';
 import type { UserPrincipal } from '../context';
 import { SITE_ID_RE } from '../../domain/schemas';
 
@@ -185,45 +183,25 @@ export default fp(async function auditPlugin(app: FastifyInstance) {
       const cached = key ? sampled.get(cacheKey) : undefined;
       const checkKeyUse = key !== null && (cached === undefined || now - cached >= windowMs);
       if (!action && !checkKeyUse) return;
-      const use = await withTx(
-        app.deps.db,
-        async (tx) => {
-          let u: KeyUse | null = null;
-          const inputs: AuditInput[] = [];
-          if (key && checkKeyUse) {
-            u = await noteKeyUse(tx, siteId, key.keyId, ip, now, windowMs);
-            if (u.sample) {
-              inputs.push({
-                kind: AUDIT_KIND_API_KEY_USED,
-                actor,
-                attributes: {
-                  keyId: key.keyId,
-                  keyPrefix: key.keyPrefix,
-                  ip,
-                  userAgent,
-                  firstUseFromIp: u.firstUse,
-                  method: request.method,
-                  route: request.routeOptions.url ?? null,
-                  requestId: request.id,
-                },
-              });
-            }
-          }
-          if (action) inputs.push(action);
-          await appendAuditRecords(tx, siteId, inputs);
-          if (key && u?.firstUse) {
-            await recordEvent(tx, siteId, 'api_key.used', {
-              keyId: key.keyId,
-              keyPrefix: key.keyPrefix,
-              ip,
-              userAgent,
-              firstUseFromIp: true,
-            });
-          }
-          return u;
-        },
-        { attempts: AUDIT_TX_ATTEMPTS },
-      );
+      const use = await recordSiteActivity(app.deps, {
+        siteId,
+        actor,
+        action,
+        keyUse:
+          key && checkKeyUse
+            ? {
+                keyId: key.keyId,
+                keyPrefix: key.keyPrefix,
+                ip,
+                userAgent,
+                method: request.method,
+                route: request.routeOptions.url ?? null,
+                requestId: request.id,
+              }
+            : null,
+        now,
+        windowMs,
+      });
       if (use) {
         if (sampled.size >= CACHE_MAX) sampled.clear();
         sampled.set(cacheKey, use.lastSampledAt);

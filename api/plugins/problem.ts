@@ -1,5 +1,5 @@
 /**
- * Renders every failure once as `application/problem+json` (SPEC.md "Errors"): type, title, status,
+ * Renders every failure once as `application/problem+json` (docs/contract.md "Errors"): type, title, status,
  * detail, code, docsUrl, requestId (+ `X-Request-Id`), and optional param / errors / route extras.
  * Schema validation failures become `validation_failed` with an `errors` map keyed by dotted paths.
  */

@@ -1,5 +1,5 @@
 /**
- * Rate limits on every route (SPEC.md Limits). After authentication, a request is counted in its
+ * Rate limits on every route (docs/contract.md "Limits"). After authentication, a request is counted in its
  * route's wrapper bucket (`config.rateLimit`; default `api`, keyed by API key id, else IP; agent-token
  * requests and `auth: 'none'` routes are not counted unless the route names a bucket). An exhausted
  * bucket gives 429 rate_limited with `retryAfter`, `Retry-After` and `Roost-Rate-Limited-Reason`.

@@ -1,5 +1,5 @@
 /**
- * The rate-limit buckets of SPEC.md "Limits", as data, and the resolved settings one API process runs
+ * The rate-limit buckets of docs/contract.md "Limits", as data, and the resolved settings one API process runs
  * with (profile, scale factor and per-bucket overrides from configuration).
  *
  * Wrapper buckets limit whole requests (a route names one; key-authenticated routes default to `api`).
@@ -18,12 +18,12 @@ export interface BucketLimit {
   durationSeconds: number;
 }
 
-/** Value of `Roost-Rate-Limited-Reason` on a 429 (SPEC.md Limits). */
+/** Value of `Roost-Rate-Limited-Reason` on a 429 (docs/contract.md "Limits"). */
 export type RateLimitedReason = 'global-rate' | 'endpoint-rate' | 'key-rate' | 'site-concurrency';
 
 /**
  * Whom a wrapper bucket counts: the client IP, the user (else IP), or the API key (else IP).
- * (SPEC.md: auth, tokenExchange, tokenRefresh, agentAlert and upload by IP; user by user id or IP; api by
+ * (docs/contract.md: auth, tokenExchange, tokenRefresh, agentAlert and upload by IP; user by user id or IP; api by
  * API key id, else IP.)
  */
 export type BucketSubject = 'ip' | 'userOrIp' | 'keyOrIp';
@@ -38,7 +38,7 @@ const perMinute = (points: number): BucketLimit => ({ points, durationSeconds: 6
 const perHour = (points: number): BucketLimit => ({ points, durationSeconds: 3600 });
 const same = (subject: BucketSubject, limit: BucketLimit): WrapperDefinition => ({ subject, production: limit, development: limit });
 
-/** The wrapper buckets of SPEC.md Limits with their production and development numbers. */
+/** The wrapper buckets of docs/contract.md "Limits" with their production and development numbers. */
 export const WRAPPER_BUCKETS = {
   auth: same('ip', perMinute(10)),
   tokenExchange: { subject: 'ip', production: perHour(60), development: perHour(200) },
@@ -61,7 +61,7 @@ export interface CapabilityLimit {
 
 const cap = (user: number, system: number): CapabilityLimit => ({ user, system });
 
-/** The capability buckets of SPEC.md Limits (60-second windows). */
+/** The capability buckets of docs/contract.md "Limits" (60-second windows). */
 export const CAPABILITY_BUCKETS = {
   MACHINE_EXEC_COMMAND: cap(60, 300),
   MACHINE_CONFIG_WRITE: cap(30, 150),
@@ -84,7 +84,7 @@ export const CAPABILITY_BUCKETS = {
   USER_SELF_DELETE: cap(1, 5),
 } satisfies Record<string, CapabilityLimit>;
 
-/** A capability name of SPEC.md Limits. */
+/** A capability name of docs/contract.md "Limits". */
 export type Capability = keyof typeof CAPABILITY_BUCKETS;
 export const CAPABILITY_NAMES = Object.keys(CAPABILITY_BUCKETS) as Capability[];
 

@@ -1,5 +1,5 @@
 /**
- * Rate limits as one service per API process (SPEC.md Limits): wrapper buckets per request, capability
+ * Rate limits as one service per API process (docs/contract.md "Limits"): wrapper buckets per request, capability
  * buckets per operation, the `RateLimit-*`/`X-RateLimit-*` headers, and the 429 `rate_limited` problem
  * (`retryAfter`, `Retry-After`, `Roost-Rate-Limited-Reason`).
  *
@@ -120,7 +120,7 @@ export function rateLimitHeaders(d: Decision): Record<string, string> {
 }
 
 /**
- * The `rateLimit` hint of `GET /api/whoami` (SPEC.md Authentication 9): the `api` bucket as a per-minute
+ * The `rateLimit` hint of `GET /api/whoami` (docs/contract.md "Authentication" 9): the `api` bucket as a per-minute
  * figure (300 per hour → 5). A hint only, not the enforced counter.
  */
 export function rateLimitHint(settings: RateLimitSettings, tier: string): { tier: string; limitPerMinute: number; note: string } {
@@ -149,7 +149,7 @@ export function noteDecision(request: FastifyRequest, d: LimitDecision): void {
 
 /**
  * Counts one `capability` operation on `siteId` for the request's principal and throws 429 rate_limited
- * when its bucket is exhausted (SPEC.md Limits, capability buckets). Users count in the user/key bucket
+ * when its bucket is exhausted (docs/contract.md "Limits", capability buckets). Users count in the user/key bucket
  * (subject: the API key, else the user); agents count in the system bucket (subject: the machine). Call
  * it after authorisation, before the mutation: a refused request changes nothing.
  * @throws ApiError rate_limited (429)

@@ -1,5 +1,5 @@
 /**
- * Counter stores for the rate limits (SPEC.md Limits), on rate-limiter-flexible: fixed windows counted
+ * Counter stores for the rate limits (docs/contract.md "Limits"), on rate-limiter-flexible: fixed windows counted
  * in Redis (shared by every API process) or in process memory (the embedded default). A Redis store
  * that cannot answer (down, unreachable, not yet connected, slow past the command timeout) does not fail
  * the request: the per-process fallback limiter decides instead, per identifier

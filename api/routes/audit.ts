@@ -1,5 +1,5 @@
 /**
- * The audit log of a site (SPEC.md "Audit log", "Audit record", Limits):
+ * The audit log of a site (services/audit.ts):
  *
  *   GET /api/sites/{siteId}/audit-log               site read → { records[], next_page_token, nextPageToken }
  *       query kind (exact), actor (exact), since (ISO 8601; records at or after it), page_size (default 50,
@@ -10,17 +10,16 @@
  * Records are appended by api/plugins/audit.ts; chain and verification in db/audit.ts and domain/audit.ts.
  * Decisions: docs/decisions/audit-chain.md, docs/decisions/audit-log-routes.md.
  */
-import type { FastifyInstance } from 'fastify';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { SHA256_HEX } from '../../domain/hex';
-import { listAuditRecords, type StoredAuditRecord, verifyStoredRecord } from '../../db/audit';
+import { Nullable, PagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
+import { listSiteAudit, type StoredAuditRecord, verifiedAuditRecord } from '../../services/audit';
 import { authorizeSite } from '../plugins/auth';
-import { PagingQuery, pageTokens, parsePaging } from '../pagination';
-import { Nullable, problems, SiteId } from '../../domain/schemas';
+import { pageTokens, parsePaging } from '../pagination';
 
-/** Audit log page size (SPEC.md Limits). */
+/** Audit log page size (default 50, max 200). */
 export const AUDIT_PAGE = { defaultSize: 50, maxSize: 200 };
 
 const LogParams = Type.Object({ siteId: SiteId });
@@ -40,8 +39,8 @@ const LogQuery = Type.Object({
   ),
   ...PagingQuery,
 });
-type LogQuery = Static<typeof LogQuery>;
 
+/** One audit record as the routes return it. */
 export const AuditRecordSchema = Type.Object({
   hash: Type.String({
     description: 'SHA-256 hex of the RFC 8785 canonical JSON of {kind, actor, occurredAt, attributes, previousHash, siteId}; the record id',
@@ -73,8 +72,7 @@ type RecordResponse = Static<typeof RecordResponse>;
 
 const ListResponse = Type.Object({
   records: Type.Array(AuditRecordSchema),
-  next_page_token: Type.String(),
-  nextPageToken: Type.String({ description: 'deprecated alias of next_page_token' }),
+  ...PageTokens,
 });
 type ListResponse = Static<typeof ListResponse>;
 
@@ -120,10 +118,7 @@ const isPosition = (p: unknown): p is { s: number } =>
   typeof p === 'object' && p !== null && !Array.isArray(p) && Number.isInteger((p as { s?: unknown }).s) && (p as { s: number }).s > 0;
 
 /** Registers the audit log routes. */
-export default async function auditRoutes(fastify: FastifyInstance): Promise<void> {
-  const app = fastify.withTypeProvider<TypeBoxTypeProvider>();
-  const db = app.deps.db;
-
+const auditRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get(
     '/api/sites/:siteId/audit-log',
     {
@@ -137,11 +132,11 @@ export default async function auditRoutes(fastify: FastifyInstance): Promise<voi
     },
     async (request): Promise<ListResponse> => {
       const { siteId } = request.params;
-      const q: LogQuery = request.query;
+      const q = request.query;
       const paging = parsePaging<{ s: number }>(q, { ...AUDIT_PAGE, accept: isPosition });
       const since = q.since !== undefined && q.since !== '' ? parseSince(q.since) : undefined;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'read' }]);
-      const page = await listAuditRecords(db, siteId, {
+      const page = await listSiteAudit(app.deps, siteId, {
         kind: q.kind,
         actor: q.actor,
         since,
@@ -166,9 +161,10 @@ export default async function auditRoutes(fastify: FastifyInstance): Promise<voi
     async (request): Promise<RecordResponse> => {
       const { siteId, recordHash } = request.params;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'read' }]);
-      const found = await verifyStoredRecord(db, siteId, recordHash);
-      if (!found) throw new ApiError('not_found', 'no audit record of this site has this hash');
+      const found = await verifiedAuditRecord(app.deps, siteId, recordHash);
       return { ...wire(found.record), verification: found.verification };
     },
   );
-}
+};
+
+export default auditRoutes;

@@ -1,6 +1,5 @@
 /**
- * The server-sent event stream (SPEC.md "Event stream", "Event catalog", Authentication 2;
- * docs/decisions/event-stream.md):
+ * The server-sent event stream (api/events/hub.ts, services/events.ts; docs/decisions/event-stream.md):
  *
  *   GET /api/events/stream?siteId=…[&events=a,b][&lastEventId=N][&api_key=…]   site read
  *       Accept: text/event-stream   [Last-Event-ID: N]
@@ -11,16 +10,15 @@
  * ROOST_STREAM_KEEPALIVE_MS. Everything that can fail (credential, site, scope, Accept, filter,
  * cursor) is checked before the stream starts and answered as problem+json; the credential and access
  * are re-checked at every keepalive and the stream ends when they are gone. The stream carries no
- * rate-limit headers (SPEC.md Limits: streaming routes may omit them).
+ * rate-limit headers (streaming routes may omit them).
  */
-import type { FastifyInstance } from 'fastify';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { Type } from '@sinclair/typebox';
 import { ApiError, errors } from '../../domain/errors';
-import { lastEventSeq, sequenceEvents } from '../../db/events';
+import { EVENT_TYPES, isEventType } from '../../domain/events';
+import { siteEventHead } from '../../services/events';
 import type { AppDeps } from '../context';
 import { authenticate, authorizeSite } from '../plugins/auth';
-import { EVENT_TYPES, isEventType } from '../events/catalog';
 import { EventHub } from '../events/hub';
 import { SseConnection } from '../events/sse';
 import { problems, SiteId } from '../../domain/schemas';
@@ -67,6 +65,23 @@ export function parseEventFilter(raw: string | undefined): Set<string> | null {
   return new Set(names);
 }
 
+/**
+ * The cursor a client resumes after: the Last-Event-ID header (blank counts as absent), else the
+ * `lastEventId` query parameter; undefined for a live-only stream.
+ * @throws ApiError validation_failed (param Last-Event-ID) when it is not a decimal event id
+ */
+export function requestedCursor(header: string | string[] | undefined, query: string | undefined): string | undefined {
+  const raw = typeof header === 'string' && header.trim() !== '' ? header.trim() : query;
+  if (raw !== undefined && !CURSOR_RE.test(raw)) {
+    throw errors.validation(
+      'Last-Event-ID must be an event id from this stream (a decimal number)',
+      { 'headers.last-event-id': ['must be a decimal event id'] },
+      'Last-Event-ID',
+    );
+  }
+  return raw;
+}
+
 /** True when an Accept header admits `text/event-stream` (absent counts as any type, RFC 9110). */
 export function acceptsEventStream(accept: string | undefined): boolean {
   if (accept === undefined || accept.trim() === '') return true;
@@ -78,6 +93,13 @@ export function acceptsEventStream(accept: string | undefined): boolean {
   });
 }
 
+/** The reply headers set so far (hooks' headers, X-Request-Id…), for the hijacked response. */
+function definedHeaders(all: Record<string, string | number | string[] | undefined>): Record<string, string | number | string[]> {
+  const headers: Record<string, string | number | string[]> = {};
+  for (const [k, v] of Object.entries(all)) if (v !== undefined) headers[k] = v;
+  return headers;
+}
+
 const hubs = new WeakMap<AppDeps, EventHub>();
 
 /** The event hub of the app built over `deps` (for tests and diagnostics); undefined before registration. */
@@ -86,10 +108,9 @@ export function eventHubOf(deps: AppDeps): EventHub | undefined {
 }
 
 /** Registers the stream route and this process's event hub (closed with the app). */
-export default async function eventRoutes(fastify: FastifyInstance): Promise<void> {
-  const app = fastify.withTypeProvider<TypeBoxTypeProvider>();
+const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const cfg = app.deps.cfg;
-  const hub = new EventHub(app.deps.db, { pollMs: cfg.ROOST_STREAM_POLL_MS, log: app.log });
+  const hub = new EventHub(app.deps, { pollMs: cfg.ROOST_STREAM_POLL_MS, log: app.log });
   hubs.set(app.deps, hub);
   // preClose: end the streams before the server waits for its connections.
   app.addHook('preClose', async () => hub.close());
@@ -126,20 +147,11 @@ export default async function eventRoutes(fastify: FastifyInstance): Promise<voi
         );
       }
       const types = parseEventFilter(events);
-      const header = request.headers['last-event-id'];
-      const rawCursor = typeof header === 'string' && header.trim() !== '' ? header.trim() : lastEventId;
-      if (rawCursor !== undefined && !CURSOR_RE.test(rawCursor)) {
-        throw errors.validation(
-          'Last-Event-ID must be an event id from this stream (a decimal number)',
-          { 'headers.last-event-id': ['must be a decimal event id'] },
-          'Last-Event-ID',
-        );
-      }
+      const rawCursor = requestedCursor(request.headers['last-event-id'], lastEventId);
       // The hijacked reply skips the audit plugin's onSend: sample this key's use here (before the end
       // position is read, so a first-use api_key.used event is not replayed to the caller itself).
       await app.auditKeyUse(request, siteId);
-      await sequenceEvents(app.deps.db, siteId);
-      const end = await lastEventSeq(app.deps.db, siteId);
+      const end = await siteEventHead(app.deps, siteId);
       const cursor = rawCursor === undefined ? end : Number(rawCursor);
       if (cursor > end) {
         throw errors.validation(
@@ -175,10 +187,15 @@ export default async function eventRoutes(fastify: FastifyInstance): Promise<voi
           }
         },
       });
-      const headers: Record<string, string | number | string[]> = {};
-      for (const [k, v] of Object.entries(reply.getHeaders())) if (v !== undefined) headers[k] = v;
-      conn.start(headers, { siteId, lastEventId: String(cursor), serverTime: new Date().toISOString(), events: types ? [...types] : null });
+      conn.start(definedHeaders(reply.getHeaders()), {
+        siteId,
+        lastEventId: String(cursor),
+        serverTime: new Date().toISOString(),
+        events: types ? [...types] : null,
+      });
       hub.subscribe(conn);
     },
   );
-}
+};
+
+export default eventRoutes;

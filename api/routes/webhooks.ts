@@ -1,6 +1,6 @@
 /**
- * Webhook subscriptions, delivery history, manual retry and the probe (SPEC.md "Webhook subscription",
- * "Events"; the spec does not show the management routes: docs/decisions/webhooks.md):
+ * Webhook subscriptions, delivery history, manual retry and the probe (services/webhooks.ts;
+ * docs/decisions/webhooks.md):
  *
  *   POST   /api/sites/{siteId}/webhooks                                            create; `signingSecret` shown once (Idempotency-Key)
  *   GET    /api/sites/{siteId}/webhooks                                            list, newest first (paged: default 20, max 100)
@@ -14,88 +14,51 @@
  *
  * Scopes: reads need site read; every mutation and the probe need site admin (subscriptions hold
  * secrets and send site data off-site). Mutations and the probe count in the WEBHOOK_MANAGE capability
- * bucket. Delivery URL rules: docs/decisions/webhook-urls.md.
+ * bucket once the request is valid. Delivery URL rules: docs/decisions/webhook-urls.md.
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyRequest } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
-import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { newId, randomToken } from '../../domain/hex';
-import { seal } from '../../domain/seal';
-import { checkWebhookUrl, signPayload } from '../../domain/webhook-signature';
-import type { EventType } from '../../db/events';
+import { DateTime, NullableDateTime, PagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
 import {
   type AttemptRow,
+  createWebhook,
+  DEFAULT_GRACE_HOURS,
   DELIVERY_ID_RE,
+  type DeliveryPosition,
   type DeliveryRow,
   deleteWebhook,
-  getDelivery,
   getWebhook,
-  insertWebhook,
   isDeliveryPosition,
   isWebhookPosition,
-  listDeliveries,
-  listWebhooks,
-  reopenDelivery,
+  listDeliveryPage,
+  listWebhookPage,
+  MAX_EVENTS_PER_WEBHOOK,
+  MAX_GRACE_HOURS,
+  probeWebhook,
+  retryDelivery,
   rotateWebhookSecret,
   updateWebhook,
+  WEBHOOK_EVENTS,
   WEBHOOK_ID_RE,
-  webhookAad,
+  type WebhookPosition,
   type WebhookRow,
-} from '../../db/webhooks';
-import { deliveryHeaders, deliveryWorkflowId, nonPublicAddressesOf, postWebhook, startDeliveryWorkflow } from '../../activities/webhooks';
-import { secretKey } from '../../config/secrets';
+} from '../../services/webhooks';
 import { authorizeSite } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
-import { PagingQuery, pageTokens, parsePaging } from '../pagination';
+import { pageTokens, parsePaging } from '../pagination';
 import { rejectForeignFields } from './roosts';
-import { problems } from '../../domain/schemas';
-import { DateTime, NullableDateTime, SiteId } from '../../domain/schemas';
 
-// ---------------------------------------------------------------------------------------------------
-// Catalog and limits
-
-/** The event catalog of SPEC.md "Events" (accepted by subscriptions and the probe). */
-export const WEBHOOK_EVENTS = [
-  'version.published',
-  'version.rolled_back',
-  'deployment.started',
-  'deployment.completed',
-  'deployment.failed',
-  'machine.online',
-  'machine.offline',
-  'chunk.garbage_collected',
-  'chunk.verify_failed',
-  'quota.warning',
-  'quota.exceeded',
-  'api_key.used',
-  'api_key.expired',
-] as const satisfies readonly EventType[];
-// Compile-time check that the list covers db/events.ts EventType.
-const catalogComplete: Exclude<EventType, (typeof WEBHOOK_EVENTS)[number]> extends never ? true : never = true;
-void catalogComplete;
-
-/** Planned events (SPEC.md): rejected until accepted. */
-export const PLANNED_EVENTS = ['roost.created', 'roost.updated', 'roost.deleted'] as const;
-
-/** Most event names one subscription lists. */
-export const MAX_EVENTS_PER_WEBHOOK = WEBHOOK_EVENTS.length;
-/** Default and maximum rotation grace, hours (SPEC.md: like API keys, 24 h). */
-export const DEFAULT_GRACE_HOURS = 24;
-export const MAX_GRACE_HOURS = 168;
-/** List paging (the spec's Limits table is silent): default 20, max 100. */
+/** List paging (default 20, max 100). */
 export const WEBHOOK_PAGE = { defaultSize: 20, maxSize: 100 };
 export const DELIVERY_PAGE = { defaultSize: 20, maxSize: 100 };
-/** Largest probe payload (serialised), bytes. */
-export const MAX_PROBE_PAYLOAD_BYTES = 64 * 1024;
 
 // ---------------------------------------------------------------------------------------------------
 // Schemas
 
 const WebhookId = Type.String({ pattern: WEBHOOK_ID_RE.source, description: 'webhook id (wh_…)' });
 const DeliveryId = Type.String({ pattern: DELIVERY_ID_RE.source, description: 'delivery id (dlv_…)' });
-const Timestamp = DateTime;
-const NullableTimestamp = NullableDateTime;
 
 const Url = Type.String({
   minLength: 1,
@@ -117,7 +80,6 @@ const CreateBody = Type.Object(
   { url: Url, name: Name, events: Events, enabled: Type.Optional(Type.Boolean({ description: 'default true' })) },
   { additionalProperties: false },
 );
-type CreateBody = Static<typeof CreateBody>;
 
 /** PATCH body; other fields are 400 forbidden_field (checked in the handler, like the other PATCH routes). */
 const PatchBody = Type.Object({
@@ -150,17 +112,17 @@ const WebhookProps = {
   events: Type.Array(Type.String()),
   enabled: Type.Boolean(),
   paused: Type.Boolean({ description: 'set after repeated failed deliveries (or by PATCH); paused subscriptions get no new deliveries' }),
-  createdAt: Timestamp,
+  createdAt: DateTime,
   createdBy: Type.String({ description: 'user id' }),
-  updatedAt: Timestamp,
-  lastTriggered: Type.Union([Timestamp, Type.Null()], { description: 'start of the latest delivery attempt' }),
+  updatedAt: DateTime,
+  lastTriggered: Type.Union([DateTime, Type.Null()], { description: 'start of the latest delivery attempt' }),
   lastStatus: Type.Union([Type.Literal('succeeded'), Type.Literal('failed'), Type.Null()], {
     description: 'outcome of the latest finished delivery',
   }),
   lastResponseCode: Type.Union([Type.Integer(), Type.Null()], { description: 'HTTP status of the latest attempt (null: no response)' }),
   failCount: Type.Integer({ description: 'consecutive failed deliveries (reset by a success or by unpausing)' }),
-  secretRotatedAt: NullableTimestamp,
-  previousSecretExpiresAt: Type.Union([Timestamp, Type.Null()], { description: 'the previous secret also signs until then' }),
+  secretRotatedAt: NullableDateTime,
+  previousSecretExpiresAt: Type.Union([DateTime, Type.Null()], { description: 'the previous secret also signs until then' }),
 };
 const WebhookView = Type.Object(WebhookProps);
 type WebhookView = Static<typeof WebhookView>;
@@ -170,7 +132,7 @@ const WebhookCreated = Type.Object({ ...WebhookProps, signingSecret: SigningSecr
 const AttemptView = Type.Object({
   attempt: Type.Integer({ description: '1, 2, … across runs of the delivery' }),
   status: Type.Union([Type.Literal('succeeded'), Type.Literal('failed')]),
-  startedAt: Timestamp,
+  startedAt: DateTime,
   latencyMs: Type.Integer(),
   responseCode: Type.Union([Type.Integer(), Type.Null()], { description: 'null when no response came (timeout, refused, network error)' }),
   error: Type.Union([Type.String(), Type.Null()]),
@@ -185,15 +147,13 @@ const DeliveryView = Type.Object({
   attemptCount: Type.Integer(),
   attempts: Type.Array(AttemptView),
   lastError: Type.Union([Type.String(), Type.Null()]),
-  nextAttemptAt: NullableTimestamp,
-  createdAt: Timestamp,
-  updatedAt: Timestamp,
-  completedAt: NullableTimestamp,
+  nextAttemptAt: NullableDateTime,
+  createdAt: DateTime,
+  updatedAt: DateTime,
+  completedAt: NullableDateTime,
   envelope: Type.Record(Type.String(), Type.Unknown(), { description: 'the dispatcher envelope sent (event, siteId, occurredAt, data)' }),
 });
 type DeliveryView = Static<typeof DeliveryView>;
-
-const Paging = { next_page_token: Type.String(), nextPageToken: Type.String() };
 
 const ProbeQuery = Type.Object({ siteId: SiteId });
 const ProbeBody = Type.Object(
@@ -214,7 +174,7 @@ const ProbeResult = Type.Object({
   error: Type.Union([Type.String(), Type.Null()]),
   id: Type.String({ description: 'the probe envelope id (also Roost-Delivery)' }),
   event: Type.String(),
-  occurredAt: Timestamp,
+  occurredAt: DateTime,
   signingSecret: Type.Optional(Type.String({ description: 'the generated secret the probe was signed with (only when none was sent)' })),
 });
 
@@ -276,76 +236,16 @@ function deliveryView(d: DeliveryRow, attempts: AttemptRow[]): DeliveryView {
   };
 }
 
-function invalid(param: string, message: string): ApiError {
-  return new ApiError('validation_failed', `${param} ${message}`, { extras: { param, errors: { [param]: [message] } } });
-}
-
-/**
- * Event names: each in the catalog (planned and unknown names refused with a clear message), no repeats.
- * Errors are keyed `<param>.<i>`, or `param` itself when `single` (the probe's one `event`).
- */
-function checkEvents(events: string[], param = 'events', single = false): string[] {
-  const errs: Record<string, string[]> = {};
-  const catalog = new Set<string>(WEBHOOK_EVENTS);
-  const planned = new Set<string>(PLANNED_EVENTS);
-  events.forEach((e, i) => {
-    const at = single ? param : `${param}.${i}`;
-    if (planned.has(e)) errs[at] = [`${e} is a planned event and is not accepted yet`];
-    else if (!catalog.has(e)) errs[at] = [`unknown event ${e}; accepted: ${WEBHOOK_EVENTS.join(', ')}`];
-  });
-  const keys = Object.keys(errs);
-  if (keys.length)
-    throw new ApiError('validation_failed', `${keys.length === 1 ? errs[keys[0]][0] : `${keys.length} event names are not accepted`}`, {
-      extras: { param: keys[0], errors: errs },
-    });
-  return [...new Set(events)];
-}
-
-/**
- * Validates a delivery URL (shape, then where it points: the host's current addresses when it is a
- * name). Returns the normalised URL.
- * @throws ApiError validation_failed (shape), url_not_allowed (loopback/private/link-local)
- */
-async function checkUrl(raw: string, allowPrivate: boolean, param = 'url'): Promise<string> {
-  const r = checkWebhookUrl(raw, allowPrivate);
-  if (!r.ok) {
-    if (r.problem.kind === 'invalid') throw invalid(param, r.problem.message);
-    throw new ApiError('url_not_allowed', `${param} ${r.problem.message}`, { extras: { param } });
-  }
-  if (!allowPrivate) {
-    const bad = await nonPublicAddressesOf(r.host);
-    if (bad.length) {
-      throw new ApiError(
-        'url_not_allowed',
-        `${param} host ${r.host} resolves to a loopback, private or link-local address (${bad[0]}); deliveries go to public addresses only`,
-        {
-          extras: { param },
-        },
-      );
-    }
-  }
-  return r.url;
-}
-
-const newSecret = () => `whsec_${randomToken(32)}`;
-
 // ---------------------------------------------------------------------------------------------------
 // Routes
 
-/** Registers the webhook routes. */
-export default async function webhookRoutes(root: FastifyInstance): Promise<void> {
-  const app = root.withTypeProvider<TypeBoxTypeProvider>();
-  const { db, cfg } = app.deps;
-  let key: Buffer | undefined;
-  const sealKey = () => (key ??= secretKey(cfg));
-  const read = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'read' as const }];
-  const admin = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'admin' as const }];
-  const found = async (siteId: string, webhookId: string) => {
-    const w = await getWebhook(db, siteId, webhookId);
-    if (!w) throw new ApiError('not_found', 'webhook not found');
-    return w;
-  };
+const read = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'read' as const }];
+const admin = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'admin' as const }];
+/** The capability rate limit of webhook mutations, counted once the request is valid (services' `beforeChange`). */
+const manage = (request: FastifyRequest, siteId: string) => () => enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
 
+/** Registers the webhook routes. */
+const webhookRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/api/sites/:siteId/webhooks',
     {
@@ -361,21 +261,11 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
     async (request, reply) => {
       const { siteId } = request.params;
       const user = await authorizeSite(request, siteId, admin(siteId));
-      const body: CreateBody = request.body;
-      const events = checkEvents(body.events);
-      const url = await checkUrl(body.url, cfg.ROOST_WEBHOOK_ALLOW_PRIVATE);
-      await enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
-      const webhookId = newId('wh');
-      const secret = newSecret();
-      const row = await insertWebhook(db, {
+      const { row, secret } = await createWebhook(app.deps, {
+        ...request.body,
         siteId,
-        webhookId,
-        url,
-        name: body.name.trim(),
-        events,
-        enabled: body.enabled ?? true,
-        secretSealed: seal(sealKey(), secret, webhookAad(siteId, webhookId)),
         createdBy: user.userId,
+        beforeChange: manage(request, siteId),
       });
       reply.code(201).header('Cache-Control', 'no-store');
       return { ...webhookView(row), signingSecret: secret };
@@ -390,20 +280,15 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
         summary: "The site's webhook subscriptions, newest first",
         params: SiteParams,
         querystring: Type.Object(PagingQuery),
-        response: { 200: Type.Object({ webhooks: Type.Array(WebhookView), ...Paging }), ...problems() },
+        response: { 200: Type.Object({ webhooks: Type.Array(WebhookView), ...PageTokens }), ...problems() },
       },
     },
     async (request) => {
       const { siteId } = request.params;
       await authorizeSite(request, siteId, read(siteId));
-      const paging = parsePaging(request.query as Record<string, unknown>, { ...WEBHOOK_PAGE, accept: isWebhookPosition });
-      const rows = await listWebhooks(db, siteId, { after: paging.after as [string, string] | undefined, limit: paging.pageSize });
-      const page = rows.slice(0, paging.pageSize);
-      const last = page[page.length - 1];
-      return {
-        webhooks: page.map(webhookView),
-        ...pageTokens(rows.length > paging.pageSize && last ? [last.created_at_text, last.webhook_id] : undefined),
-      };
+      const paging = parsePaging<WebhookPosition>(request.query, { ...WEBHOOK_PAGE, accept: isWebhookPosition });
+      const { rows, next } = await listWebhookPage(app.deps, { siteId, after: paging.after, pageSize: paging.pageSize });
+      return { webhooks: rows.map(webhookView), ...pageTokens(next) };
     },
   );
 
@@ -420,7 +305,7 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
     async (request) => {
       const { siteId, webhookId } = request.params;
       await authorizeSite(request, siteId, read(siteId));
-      return webhookView(await found(siteId, webhookId));
+      return webhookView(await getWebhook(app.deps, siteId, webhookId));
     },
   );
 
@@ -446,18 +331,9 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
           extras: { errors: { '': ['nothing to change'] } },
         });
       }
-      await found(siteId, webhookId);
-      const changes = {
-        url: body.url === undefined ? undefined : await checkUrl(body.url, cfg.ROOST_WEBHOOK_ALLOW_PRIVATE),
-        name: body.name?.trim(),
-        events: body.events === undefined ? undefined : checkEvents(body.events),
-        enabled: body.enabled,
-        paused: body.paused,
-      };
-      await enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
-      const row = await updateWebhook(db, siteId, webhookId, changes);
-      if (!row) throw new ApiError('not_found', 'webhook not found');
-      return webhookView(row);
+      const { url, name, events, enabled, paused } = body;
+      const changes = { url, name, events, enabled, paused };
+      return webhookView(await updateWebhook(app.deps, { siteId, webhookId, changes, beforeChange: manage(request, siteId) }));
     },
   );
 
@@ -478,9 +354,7 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
     async (request) => {
       const { siteId, webhookId } = request.params;
       await authorizeSite(request, siteId, admin(siteId));
-      await found(siteId, webhookId);
-      await enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
-      if (!(await deleteWebhook(db, siteId, webhookId))) throw new ApiError('not_found', 'webhook not found');
+      await deleteWebhook(app.deps, { siteId, webhookId, beforeChange: manage(request, siteId) });
       return { webhookId, siteId, deleted: true as const };
     },
   );
@@ -504,18 +378,8 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
     async (request, reply) => {
       const { siteId, webhookId } = request.params;
       await authorizeSite(request, siteId, admin(siteId));
-      await found(siteId, webhookId);
-      await enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
       const graceHours = request.body.graceHours ?? DEFAULT_GRACE_HOURS;
-      const secret = newSecret();
-      const row = await rotateWebhookSecret(
-        db,
-        siteId,
-        webhookId,
-        seal(sealKey(), secret, webhookAad(siteId, webhookId)),
-        graceHours > 0 ? new Date(Date.now() + graceHours * 3_600_000) : null,
-      );
-      if (!row) throw new ApiError('not_found', 'webhook not found');
+      const { row, secret } = await rotateWebhookSecret(app.deps, { siteId, webhookId, graceHours, beforeChange: manage(request, siteId) });
       reply.header('Cache-Control', 'no-store');
       return { ...webhookView(row), signingSecret: secret };
     },
@@ -529,23 +393,17 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
         summary: "The subscription's deliveries, newest first, each with its attempts (status, latency, response code)",
         params: WebhookParams,
         querystring: Type.Object(PagingQuery),
-        response: { 200: Type.Object({ deliveries: Type.Array(DeliveryView), ...Paging }), ...problems() },
+        response: { 200: Type.Object({ deliveries: Type.Array(DeliveryView), ...PageTokens }), ...problems() },
       },
     },
     async (request) => {
       const { siteId, webhookId } = request.params;
       await authorizeSite(request, siteId, read(siteId));
-      const paging = parsePaging(request.query as Record<string, unknown>, { ...DELIVERY_PAGE, accept: isDeliveryPosition });
-      await found(siteId, webhookId);
-      const { rows, attempts } = await listDeliveries(db, siteId, webhookId, {
-        after: paging.after as [string, string] | undefined,
-        limit: paging.pageSize,
-      });
-      const page = rows.slice(0, paging.pageSize);
-      const last = page[page.length - 1];
+      const paging = parsePaging<DeliveryPosition>(request.query, { ...DELIVERY_PAGE, accept: isDeliveryPosition });
+      const page = await listDeliveryPage(app.deps, { siteId, webhookId, after: paging.after, pageSize: paging.pageSize });
       return {
-        deliveries: page.map((d) => deliveryView(d, attempts.get(d.delivery_id) ?? [])),
-        ...pageTokens(rows.length > paging.pageSize && last ? [last.created_at_text, last.delivery_id] : undefined),
+        deliveries: page.rows.map((d) => deliveryView(d, page.attempts.get(d.delivery_id) ?? [])),
+        ...pageTokens(page.next),
       };
     },
   );
@@ -572,21 +430,7 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
     async (request, reply) => {
       const { siteId, webhookId, deliveryId } = request.params;
       await authorizeSite(request, siteId, admin(siteId));
-      const webhook = await found(siteId, webhookId);
-      const delivery = await getDelivery(db, siteId, deliveryId);
-      if (!delivery || delivery.webhook_id !== webhookId) throw new ApiError('not_found', 'delivery not found');
-      if (!webhook.enabled) throw new ApiError('conflict', 'the subscription is disabled; enable it before retrying deliveries');
-      const workflowId = deliveryWorkflowId(deliveryId);
-      if (delivery.status === 'pending')
-        throw new ApiError('conflict', 'this delivery is still being attempted; retry it once it has finished');
-      await enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
-      const reopened = await reopenDelivery(db, siteId, webhookId, deliveryId);
-      if (reopened === 'not_found') throw new ApiError('not_found', 'delivery not found');
-      if (reopened === 'in_progress')
-        throw new ApiError('conflict', 'this delivery is still being attempted; retry it once it has finished');
-      // The previous run wrote its outcome (the delivery is no longer pending), so a run still open is only
-      // returning: replace it.
-      await startDeliveryWorkflow(app.deps.temporal, cfg.ROOST_TASK_QUEUE, { siteId, deliveryId, manual: true }, 'replace-finished');
+      const { workflowId } = await retryDelivery(app.deps, { siteId, webhookId, deliveryId, beforeChange: manage(request, siteId) });
       reply.code(202);
       return { deliveryId, webhookId, status: 'pending' as const, workflowId };
     },
@@ -607,38 +451,17 @@ export default async function webhookRoutes(root: FastifyInstance): Promise<void
     async (request) => {
       const { siteId } = request.query;
       await authorizeSite(request, siteId, admin(siteId));
-      const body = request.body;
-      const [event] = checkEvents([body.event], 'event', true);
-      const url = await checkUrl(body.url, cfg.ROOST_WEBHOOK_ALLOW_PRIVATE);
-      await enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
-      const id = newId('prb');
-      const occurredAt = new Date().toISOString();
-      const raw = JSON.stringify({ id, event, occurredAt, siteId, data: body.payload });
-      if (Buffer.byteLength(raw) > MAX_PROBE_PAYLOAD_BYTES)
-        throw new ApiError('payload_too_large', `the probe envelope must be at most ${MAX_PROBE_PAYLOAD_BYTES} bytes`, {
-          extras: { param: 'payload' },
-        });
-      const generated = body.signingSecret === undefined ? newSecret() : undefined;
-      const secret = body.signingSecret ?? (generated as string);
-      const t = Math.floor(Date.now() / 1000);
-      const result = await postWebhook({
-        url,
-        body: raw,
-        headers: deliveryHeaders(event, id, signPayload(secret, raw, t)),
-        timeoutMs: cfg.ROOST_WEBHOOK_TIMEOUT_MS,
-        allowPrivate: cfg.ROOST_WEBHOOK_ALLOW_PRIVATE,
+      const { generatedSecret, ...result } = await probeWebhook(app.deps, {
+        ...request.body,
+        siteId,
+        beforeChange: manage(request, siteId),
       });
-      if (result.refused) throw new ApiError('url_not_allowed', `url ${result.error}`, { extras: { param: 'url' } });
       return {
-        ok: result.ok,
-        statusCode: result.statusCode,
-        latencyMs: result.latencyMs,
-        error: result.error,
-        id,
-        event,
-        occurredAt,
-        ...(generated ? { signingSecret: generated } : {}),
+        ...result,
+        ...(generatedSecret ? { signingSecret: generatedSecret } : {}),
       };
     },
   );
-}
+};
+
+export default webhookRoutes;

@@ -9,8 +9,8 @@
  * record nothing.
  */
 import { randomBytes } from 'node:crypto';
-import type { EventType } from '../../db/events';
-import { EVENT_TYPES } from '../../api/events/catalog';
+import type { EventType } from '../../domain/events';
+import { EVENT_TYPES } from '../../domain/events';
 import { sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName } from '../../storage/blob';

@@ -14,7 +14,7 @@ import { buildApp } from '../../api/app';
 import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../../services/deps';
 import type { AppDeps } from '../../api/context';
 import { eventHubOf } from '../../api/routes/events';
-import { EVENT_TYPES } from '../../api/events/catalog';
+import { EVENT_TYPES } from '../../domain/events';
 import { sequenceEvents } from '../../db/events';
 import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';

@@ -16,7 +16,8 @@ import { publishFiles, scopedKey, startTestWorker, terminateAll, type TestWorker
 import { type SignatureCheck, verifySignature } from '../../domain/webhook-signature';
 import { ensureEventRelay } from '../../worker/background';
 import { relayPass } from '../../activities/events';
-import { deliveryWorkflowId, nonPublicAddressesOf } from '../../activities/webhooks';
+import { deliveryWorkflowId } from '../../domain/webhooks';
+import { nonPublicAddressesOf } from '../../net/webhooks';
 import { recordHistory } from '../../scripts/record-history';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
