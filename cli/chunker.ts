@@ -17,16 +17,9 @@ import { createReadStream, promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import pLimit from 'p-limit';
-import {
-  CHUNK_SIZE,
-  type ChunkRef,
-  type FileEntry,
-  VERSION_MEDIA_TYPE,
-  VERSION_SCHEMA_VERSION,
-  type VersionBody,
-  isSafeRelativePath,
-} from '../domain/version';
+import { CHUNK_SIZE, type ChunkRef, type FileEntry, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION, type VersionBody } from '../domain/version';
 import { CLI_VERSION } from './version';
+import { collidingPaths, filePathProblem } from '../domain/paths';
 
 /** The tree cannot be turned into a version body (bad names, no files, a file changed while read). */
 export class ChunkerError extends Error {
@@ -86,7 +79,7 @@ export async function walkTree(root: string): Promise<WalkResult> {
 
   const files: WalkedFile[] = [];
   const skipped: SkippedEntry[] = [];
-  const bad: string[] = [];
+  const bad: [string, string][] = [];
 
   async function visit(absDir: string, rel: string[]): Promise<void> {
     const entries = await fsp.readdir(absDir, { withFileTypes: true });
@@ -97,7 +90,8 @@ export async function walkTree(root: string): Promise<WalkResult> {
       if (entry.isSymbolicLink()) skipped.push({ path: relPath, reason: 'symlink' });
       else if (entry.isDirectory()) await visit(abs, segs);
       else if (entry.isFile()) {
-        if (!isSafeRelativePath(relPath)) bad.push(relPath);
+        const why = filePathProblem(relPath);
+        if (why) bad.push([relPath, why]);
         else files.push({ path: relPath, absPath: abs, size: (await fsp.lstat(abs)).size });
       } else if (entry.isSocket()) skipped.push({ path: relPath, reason: 'socket' });
       else if (entry.isFIFO()) skipped.push({ path: relPath, reason: 'fifo' });
@@ -109,14 +103,25 @@ export async function walkTree(root: string): Promise<WalkResult> {
 
   if (bad.length) {
     throw new ChunkerError(
-      `${bad.length} file name(s) cannot be carried in a version (backslash, NUL, drive prefix or over 1024 chars): ${bad.slice(0, 5).join(', ')}`,
-      bad,
+      `${bad.length} file name(s) are not safe on the fleet's Windows machines (docs/decisions/windows-paths.md): ${bad
+        .slice(0, 5)
+        .map(([p, why]) => `${p} ${why}`)
+        .join('; ')}`,
+      bad.map(([p]) => p),
     );
   }
   files.sort((a, b) => comparePaths(a.path, b.path));
   skipped.sort((a, b) => comparePaths(a.path, b.path));
   const dups = files.filter((f, i) => i > 0 && files[i - 1].path === f.path).map((f) => f.path);
   if (dups.length) throw new ChunkerError(`file names collide after Unicode NFC normalisation: ${dups.slice(0, 5).join(', ')}`, dups);
+  const clashes = collidingPaths(files.map((f) => f.path));
+  if (clashes.length) {
+    const named = clashes.map(([i, msg]) => `${files[i].path} ${msg}`);
+    throw new ChunkerError(
+      `${clashes.length} file name(s) collide on Windows: ${named.slice(0, 5).join('; ')}`,
+      clashes.map(([i]) => files[i].path),
+    );
+  }
   return { files, skipped };
 }
 

@@ -5,6 +5,7 @@
  * (docs/decisions/version-publish.md), computed with the maintained `canonicalize`.
  */
 import canonicalize from 'canonicalize';
+import { collidingPaths, filePathProblem } from './paths';
 import { isSha256Hex, sha256Hex } from './hex';
 
 /** Size in bytes of every chunk of a file but its last. */
@@ -47,11 +48,9 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
-/** True for a non-empty, forward-slash, relative path with no `.`/`..`/empty segments, backslashes or drive letters. */
+/** True for a file path that is safe on the fleet's file system (domain/paths.ts `filePathProblem`). */
 export function isSafeRelativePath(p: string): boolean {
-  if (p.length === 0 || p.length > 1024) return false;
-  if (p.startsWith('/') || p.includes('\\') || p.includes('\0') || /^[A-Za-z]:/.test(p)) return false;
-  return p.split('/').every((seg) => seg !== '' && seg !== '.' && seg !== '..');
+  return filePathProblem(p) === null;
 }
 
 /**
@@ -77,14 +76,21 @@ export function validateVersionBody(body: unknown, prefix = 'version'): Record<s
     add('files', 'must not be empty');
   } else {
     const seen = new Set<string>();
+    const safe: string[] = [];
+    const safeIndex: number[] = [];
     body.files.forEach((f: unknown, i: number) => {
       const at = `files.${i}`;
       if (!isPlainObject(f)) return add(at, 'must be an object');
-      if (typeof f.path !== 'string' || !isSafeRelativePath(f.path)) {
-        add(`${at}.path`, 'must be a non-empty forward-slash relative path');
+      const why = typeof f.path === 'string' ? filePathProblem(f.path) : 'must be a string';
+      if (typeof f.path !== 'string' || why) {
+        add(`${at}.path`, `must be a safe forward-slash relative path: it ${why ?? 'is not a string'}`);
       } else if (seen.has(f.path)) {
         add(`${at}.path`, 'duplicate path');
-      } else seen.add(f.path);
+      } else {
+        seen.add(f.path);
+        safe.push(f.path);
+        safeIndex.push(i);
+      }
       if (typeof f.size !== 'number' || !Number.isSafeInteger(f.size) || f.size < 0) add(`${at}.size`, 'must be a non-negative integer');
       if (!Array.isArray(f.chunks)) return add(`${at}.chunks`, 'must be an array');
       const n = f.chunks.length;
@@ -100,6 +106,8 @@ export function validateVersionBody(body: unknown, prefix = 'version'): Record<s
       if (f.size === 0 && n !== 0) add(`${at}.chunks`, 'a zero-byte file has no chunks');
       if (typeof f.size === 'number' && f.size > 0 && n === 0) add(`${at}.chunks`, 'a non-empty file needs chunks');
     });
+    // Names that are distinct here but one file on Windows (case, trailing dots, a file used as a folder).
+    for (const [k, msg] of collidingPaths(safe)) add(`files.${safeIndex[k]}.path`, msg);
   }
   return Object.keys(errs).length ? errs : null;
 }

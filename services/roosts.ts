@@ -8,6 +8,7 @@ import { newId } from '../domain/hex';
 import * as repo from '../db/roosts';
 import { type BlobStore, versionUrlOf } from '../storage/blob';
 import type { ServiceDeps } from './deps';
+import { extractRootProblem } from '../domain/paths';
 
 /** A roost with its current/previous version summaries and `versionUrl` (the current body's blob URL, null without a version). */
 export type RoostDetail = repo.RoostView & { versionUrl: string | null };
@@ -19,12 +20,22 @@ export interface RoostFields {
   extractPath?: string;
 }
 
-/** The roost changes `fields` carries, name trimmed, absent fields left out. */
+/**
+ * The roost changes `fields` carries, name trimmed, absent fields left out.
+ * @throws ApiError 400 validation_failed when a non-empty `extractPath` is unsafe on Windows (domain/paths.ts,
+ *   docs/decisions/windows-paths.md); the message names the rule.
+ */
 export function roostChanges(fields: RoostFields): repo.RoostChanges {
   const c: repo.RoostChanges = {};
   if (fields.name !== undefined) c.name = fields.name.trim();
   if (fields.targets !== undefined) c.targets = fields.targets;
-  if (fields.extractPath !== undefined) c.extractPath = fields.extractPath;
+  if (fields.extractPath !== undefined) {
+    const why = fields.extractPath === '' ? null : extractRootProblem(fields.extractPath);
+    if (why) {
+      throw new ApiError('validation_failed', `extractPath ${why}`, { extras: { param: 'extractPath', errors: { extractPath: [why] } } });
+    }
+    c.extractPath = fields.extractPath;
+  }
   return c;
 }
 

@@ -241,3 +241,67 @@ describe('JSON shape', () => {
     }
   });
 });
+
+describe('paths that are unsafe on Windows are refused where they enter', () => {
+  const body = (paths: string[]) => ({
+    siteId: h.siteId,
+    version: {
+      schemaVersion: 2,
+      mediaType: 'application/vnd.svc.version.v1+json',
+      config: {},
+      files: paths.map((path) => ({ path, size: 0, chunks: [] })),
+    },
+  });
+
+  test.each([
+    [['A.txt', 'a.txt'], 'version.files.1.path', /collides on Windows with "A.txt"/],
+    [['bin/tool', 'BIN/tool/x'], 'version.files.1.path', /is a file/],
+    [['x/C:y'], 'version.files.0.path', /":"/],
+    [['file.txt:ads'], 'version.files.0.path', /alternate data stream/],
+    [['aux.txt'], 'version.files.0.path', /device/],
+    [['dir/COM1'], 'version.files.0.path', /device/],
+    [['LPT9.log'], 'version.files.0.path', /device/],
+    [['trailing.'], 'version.files.0.path', /dot or a space/],
+    [['space /x'], 'version.files.0.path', /dot or a space/],
+  ])('publish %j', async (paths, field, why) => {
+    const res = await h.request({ method: 'POST', url: `/api/roosts/${roostId}/versions`, idempotencyKey: true, body: body(paths) });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().code).toBe('validation_failed');
+    expect(res.json().errors[field].join(' ')).toMatch(why);
+  });
+
+  test.each(['state.', 'STATE', 'chunks\\x', 'C:\\staging', 'apps/aux', 'apps/x:y'])(
+    'extractPath %j on create, update and publish',
+    async (bad) => {
+      const before = (await h.request({ method: 'GET', url: `/api/roosts/${roostId}?siteId=${h.siteId}` })).json().extractPath;
+      const create = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'x', extractPath: bad } });
+      const update = await h.request({
+        method: 'PATCH',
+        url: `/api/roosts/${roostId}`,
+        idempotencyKey: true,
+        body: { siteId: h.siteId, extractPath: bad },
+      });
+      const publish = await h.request({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/versions`,
+        idempotencyKey: true,
+        body: { ...body(['ok.txt']), extractPath: bad },
+      });
+      for (const res of [create, update, publish]) {
+        expect(res.statusCode).toBe(400);
+        expect(res.json().param).toBe('extractPath');
+      }
+      expect((await h.request({ method: 'GET', url: `/api/roosts/${roostId}?siteId=${h.siteId}` })).json().extractPath).toBe(before);
+    },
+  );
+
+  test('a Windows extract root with a drive is accepted', async () => {
+    const res = await h.request({
+      method: 'PATCH',
+      url: `/api/roosts/${roostId}`,
+      idempotencyKey: true,
+      body: { siteId: h.siteId, extractPath: 'C:\\Program Files\\Acme' },
+    });
+    expect(res.statusCode).toBe(200);
+  });
+});

@@ -79,14 +79,14 @@ describe('walkTree', () => {
     await write('b.txt', 'b');
     await write('a/b/c.txt', 'c');
     await write('a-b.txt', 'x');
-    await write('B.txt', 'B');
+    await write('C.txt', 'C');
     await write('a/z.txt', 'z');
     await fsp.mkdir(path.join(tmp, 'empty-dir'));
     await fsp.symlink(path.join(tmp, 'b.txt'), path.join(tmp, 'link-to-file'));
     await fsp.symlink(path.join(tmp, 'a'), path.join(tmp, 'a', 'loop'));
     const { files, skipped } = await walkTree(tmp);
     // '-' (0x2d) sorts before '/' (0x2f); uppercase before lowercase.
-    expect(files.map((f) => f.path)).toEqual(['B.txt', 'a-b.txt', 'a/b/c.txt', 'a/z.txt', 'b.txt']);
+    expect(files.map((f) => f.path)).toEqual(['C.txt', 'a-b.txt', 'a/b/c.txt', 'a/z.txt', 'b.txt']);
     expect(files.find((f) => f.path === 'a/b/c.txt')).toMatchObject({ size: 1, absPath: path.join(tmp, 'a', 'b', 'c.txt') });
     expect(skipped).toEqual([
       { path: 'a/loop', reason: 'symlink' },
@@ -106,6 +106,15 @@ describe('walkTree', () => {
     await write('ok.txt', 'x');
     await write('bad\\name.txt', 'x');
     await expect(walkTree(tmp)).rejects.toMatchObject({ name: 'ChunkerError', paths: ['bad\\name.txt'] });
+  });
+
+  it('refuses names that are one file on Windows (docs/decisions/windows-paths.md)', async () => {
+    await write('Readme.md', 'x');
+    await write('README.md', 'y');
+    await write('aux.txt', 'z');
+    await expect(walkTree(tmp)).rejects.toMatchObject({ name: 'ChunkerError', paths: ['aux.txt'] });
+    await fsp.rm(path.join(tmp, 'aux.txt'));
+    await expect(walkTree(tmp)).rejects.toMatchObject({ name: 'ChunkerError', message: expect.stringMatching(/collide on Windows/) });
   });
 
   it('refuses a root that is not a directory', async () => {
