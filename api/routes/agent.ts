@@ -36,7 +36,6 @@ import { CommandState, SyncCountersProps, commandView } from './machines';
 import { DateTime, MachineId, Problem, RoostId, SiteId } from '../../domain/schemas';
 import { SigningKeyJwk } from './signing-keys';
 
-const Timestamp = DateTime;
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
 const Hex64 = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase SHA-256 hex' });
 const Counter = Type.Integer({ minimum: 0, maximum: 2147483647 });
@@ -115,15 +114,15 @@ const TargetStateView = Type.Object({
   status: Type.String(),
   error: Type.Union([Type.String(), Type.Null()]),
   ...SyncCountersProps,
-  updatedAt: Timestamp,
+  updatedAt: DateTime,
 });
 
 const PendingCommand = Type.Object({
   commandId: Type.String(),
   type: Type.String(),
   params: AnyMap,
-  createdAt: Timestamp,
-  expiresAt: Type.Union([Timestamp, Type.Null()]),
+  createdAt: DateTime,
+  expiresAt: Type.Union([DateTime, Type.Null()]),
 });
 
 /**
@@ -213,7 +212,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['agent'],
         summary: 'Heartbeat: online = true, lastHeartbeat = now, plus the snapshot fields sent',
         body: HeartbeatBody,
-        response: { 200: Type.Object({ ok: Type.Literal(true), serverTime: Timestamp, pendingCommands: Type.Integer() }), ...agentErrors },
+        response: { 200: Type.Object({ ok: Type.Literal(true), serverTime: DateTime, pendingCommands: Type.Integer() }), ...agentErrors },
       },
     },
     async (request) => {
@@ -323,7 +322,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
             versionId: Type.String(),
             versionNumber: Type.Integer(),
             versionUrl: Type.String(),
-            expiresAt: Timestamp,
+            expiresAt: DateTime,
             extractPath: Type.String(),
             signature: Type.String({ description: 'Ed25519 signature (base64url) of roost-version-v1:<siteId>:<roostId>:<versionId>' }),
             signingKeyId: Type.String({ description: 'kid of the site key that made it' }),

@@ -31,8 +31,6 @@ import {
 } from '../../services/machines';
 import { CommandId, DateTime, MachineId, NullableDateTime, PagingQuery, Problem, SiteId } from '../../domain/schemas';
 
-const Timestamp = DateTime;
-const NullableTimestamp = NullableDateTime;
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
 
 export const MachineSummary = Type.Object({
@@ -40,7 +38,7 @@ export const MachineSummary = Type.Object({
   siteId: Type.String(),
   hostname: Type.Union([Type.String(), Type.Null()]),
   online: Type.Boolean({ description: 'agent-reported AND heartbeat younger than the stale threshold' }),
-  lastHeartbeat: NullableTimestamp,
+  lastHeartbeat: NullableDateTime,
   agent_version: Type.Union([Type.String(), Type.Null()]),
   machine_timezone: Type.Union([Type.String(), Type.Null()]),
   machine_timezone_iana: Type.Union([Type.String(), Type.Null()]),
@@ -48,8 +46,8 @@ export const MachineSummary = Type.Object({
   rebooting: Type.Boolean(),
   shuttingDown: Type.Boolean(),
   capabilities: AnyMap,
-  enrolledAt: Timestamp,
-  updatedAt: Timestamp,
+  enrolledAt: DateTime,
+  updatedAt: DateTime,
 });
 export type MachineSummary = Static<typeof MachineSummary>;
 
@@ -75,13 +73,13 @@ export const CommandState = Type.Object({
   rolloutId: Type.Union([Type.String(), Type.Null()]),
   deployment_id: Type.Union([Type.String(), Type.Null()]),
   auditCorrelationId: Type.Union([Type.String(), Type.Null()]),
-  createdAt: Timestamp,
-  updatedAt: Timestamp,
-  deliveredAt: NullableTimestamp,
-  completedAt: NullableTimestamp,
-  expiresAt: NullableTimestamp,
+  createdAt: DateTime,
+  updatedAt: DateTime,
+  deliveredAt: NullableDateTime,
+  completedAt: NullableDateTime,
+  expiresAt: NullableDateTime,
   screenshotUrl: Type.Optional(Type.String({ description: 'signed read URL of the uploaded PNG (capture_screenshot)' })),
-  screenshotExpiresAt: Type.Optional(Timestamp),
+  screenshotExpiresAt: Type.Optional(DateTime),
 });
 export type CommandState = Static<typeof CommandState>;
 
@@ -169,7 +167,7 @@ const Deployment = Type.Object({
   inSync: Type.Boolean({ description: 'reported version is the current one and committed' }),
   error: Type.Union([Type.String(), Type.Null()]),
   ...SyncCountersProps,
-  updatedAt: NullableTimestamp,
+  updatedAt: NullableDateTime,
 });
 
 const CommandCreateBody = Type.Object(
@@ -204,8 +202,8 @@ const CommandCreated = Type.Object({
   status: Type.Literal('pending'),
   type: Type.String(),
   params: AnyMap,
-  createdAt: Timestamp,
-  expiresAt: Timestamp,
+  createdAt: DateTime,
+  expiresAt: DateTime,
 });
 
 const errorResponses = { 400: Problem, 401: Problem, 403: Problem, 404: Problem };
