@@ -34,6 +34,8 @@ declare module 'fastify' {
     authorizedSiteId?: string;
   }
 }
+
+/** The credential a request carries and where (Authorization: Bearer, x-api-key, or `?api_key=` on routes that allow it). */
 function credentialOf(request: FastifyRequest): { raw: string; via: CredentialSource } | undefined {
   const h = request.headers.authorization;
   if (typeof h === 'string' && h.length > 0) {
