@@ -14,11 +14,10 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { SyncCounters } from '../domain/target-state';
 import { SyncFailure } from './errors';
+import { extractRootSegments, filePathProblem } from '../domain/paths';
 
 /** Top-level folder of the machine root holding staged trees (`staging/<roostId>/<versionId>/`). */
 export const STAGING_DIR = 'staging';
-/** Top-level folders an extract root may not use. */
-const RESERVED_DIRS = ['chunks', 'state', STAGING_DIR];
 
 /** Last committed state of a roost on this machine. */
 export interface Manifest {
@@ -41,31 +40,32 @@ export interface StagedManifest extends Manifest {
 
 /**
  * Maps an extract root as the server gives it (e.g. `C:\Roost\app`, `/opt/app`, `app`) to a directory
- * under `rootDir`: drive letters and leading slashes dropped, backslashes read as separators.
- * @throws SyncFailure on `..` segments, an empty root, or the reserved top-level `chunks`/`state`/`staging`.
+ * under `rootDir`: drive letters and leading slashes dropped, backslashes read as separators, every segment
+ * checked by the Windows path rules (domain/paths.ts; docs/decisions/windows-paths.md). `pathApi` is the
+ * platform's path module (path.win32 on Windows; tests pass either).
+ * @throws SyncFailure naming the rule: `..`, `:`, device names, trailing dots or spaces, an empty root, a
+ *   first folder that folds onto the agent's own `chunks`/`state`/`staging`, or a root that leaves `rootDir`.
  */
-export function resolveExtractDir(rootDir: string, extractRoot: string): string {
-  const s = extractRoot.replace(/\\/g, '/').replace(/^[A-Za-z]:/, '');
-  const segs = s.split('/').filter((x) => x !== '' && x !== '.');
-  if (segs.some((x) => x === '..')) throw new SyncFailure(`extract root "${extractRoot}" must not contain ".."`);
-  if (segs.length === 0) throw new SyncFailure('the roost has no extract root');
-  if (RESERVED_DIRS.includes(segs[0].toLowerCase())) throw new SyncFailure(`extract root "${extractRoot}" uses a reserved folder`);
-  const root = path.resolve(rootDir);
-  const dir = path.resolve(root, ...segs);
-  if (!dir.startsWith(root + path.sep)) throw new SyncFailure(`extract root "${extractRoot}" escapes the machine root`);
+export function resolveExtractDir(rootDir: string, extractRoot: string, pathApi: path.PlatformPath = path): string {
+  if (extractRoot === '') throw new SyncFailure('the roost has no extract root');
+  const r = extractRootSegments(extractRoot);
+  if ('problem' in r) throw new SyncFailure(`extract root "${extractRoot}" ${r.problem}`);
+  const root = pathApi.resolve(rootDir);
+  const dir = pathApi.resolve(root, ...r.segments);
+  if (!dir.startsWith(root + pathApi.sep)) throw new SyncFailure(`extract root "${extractRoot}" escapes the machine root`);
   return dir;
 }
 
 /**
- * The path of a version file (`rel`, forward slashes) under `dir`.
- * @throws SyncFailure for empty, `.`/`..`, backslash or NUL segments, or a path that would leave `dir`.
+ * The path of a version file (`rel`, forward slashes) under `dir`, with `pathApi` as in `resolveExtractDir`.
+ * @throws SyncFailure when `rel` breaks a Windows path rule (domain/paths.ts `filePathProblem`) or would
+ *   leave `dir`.
  */
-export function confined(dir: string, rel: string): string {
-  const segs = rel.split('/');
-  if (segs.some((x) => x === '' || x === '.' || x === '..' || x.includes('\\') || x.includes('\0')))
-    throw new SyncFailure(`unsafe path "${rel}"`);
-  const p = path.resolve(dir, ...segs);
-  if (!p.startsWith(dir + path.sep)) throw new SyncFailure(`path "${rel}" escapes the extract root`);
+export function confined(dir: string, rel: string, pathApi: path.PlatformPath = path): string {
+  const why = filePathProblem(rel);
+  if (why) throw new SyncFailure(`unsafe path "${rel}": it ${why}`);
+  const p = pathApi.resolve(dir, ...rel.split('/'));
+  if (!p.startsWith(dir + pathApi.sep)) throw new SyncFailure(`path "${rel}" escapes the extract root`);
   return p;
 }
 
