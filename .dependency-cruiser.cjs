@@ -1,7 +1,7 @@
 /**
  * Import directions of the layers (docs/architecture.md), checked by `npm run lint` in CI:
  *
- *   api → services → db | storage | workflows/client.ts → domain | config
+ *   api → services → db | storage | net | workflows/client.ts → domain | config
  *   worker → workflows (+ activities → db | storage) ; agent, cli → domain and their own HTTP client
  *   stack/ (the embedded default's launchers) is imported only by entry points.
  *
@@ -30,9 +30,10 @@ module.exports = {
     layer('config', '^config/', ['config/', 'domain/']),
     layer('db', '^db/', ['db/', 'domain/', 'config/']),
     layer('storage', '^storage/', ['storage/', 'domain/', 'config/']),
-    layer('services', '^services/', ['services/', 'db/', 'storage/', 'workflows/client\\.ts', 'workflows/', 'domain/', 'config/']),
+    layer('net', '^net/', ['net/', 'domain/', 'config/']),
+    layer('services', '^services/', ['services/', 'db/', 'storage/', 'net/', 'workflows/client\\.ts', 'workflows/', 'domain/', 'config/']),
     layer('api', '^api/', ['api/', 'services/', 'domain/', 'config/']),
-    layer('activities', '^activities/', ['activities/', 'db/', 'storage/', 'workflows/client\\.ts', 'domain/', 'config/']),
+    layer('activities', '^activities/', ['activities/', 'db/', 'storage/', 'net/', 'workflows/client\\.ts', 'domain/', 'config/']),
     layer('worker', '^worker/', ['worker/', 'workflows/', 'activities/', 'db/', 'storage/', 'domain/', 'config/']),
     layer('agent', '^agent/', ['agent/', 'domain/']),
     layer('cli', '^cli/', ['cli/', 'domain/']),
@@ -51,7 +52,7 @@ module.exports = {
       severity: 'error',
       comment: 'workflows/client.ts is the Temporal client side: domain, config and the workflow definitions',
       from: { path: '^workflows/client\\.ts$' },
-      to: { path: '^(api|services|db|storage|activities|worker|cli|agent|stack)/' },
+      to: { path: '^(api|services|db|storage|net|activities|worker|cli|agent|stack)/' },
     },
   ],
   options: {

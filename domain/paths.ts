@@ -35,7 +35,7 @@ export function windowsFold(segment: string): string {
 export function segmentProblem(seg: string): string | null {
   if (seg === '' || seg === '.' || seg === '..') return 'has an empty, "." or ".." segment';
   if (seg.length > MAX_SEGMENT_LENGTH) return `has a segment longer than ${MAX_SEGMENT_LENGTH} characters`;
-   
+
   if (/[\u0000-\u001f\u007f]/.test(seg)) return 'has a control character';
   if (seg.includes('\\')) return 'has a backslash (separators are forward slashes)';
   if (seg.includes(':')) return `has ":" in "${seg}" (a drive or an alternate data stream on Windows)`;
