@@ -1,5 +1,5 @@
 /**
- * Builds the Fastify app (DESIGN.md "api/"): problem+json errors, request ids, API versioning,
+ * Builds the Fastify app (docs/architecture.md "Layers"): problem+json errors, request ids, API versioning,
  * authentication, idempotency, the OpenAPI document, and every route family. Stateless: N copies may run.
  */
 import Fastify, { type FastifyInstance } from 'fastify';

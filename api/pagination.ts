@@ -1,5 +1,5 @@
 /**
- * Cursor pagination, the one helper every paged list route uses (SPEC.md Conventions, Limits):
+ * Cursor pagination, the one helper every paged list route uses (docs/contract.md Conventions, Limits):
  * canonical `page_size`/`page_token`, legacy aliases `limit`/`cursor` (the canonical name wins when both
  * are sent). Responses carry `next_page_token` ('' at the end) and its alias `nextPageToken`.
  *
@@ -13,7 +13,7 @@ import { ApiError } from '../domain/errors';
 
 export { PagingQuery } from '../domain/schemas';
 
-/** Default and maximum page size of a route (SPEC.md Limits), and optionally the shape of its positions. */
+/** Default and maximum page size of a route (docs/contract.md Limits), and optionally the shape of its positions. */
 export interface PageLimits {
   defaultSize: number;
   maxSize: number;

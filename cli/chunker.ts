@@ -1,5 +1,5 @@
 /**
- * Client-side chunker (SPEC.md "Version body", "File entry", "Chunk reference", Limits "chunk size").
+ * Client-side chunker (docs/contract.md "Version body", "File entry", "Chunk reference", Limits "chunk size").
  *
  * Walks a directory deterministically, splits every regular file into 4 MiB chunks while streaming it
  * (a file is never held in memory whole), hashes each chunk with SHA-256 and builds the version body a
@@ -166,7 +166,7 @@ export interface ChunkLocation {
   size: number;
 }
 
-/** The version body's `config` block (metadata only; SPEC.md "Version body"). */
+/** The version body's `config` block (metadata only; docs/contract.md "Version body"). */
 export interface ProducerConfig {
   producer: 'roost-cli';
   cliVersion: string;

@@ -1,11 +1,11 @@
 /**
- * HTTP client of the `roost` CLI (SPEC.md Conventions, Errors, Authentication).
+ * HTTP client of the `roost` CLI (docs/contract.md Conventions, Errors, Authentication).
  *
  * - JSON in and out, `Authorization: Bearer <key>`, base URL from `--api`.
  * - Any non-2xx answer becomes a ClientError carrying the problem's `code`, `status`, `detail` and the
  *   whole problem body; network failures and timeouts become ClientError code `network_error`
  *   (status 0) once retries are spent.
- * - Retries (SPEC.md Errors, "Retry with backoff"): 429 always, honouring Retry-After; 500, 502, 503,
+ * - Retries (docs/contract.md Errors, "Retry with backoff"): 429 always, honouring Retry-After; 500, 502, 503,
  *   504, network failures and timeouts only for GET/HEAD, for read-only POSTs marked `retrySafe`, and
  *   for mutations that carry an Idempotency-Key. Fallback delay min(60000, 500 * 2^attempt) ms times
  *   a random factor in 0.5..1.0; at most 6 attempts. Nothing else is retried (400, 401, 403, 404, 409,
@@ -18,7 +18,7 @@ import { CLI_VERSION } from './version';
 
 /** HTTP statuses retried with backoff (429 also, with Retry-After). */
 export const RETRYABLE_STATUSES: ReadonlySet<number> = new Set([429, 500, 502, 503, 504]);
-/** Attempts per logical request, first try included (SPEC.md: at most 6 for interactive requests). */
+/** Attempts per logical request, first try included (docs/contract.md: at most 6 for interactive requests). */
 export const DEFAULT_MAX_ATTEMPTS = 6;
 /** Per-attempt timeout in ms before the attempt counts as a network failure. */
 export const DEFAULT_TIMEOUT_MS = 60_000;
@@ -142,7 +142,7 @@ export function retryAfterMs(header: string | null | undefined, body?: unknown, 
 }
 
 /**
- * Whether a failed attempt may be retried (SPEC.md Errors). `status` undefined means no HTTP answer
+ * Whether a failed attempt may be retried (docs/contract.md Errors). `status` undefined means no HTTP answer
  * (network failure or timeout). `replayable`: GET/HEAD, retrySafe, or a mutation with an Idempotency-Key.
  */
 export function isRetryable(status: number | undefined, replayable: boolean, code?: string): boolean {
@@ -167,7 +167,7 @@ function buildQuery(query: Record<string, QueryValue> | undefined): string {
   return s ? `?${s}` : '';
 }
 
-/** Encodes one path segment (a `#3` version ref becomes `%233`, SPEC.md "Version id and version refs"). */
+/** Encodes one path segment (a `#3` version ref becomes `%233`, docs/contract.md "Version id and version refs"). */
 export function seg(value: string): string {
   return encodeURIComponent(value);
 }

@@ -1,6 +1,6 @@
 /**
  * What every `roost` command shares: the global options (`--api`, `--key`, `--site`, `--quiet`), the
- * API client built from them, the output contract and error reporting (DESIGN.md "Operator surface").
+ * API client built from them, the output contract and error reporting (docs/architecture.md "Operator surface").
  *
  * Output contract (docs/decisions/cli-output.md): with `--json` a command writes exactly one JSON
  * document to stdout and nothing else (on failure: `{"error": <problem>}`); without it, human text.

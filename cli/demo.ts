@@ -1,5 +1,5 @@
 /**
- * The main job (`npm run demo`): the whole walk-through of issue #2 on the embedded default, on real
+ * The main job (`npm run demo`): the whole walk-through on the embedded default, on real
  * input. Starts the stack, bootstraps a site and key, pushes a real tree, starts a fleet of simulated
  * machines, deploys canary then fleet, verifies every machine's tree byte for byte and reported =
  * intended everywhere, changes a few files and pushes/deploys again (dedup), rolls back to the first

@@ -1,5 +1,5 @@
 /**
- * Progress display for long client work (DESIGN.md "Operator surface"): a cli-progress bar on stderr
+ * Progress display for long client work (docs/architecture.md "Operator surface"): a cli-progress bar on stderr
  * when it is a TTY, otherwise one quiet line when a stage starts and one when it ends. Nothing is
  * written with --quiet, and nothing ever goes to stdout (that belongs to the result / --json).
  */

@@ -1,5 +1,5 @@
 /**
- * The push pipeline (SPEC.md Chunks "Upload flow": check, then upload-urls for the missing hashes, then
+ * The push pipeline (docs/contract.md Chunks "Upload flow": check, then upload-urls for the missing hashes, then
  * PUT each, then publish; "Roost versions" POST /api/roosts/{roostId}/versions).
  *
  * Stages, each timed in ms:
@@ -21,7 +21,7 @@ import { type ChunkLocation, type ScanResult, type SkippedEntry, readChunk, scan
 import { ClientError, type RoostClient, newIdempotencyKey, seg } from './client';
 import { computeVersionId, type VersionBody } from '../domain/version';
 
-/** Most hashes per chunk check or upload-urls call (SPEC.md Limits). */
+/** Most hashes per chunk check or upload-urls call (docs/contract.md Limits). */
 export const HASH_BATCH = 1000;
 
 /** Files read and hashed at once during the hash stage. */
@@ -52,7 +52,7 @@ export interface PushOptions {
   /** Chunk uploads in flight at once (default 4). */
   concurrency?: number;
   onProgress?: (p: PushProgress) => void;
-  /** Version description (max 500 chars, SPEC.md Limits). */
+  /** Version description (max 500 chars, docs/contract.md Limits). */
   description?: string;
   /** Publish only if the roost's current version is still this id (412 version_stale otherwise). */
   expectedCurrentVersionId?: string;
@@ -62,7 +62,7 @@ export interface PushOptions {
   idempotencyKey?: string;
 }
 
-/** Publish response fields (SPEC.md: 201 versionId, versionNumber, currentVersionId, previousVersionId). */
+/** Publish response fields (docs/contract.md: 201 versionId, versionNumber, currentVersionId, previousVersionId). */
 export interface PublishResponse {
   versionId: string;
   versionNumber: number;

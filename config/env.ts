@@ -1,5 +1,5 @@
 /**
- * Configuration, read once from the environment through a TypeBox schema (DESIGN.md: only configuration
+ * Configuration, read once from the environment through a TypeBox schema (docs/architecture.md: only configuration
  * differs between the embedded default and production, never code paths).
  *
  * Call `loadConfig()` at process start; nothing reads the environment at module load.
@@ -55,7 +55,7 @@ export const EnvSchema = Type.Object({
   ROOST_SWEEP_KEY_EXPIRY_INTERVAL_SECONDS: Type.Integer({ minimum: 1, default: 300 }),
   /** Chunks re-hashed per verification run (the sample), never-verified and oldest-verified first. */
   ROOST_SWEEP_CHUNK_VERIFY_SAMPLE: Type.Integer({ minimum: 1, maximum: 100000, default: 128 }),
-  /** SPEC.md Limits: seconds a chunk stays unreferenced (or unreferenced since upload) before collection. Default 30 days. */
+  /** docs/contract.md Limits: seconds a chunk stays unreferenced (or unreferenced since upload) before collection. Default 30 days. */
   ROOST_CHUNK_GC_GRACE_SECONDS: Type.Integer({ minimum: 0, default: 2592000 }),
   /**
    * Seconds between a chunk's condemnation (row removed, blob kept) and its blob's deletion: longer than
@@ -84,7 +84,7 @@ export const EnvSchema = Type.Object({
   /** Log level for the API (pino levels). */
   ROOST_LOG_LEVEL: Type.String({ default: 'warn' }),
   /**
-   * Rate-limit counter store (SPEC.md Limits; docs/decisions/rate-limit-store.md). `memory`: per-process
+   * Rate-limit counter store (docs/contract.md Limits; docs/decisions/rate-limit-store.md). `memory`: per-process
    * counters (the embedded default). `redis`: counters shared by every API process, in ROOST_REDIS_URL.
    */
   ROOST_RATE_LIMIT_STORE: Type.Union([Type.Literal('memory'), Type.Literal('redis')], { default: 'memory' }),
@@ -143,7 +143,7 @@ export const EnvSchema = Type.Object({
   ROOST_WEBHOOK_RELAY_POLL_MS: Type.Integer({ minimum: 20, maximum: 20000, default: 400 }),
   /** Event relay: seconds one relay activity runs before the workflow continues as new (bounded history). */
   ROOST_WEBHOOK_RELAY_RUN_SECONDS: Type.Integer({ minimum: 1, maximum: 600, default: 240 }),
-  /** Event stream (SPEC.md "Event stream", Limits): milliseconds between two `keepalive` frames of one client. Default about 15 s. */
+  /** Event stream (docs/contract.md "Event stream", Limits): milliseconds between two `keepalive` frames of one client. Default about 15 s. */
   ROOST_STREAM_KEEPALIVE_MS: Type.Integer({ minimum: 50, maximum: 300000, default: 15000 }),
   /** Event stream: milliseconds between two polls of the outbox per site with connected clients (each API process polls its own). */
   ROOST_STREAM_POLL_MS: Type.Integer({ minimum: 10, maximum: 60000, default: 250 }),

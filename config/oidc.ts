@@ -1,5 +1,5 @@
 /**
- * The embedded default's local OIDC issuer (SPEC.md Authentication 1: ID tokens; docs/decisions/oidc.md).
+ * The embedded default's local OIDC issuer (docs/contract.md Authentication 1: ID tokens; docs/decisions/oidc.md).
  *
  * One Ed25519 key pair is created once under DATA/oidc/signing-key.json (mode 0600, written atomically so
  * two processes starting together agree on one key). The issuer is the API's public URL; the API serves

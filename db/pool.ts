@@ -1,7 +1,7 @@
 /**
  * PostgreSQL/CockroachDB access through `pg`. `withTx` runs a callback in one SERIALIZABLE transaction
  * and retries SQLSTATE 40001 (serialization failure) with jittered backoff at the outermost level only,
- * CockroachDB's client-side retry protocol (DESIGN.md "Transactions").
+ * CockroachDB's client-side retry protocol (docs/architecture.md "Transactions").
  */
 import { Pool, type PoolClient, type QueryResultRow } from 'pg';
 

@@ -1,9 +1,9 @@
 /**
- * The one error type of the service (SPEC.md "Errors"). Thrown from anywhere (routes, repositories,
+ * The one error type of the service (docs/contract.md "Errors"). Thrown from anywhere (routes, repositories,
  * plugins) and rendered once by api/plugins/problem.ts as `application/problem+json`.
  */
 
-/** Every stable error code of SPEC.md with its HTTP status. Route-specific codes are added here too. */
+/** Every stable error code of docs/contract.md with its HTTP status. Route-specific codes are added here too. */
 export const ERROR_STATUS = {
   unauthorized: 401,
   token_expired: 401,

@@ -1,4 +1,4 @@
-/** Small pure helpers for digests and ids (SPEC.md "Chunk reference", "Version id"). */
+/** Small pure helpers for digests and ids (docs/contract.md "Chunk reference", "Version id"). */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 
 /** Lowercase bare SHA-256 hex, exactly 64 chars. */

@@ -1,5 +1,5 @@
 /**
- * Version refs (SPEC.md "Version id and version refs"): stable 64-hex id, legacy `vrs_<hex>`,
+ * Version refs (docs/contract.md "Version id and version refs"): stable 64-hex id, legacy `vrs_<hex>`,
  * version number (`3`, `#3`, `v3`, `V3`), or alias (`current`, `previous`, `first`).
  * Anything else is `version_ref_malformed`.
  */

@@ -1,5 +1,5 @@
 /**
- * `roost deploy <roostId> [versionRef]`: queue a canary-then-fleet rollout of a version (SPEC.md POST
+ * `roost deploy <roostId> [versionRef]`: queue a canary-then-fleet rollout of a version (docs/contract.md POST
  * /api/roosts/{roostId}/deploy; one Idempotency-Key per invocation) and print the rollout record.
  * The version ref takes any form (a positional, since `--version` belongs to the program); a non-id
  * ref is resolved to its concrete id first (the route takes a concrete versionId).
@@ -19,7 +19,7 @@ import { ClientError, type RoostClient, seg } from '../client';
 import { type CommandContext, commandContext, idList, positiveInt, table, withJson } from '../context';
 import { createProgress } from '../progress';
 
-/** Rollout record (SPEC.md "Rollout"). */
+/** Rollout record (docs/contract.md "Rollout"). */
 export interface Rollout {
   rolloutId: string;
   versionId: string;
@@ -35,7 +35,7 @@ export interface Rollout {
   [extra: string]: unknown;
 }
 
-/** What one machine reports for the rollout's roost (SPEC.md "Roost target state"). */
+/** What one machine reports for the rollout's roost (docs/contract.md "Roost target state"). */
 export interface MachineProgress {
   machineId: string;
   wave: 'canary' | 'fleet';

@@ -1,6 +1,6 @@
 /**
  * `roost diff <roostId> <against> [versionRef]`: what changes going from `against` (the base) to
- * `versionRef` (the target, default current), per SPEC.md GET /api/roosts/{roostId}/versions/{versionRef}/diff.
+ * `versionRef` (the target, default current), per docs/contract.md GET /api/roosts/{roostId}/versions/{versionRef}/diff.
  */
 import { type Command } from 'commander';
 import { seg } from '../client';

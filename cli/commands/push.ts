@@ -1,6 +1,6 @@
 /**
  * `roost push <roostId> <dir>`: chunk, upload what the site lacks and publish a new version
- * (cli/push.ts; SPEC.md Chunks upload flow and POST /api/roosts/{roostId}/versions).
+ * (cli/push.ts; docs/contract.md Chunks upload flow and POST /api/roosts/{roostId}/versions).
  * --json prints the PushResult without the body (versionId, versionNumber, chunk and byte counts,
  * timings per stage, skipped entries).
  */

@@ -1,5 +1,5 @@
 /**
- * `roost rollback <roostId> [--to <versionRef>]`: move the current pointer back (SPEC.md POST
+ * `roost rollback <roostId> [--to <versionRef>]`: move the current pointer back (docs/contract.md POST
  * /api/roosts/{roostId}/rollback; default target `previous`; no bytes move, no new version).
  * One Idempotency-Key per invocation, reused across retries.
  */

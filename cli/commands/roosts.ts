@@ -1,5 +1,5 @@
 /**
- * `roost roosts create|list|show` (SPEC.md "Roosts": POST /api/roosts, GET /api/roosts,
+ * `roost roosts create|list|show` (docs/contract.md "Roosts": POST /api/roosts, GET /api/roosts,
  * GET /api/roosts/{roostId}). The create body is not shown by the spec; the API (api/routes/roosts.ts)
  * takes siteId, name, targets and extractPath and assigns the roost id itself.
  */
@@ -8,7 +8,7 @@ import { seg } from '../client';
 import { commandContext, formatBytes, idList, positiveInt, table, withJson } from '../context';
 import { collectPages } from './versions';
 
-/** Roost record fields the CLI shows (SPEC.md "Roost record"). */
+/** Roost record fields the CLI shows (docs/contract.md "Roost record"). */
 interface RoostRecord {
   roostId: string;
   name: string;

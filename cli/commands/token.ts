@@ -1,6 +1,6 @@
 /**
  * `roost admin token --email <email> [--ttl <minutes>] [--json]`: prints an ID token for an existing user,
- * signed by the embedded default's local OIDC issuer (config/oidc.ts; SPEC.md Authentication 1 and 4).
+ * signed by the embedded default's local OIDC issuer (config/oidc.ts; docs/contract.md Authentication 1 and 4).
  * The token is what the key lifecycle routes need (`POST /api/keys`, …) and what `POST /api/auth/session`
  * exchanges for a session. Reads the database directly (like every `admin` command); refuses when the
  * configuration names an external issuer (ROOST_OIDC_ISSUER), whose tokens come from that issuer.

@@ -1,14 +1,14 @@
 /**
- * `roost versions list <roostId>` and `roost versions show <roostId> <versionRef>` (SPEC.md "Roost
+ * `roost versions list <roostId>` and `roost versions show <roostId> <versionRef>` (docs/contract.md "Roost
  * versions": GET /api/roosts/{roostId}/versions, …/versions/{versionRef}, …/files).
- * Refs take every form of SPEC.md "Version id and version refs" (id, 3, #3, v3, current, previous, first).
+ * Refs take every form of docs/contract.md "Version id and version refs" (id, 3, #3, v3, current, previous, first).
  */
 import { type Command } from 'commander';
 import type { RoostClient } from '../client';
 import { seg } from '../client';
 import { commandContext, formatBytes, positiveInt, table, withJson } from '../context';
 
-/** A version record as listed (SPEC.md "Version record"). */
+/** A version record as listed (docs/contract.md "Version record"). */
 export interface VersionRecord {
   versionId: string;
   versionNumber: number;

@@ -107,7 +107,7 @@ CREATE TABLE IF NOT EXISTS version_chunks (
 );
 CREATE INDEX IF NOT EXISTS version_chunks_by_version ON version_chunks (site_id, roost_id, version_id);
 
--- Cross-roost mounts and other referrer entries (SPEC.md "Chunk referrer entry").
+-- Cross-roost mounts and other referrer entries (docs/contract.md "Chunk referrer entry").
 CREATE TABLE IF NOT EXISTS chunk_referrers (
   site_id TEXT NOT NULL,
   hash TEXT NOT NULL,
@@ -140,7 +140,7 @@ CREATE TABLE IF NOT EXISTS machines (
   PRIMARY KEY (site_id, machine_id)
 );
 
--- Per machine, per roost: what the agent reports (SPEC.md "Roost target state").
+-- Per machine, per roost: what the agent reports (docs/contract.md "Roost target state").
 CREATE TABLE IF NOT EXISTS roost_target_states (
   site_id TEXT NOT NULL,
   machine_id TEXT NOT NULL,
@@ -226,7 +226,7 @@ CREATE TABLE IF NOT EXISTS rollout_machines (
 );
 CREATE INDEX IF NOT EXISTS rollout_machines_by_wave ON rollout_machines (site_id, rollout_id, wave, status);
 
--- Outbox: every event row commits with the state change that causes it (DESIGN.md "Events").
+-- Outbox: every event row commits with the state change that causes it (docs/architecture.md "Events").
 CREATE TABLE IF NOT EXISTS events (
   event_id TEXT PRIMARY KEY,
   site_id TEXT NOT NULL,
@@ -236,7 +236,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_site ON events (site_id, occurred_at);
 
--- Idempotency-Key replay cache (SPEC.md Conventions). key_hash covers user, key environment, key id,
+-- Idempotency-Key replay cache (docs/contract.md Conventions). key_hash covers user, key environment, key id,
 -- method, path and the Idempotency-Key value; request_hash covers query string and body.
 CREATE TABLE IF NOT EXISTS idempotency_keys (
   key_hash TEXT PRIMARY KEY,

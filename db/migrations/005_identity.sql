@@ -1,4 +1,4 @@
--- Identity (SPEC.md "Authentication"): first-party sessions and the API key lifecycle columns.
+-- Identity (docs/contract.md "Authentication"): first-party sessions and the API key lifecycle columns.
 -- docs/decisions/sessions.md, docs/decisions/api-key-lifecycle.md.
 
 -- First-party sessions: an opaque `sst_` token obtained by exchanging an ID token. Only the SHA-256 of the

@@ -1,4 +1,4 @@
--- Storage quotas (SPEC.md "Quota snapshot", Events quota.warning / quota.exceeded; db/quota.ts).
+-- Storage quotas (docs/contract.md "Quota snapshot", Events quota.warning / quota.exceeded; db/quota.ts).
 -- Used bytes are the sizes of the chunks a site holds (the chunks table); these tables add the pending
 -- upload reservations and the memory of which quota thresholds already fired in a billing period.
 

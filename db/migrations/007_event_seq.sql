@@ -1,4 +1,4 @@
--- Event sequencing (DESIGN.md "Events": commit order is not id order on CockroachDB).
+-- Event sequencing (docs/architecture.md "Events": commit order is not id order on CockroachDB).
 -- An outbox row is written with seq NULL in the transaction of its state change. A sequencer
 -- (db/events.ts sequenceEvents: the event relay workflow and every API process serving the stream)
 -- later gives each committed row the next per-site number, in the order it observes them. A row can

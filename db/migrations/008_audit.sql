@@ -1,4 +1,4 @@
--- Hash-chained audit log per site (SPEC.md "Audit record", "Audit log"; db/audit.ts, domain/audit.ts,
+-- Hash-chained audit log per site (docs/contract.md "Audit record", "Audit log"; db/audit.ts, domain/audit.ts,
 -- docs/decisions/audit-chain.md).
 
 -- One record per audited action. `hash` is the record id: SHA-256 of the canonical content

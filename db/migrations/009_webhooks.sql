@@ -1,4 +1,4 @@
--- Webhook subscriptions, deliveries and attempts (SPEC.md "Webhook subscription", "Events" › Delivery;
+-- Webhook subscriptions, deliveries and attempts (docs/contract.md "Webhook subscription", "Events" › Delivery;
 -- db/webhooks.ts; docs/decisions/webhooks.md). Portable to CockroachDB: text ids, no sequences.
 
 -- A subscription. Secrets are sealed (domain/seal.ts, AES-256-GCM) with associated data

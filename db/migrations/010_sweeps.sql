@@ -1,4 +1,4 @@
--- Background sweeps (SPEC.md Event catalog: machine.offline, chunk.garbage_collected, chunk.verify_failed,
+-- Background sweeps (docs/contract.md Event catalog: machine.offline, chunk.garbage_collected, chunk.verify_failed,
 -- api_key.expired; Limits "chunk garbage-collection grace"). db/sweeps.ts, docs/decisions/sweeps.md.
 
 -- Heartbeat staleness: machines still flagged online, oldest heartbeat first.

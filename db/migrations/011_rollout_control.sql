@@ -1,4 +1,4 @@
--- Rollout control (issue #5; docs/decisions/rollout-control.md): policies with several waves, manual
+-- Rollout control (docs/decisions/rollout-control.md): policies with several waves, manual
 -- gates, pause/resume/abort, rollback rollouts, stage-then-activate. Additive only: every new column is
 -- nullable or has a default, so rows written before this change keep working (their waves are the
 -- names 'canary' and 'fleet'; their state is derived from stage and active).

@@ -1,4 +1,4 @@
--- Signed manifests (issue #5; docs/decisions/signed-manifests.md).
+-- Signed manifests (docs/decisions/signed-manifests.md).
 -- Per-site Ed25519 signing keys: the private key sealed at rest (domain/seal.ts, aad
 -- `signing-key:<siteId>:<keyId>`), the public key plain (raw 32 bytes, base64url). Several keys per site
 -- may exist (rotation); at most one is active (the one new signatures use).

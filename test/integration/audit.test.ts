@@ -1,6 +1,6 @@
 /**
- * The hash-chained audit log against the real services (SPEC.md "Audit record", "Audit log", Event
- * catalog `api_key.used`; issue #4): records of mutations, signed URLs and sampled key use with the right
+ * The hash-chained audit log against the real services (docs/contract.md "Audit record", "Audit log", Event
+ * catalog `api_key.used`): records of mutations, signed URLs and sampled key use with the right
  * actor, the api_key.used event once per new address, filters and paging, site isolation, the tamper
  * test and a chain that stays one chain under 50 concurrent appenders.
  */

@@ -1,5 +1,5 @@
 /**
- * The authorisation matrix (SPEC.md Authentication 5, 6, 10; issue #3): for EVERY route the server
+ * The authorisation matrix (docs/contract.md Authentication 5, 6, 10): for EVERY route the server
  * registers, a request with
  *   (a) no credential                                   → 401 unauthorized,
  *   (b) a full-access key of ANOTHER site (a member)     → 404 not_found (the site stays hidden),

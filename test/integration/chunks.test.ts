@@ -1,5 +1,5 @@
 /**
- * Chunk routes against the real services (SPEC.md "Chunks"): existence check, signed upload and download
+ * Chunk routes against the real services (docs/contract.md "Chunks"): existence check, signed upload and download
  * URLs with real bytes through Azurite, cross-roost mount, referrers, and tenant isolation.
  */
 import { createHash, randomBytes } from 'node:crypto';

@@ -1,5 +1,5 @@
 /**
- * POST /api/roosts/{roostId}/deploy over the real services (SPEC.md deploy row, "Rollout"): planning,
+ * POST /api/roosts/{roostId}/deploy over the real services (docs/contract.md deploy row, "Rollout"): planning,
  * storage, workflow start, alreadyRunning, dryRun, scheduleAt, Idempotency-Key, scopes, and every
  * client error. A worker runs so started workflows really progress (no agents answer them; they are
  * terminated at the end).

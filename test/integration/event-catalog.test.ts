@@ -1,5 +1,5 @@
 /**
- * The event catalog audit (issue #4 "One event pipeline"; SPEC.md "Event catalog"): every event the
+ * The event catalog audit (docs/contract.md "Event catalog"): every event the
  * code records carries exactly the data fields of the spec's table (names and JSON types), and is
  * written in the transaction of the state change that causes it. Each event is triggered the way it
  * happens in production: routes (publish, rollback, deploy with a worker, enrolment, chunk uploads),
@@ -37,7 +37,7 @@ interface Fields {
   optional?: Record<string, string>;
 }
 
-/** SPEC.md "Event catalog", data fields per event (with the JSON type each carries here). */
+/** docs/contract.md "Event catalog", data fields per event (with the JSON type each carries here). */
 const CATALOG: Record<EventType, Fields> = {
   'version.published': {
     required: {

@@ -1,5 +1,5 @@
 /**
- * Idempotency-Key as one mechanism (SPEC.md Conventions; api/plugins/idempotency.ts), data-driven over
+ * Idempotency-Key as one mechanism (docs/contract.md Conventions; api/plugins/idempotency.ts), data-driven over
  * the server's route table: every keyed route (required or optional) gets the same battery — missing
  * and blank keys, the 255-character limit, replay with `Idempotent-Replayed: true`, 422 on a different
  * body, errors not cached, and concurrent requests running the mutation once (rows counted). Then the

@@ -1,5 +1,5 @@
 /**
- * Identity (SPEC.md Authentication 1, 2, 9, 10): ID tokens verified against the issuer's JWKS (the
+ * Identity (docs/contract.md Authentication 1, 2, 9, 10): ID tokens verified against the issuer's JWKS (the
  * embedded local issuer, and an external issuer configured by URL), first-party sessions, the
  * compatibility credential forms, and whoami per credential kind.
  */

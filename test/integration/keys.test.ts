@@ -1,5 +1,5 @@
 /**
- * The API key lifecycle (SPEC.md "API keys, identity, version, quota", "API key and scope",
+ * The API key lifecycle (docs/contract.md "API keys, identity, version, quota", "API key and scope",
  * Authentication 3–5, 8, 10): create (session or ID token only), list, rotate with a 24 h grace, revoke,
  * expiry, lastUsedAt, and the superadmin surface /api/account/api-keys.
  */

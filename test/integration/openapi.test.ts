@@ -204,7 +204,7 @@ describe('route coverage', () => {
     for (const r of routes) for (const t of operation(r).tags) expect(declared).toContain(t);
   });
 
-  it('defines the shared Problem component with the envelope of SPEC.md "Errors", and every $ref resolves', () => {
+  it('defines the shared Problem component with the envelope of docs/contract.md "Errors", and every $ref resolves', () => {
     const problem = doc.components.schemas.Problem;
     expect(problem.required).toEqual(expect.arrayContaining(['type', 'title', 'status', 'detail', 'code', 'docsUrl', 'requestId']));
     expect(Object.keys(problem.properties)).toEqual(expect.arrayContaining(['param', 'errors']));

@@ -1,5 +1,5 @@
 /**
- * Pagination on every paged list route (SPEC.md Conventions "Pagination", Limits; api/pagination.ts),
+ * Pagination on every paged list route (docs/contract.md Conventions "Pagination", Limits; api/pagination.ts),
  * data-driven over the server's route table: `page_size`/`page_token`, the `limit`/`cursor` aliases with
  * the canonical name winning, `next_page_token` and `nextPageToken` ('' at the end), each route's
  * default and maximum, 400 validation_failed on 0, max+1, non-numeric sizes and forged tokens, and a
@@ -27,7 +27,7 @@ afterAll(async () => h.close());
 interface ListFixture {
   /** `METHOD /url` as registered. */
   route: string;
-  /** The page size limits the route must apply (SPEC.md Limits, or the route's documented choice). */
+  /** The page size limits the route must apply (docs/contract.md Limits, or the route's documented choice). */
   defaultSize: number;
   maxSize: number;
   /** Seeds more items than the default page and returns the base URL (with its required query) and credential. */

@@ -1,5 +1,5 @@
 /**
- * Storage quotas over the real services (SPEC.md "Quota snapshot", Errors quota_exceeded, Events
+ * Storage quotas over the real services (docs/contract.md "Quota snapshot", Errors quota_exceeded, Events
  * quota.warning / quota.exceeded): `GET /api/sites/{siteId}/quota`, upload reservations counted as
  * pending until publish records the chunks or they expire, 402 on upload-urls and publish past the
  * limit with nothing changed, warnings at 50 % and 80 % once per threshold per billing period, and

@@ -1,5 +1,5 @@
 /**
- * Rate limits over the real services (SPEC.md Limits, Errors rate_limited): the shared store in a real
+ * Rate limits over the real services (docs/contract.md Limits, Errors rate_limited): the shared store in a real
  * redis-server this test starts on a free port, the `RateLimit-*` and `X-RateLimit-*` headers, the 429
  * problem with `retryAfter`, `Retry-After` and `Roost-Rate-Limited-Reason`, the counters shared by two
  * API processes, a capability bucket on rollback, and, with Redis really stopped, the per-process

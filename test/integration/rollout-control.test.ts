@@ -1,5 +1,5 @@
 /**
- * Rollout control (issue #5) over the real services: policies with several waves, bake time, manual
+ * Rollout control over the real services: policies with several waves, bake time, manual
  * gates, maintenance windows, pause / resume / promote / abort updates, the failure threshold with
  * automatic rollback, manual rollback, the rollout routes (list, detail, paging, filters) and their bad
  * inputs, and the dry-run delta plan against what real agents then fetched.

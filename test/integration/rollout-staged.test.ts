@@ -1,5 +1,5 @@
 /**
- * Stage, then activate (issue #5; common5.md contract with the reference agent): with `activation:
+ * Stage, then activate (docs/decisions/stage-activate.md): with `activation:
  * 'wave'` each wave stages (sync_pull with activation 'staged') and then activates its staged machines
  * together with roost_activate; with `'fleet'` every wave stages first and one activation flips the
  * whole fleet. A machine that fails to stage keeps its old files and counts as failed (the failure

@@ -60,7 +60,7 @@ async function rolloutRow(rolloutId: string) {
   return rows[0];
 }
 
-/** Records a history only when it is not there yet: these three were recorded before the issue #5 control path (the replay test checks that). */
+/** Records a history only when it is not there yet: these three were recorded before the rollout-control path (the replay test checks that). */
 async function maybeRecord(workflowId: string, name: string) {
   if (RECORD && !(await fs.stat(path.join(HISTORIES, `${name}.json`)).catch(() => null)))
     await recordHistory(h.deps.temporal, workflowId, path.join(HISTORIES, `${name}.json`));

@@ -1,6 +1,6 @@
 /**
  * Roost routes over the real services: POST/GET /api/roosts, GET/PATCH/DELETE /api/roosts/{roostId}
- * (SPEC.md "Roost record", "Roosts").
+ * (docs/contract.md "Roost record", "Roosts").
  */
 import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';

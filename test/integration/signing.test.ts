@@ -1,5 +1,5 @@
 /**
- * Signed manifests (issue #5; docs/decisions/signed-manifests.md): the per-site Ed25519 key (created once
+ * Signed manifests (docs/decisions/signed-manifests.md): the per-site Ed25519 key (created once
  * under concurrency, sealed at rest), the public key routes, signatures on publish and on first read of
  * older versions, verification with node:crypto against the served JWK, and a real agent refusing a
  * tampered signature or another site's signature while its tree stays untouched.

@@ -1,5 +1,5 @@
 /**
- * The server-sent event stream (SPEC.md "Event stream"; issue #4 "Stream"; api/routes/events.ts,
+ * The server-sent event stream (docs/contract.md "Event stream"; api/routes/events.ts,
  * api/events/hub.ts): a real SSE client (the `eventsource` package) against real ports. The
  * `connected` frame, real events with `id:`, the exact-match `events` filter, keepalives, resumption
  * with Last-Event-ID (header, query, and the client's own reconnect across a server restart) with

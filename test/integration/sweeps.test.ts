@@ -1,5 +1,5 @@
 /**
- * Background sweeps (docs/decisions/sweeps.md; SPEC.md Event catalog machine.offline/online,
+ * Background sweeps (docs/decisions/sweeps.md; docs/contract.md Event catalog machine.offline/online,
  * chunk.garbage_collected, chunk.verify_failed, api_key.expired): each sweep workflow is run once directly
  * on a worker of the harness's task queue over prepared rows and real blob bytes, then again to prove a
  * re-run emits nothing twice; `ensureBackgroundWorkflows` creates one schedule per sweep, idempotently.

@@ -1,5 +1,5 @@
 /**
- * Versioning (SPEC.md "Versioning"; api/plugins/api-version.ts; docs/decisions/api-versioning.md):
+ * Versioning (docs/contract.md "Versioning"; api/plugins/api-version.ts; docs/decisions/api-versioning.md):
  * `GET /api/version` unauthenticated; `Roost-Version` checked on every route — registered or not,
  * authenticated or not — before credentials, body validation and Idempotency-Key; 400
  * unsupported_version with `sent` and `supported`; an absent header is served at the current date and

@@ -1,5 +1,5 @@
 /**
- * Version routes over the real services (SPEC.md "Roost versions, rollback, deploy" without deploy,
+ * Version routes over the real services (docs/contract.md "Roost versions, rollback, deploy" without deploy,
  * "Roost current pointer", "Version id and version refs"): publish, list, fetch, files, diff,
  * patch, rollback.
  */

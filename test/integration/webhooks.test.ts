@@ -1,5 +1,5 @@
 /**
- * Webhooks end to end (issue #4; SPEC.md "Webhook subscription", "Events"; docs/decisions/webhooks.md):
+ * Webhooks end to end (docs/contract.md "Webhook subscription", "Events"; docs/decisions/webhooks.md):
  * a real HTTP receiver (node:http on a random port) verifies every delivery with the library helper
  * (domain/webhook-signature.ts), dedupes on Roost-Delivery and counts what it processed. Events come from
  * real routes (publish → version.published), the event relay and delivery workflows run on an in-process

@@ -1,5 +1,5 @@
 /**
- * Durability of a rollout across a worker restart (DESIGN.md "Temporal"): deploy to a fleet of reference
+ * Durability of a rollout across a worker restart (docs/architecture.md "Temporal"): deploy to a fleet of reference
  * agents that take a while per sync, shut the only worker down while the fleet wave runs, start a new
  * worker, and the same rollout completes with every machine committed. The fleet wave's watcher was
  * cancelled by the shutdown and retried by the new worker, which replayed the workflow from history.

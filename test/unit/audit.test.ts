@@ -1,5 +1,5 @@
 /**
- * Audit record hashing and verification (domain/audit.ts; SPEC.md "Audit record").
+ * Audit record hashing and verification (domain/audit.ts; docs/contract.md "Audit record").
  */
 import { createHash } from 'node:crypto';
 import {

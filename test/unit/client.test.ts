@@ -1,6 +1,6 @@
 /**
  * The CLI's HTTP client against a real local HTTP server that answers from a script: retry policy
- * (SPEC.md Errors), Idempotency-Key reuse, problem+json → ClientError, blob PUTs. Sleeps are recorded
+ * (docs/contract.md Errors), Idempotency-Key reuse, problem+json → ClientError, blob PUTs. Sleeps are recorded
  * instead of waited so the delays can be checked exactly.
  */
 import http from 'node:http';

@@ -1,4 +1,4 @@
-/** API key rules (domain/keys.ts; SPEC.md "API key and scope", Authentication 3, 8 and 10, Limits). */
+/** API key rules (domain/keys.ts; docs/contract.md "API key and scope", Authentication 3, 8 and 10, Limits). */
 import {
   API_KEY_RE,
   DAY_MS,

@@ -1,5 +1,5 @@
 /**
- * Rate-limit rules without the HTTP layer (SPEC.md Limits): the bucket tables and how configuration
+ * Rate-limit rules without the HTTP layer (docs/contract.md Limits): the bucket tables and how configuration
  * changes them, the in-process counter store, the fallback when a Redis store cannot be reached (a real
  * ioredis client against a port nothing listens on), headers and the 429 problem.
  */
@@ -22,7 +22,7 @@ function unusedPort(): Promise<number> {
 }
 
 describe('bucket settings', () => {
-  it('default to the numbers of SPEC.md Limits', () => {
+  it('default to the numbers of docs/contract.md Limits', () => {
     const s = rateLimitSettings(base);
     expect(s.buckets.api).toEqual({ subject: 'keyOrIp', points: 300, durationSeconds: 3600 });
     expect(s.buckets.auth).toEqual({ subject: 'ip', points: 10, durationSeconds: 60 });

@@ -98,7 +98,7 @@ describe('validatePolicy', () => {
 });
 
 describe('planWaves', () => {
-  it('reproduces the canary-then-fleet split of issue #2 by default', () => {
+  it('reproduces the canary-then-fleet split of the fixed canary-then-fleet rollout by default', () => {
     for (const n of [1, 5, 12, 1000]) {
       const machines = ids(n);
       const waves = planWaves('rol_x', machines, DEFAULT_SPEC);

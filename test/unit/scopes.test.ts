@@ -1,4 +1,4 @@
-/** Scope rules (domain/scopes.ts; SPEC.md "API key and scope", Authentication 5-7). */
+/** Scope rules (domain/scopes.ts; docs/contract.md "API key and scope", Authentication 5-7). */
 import { parseScopeSpec, presetScopes, PRESETS, type Requirement, type Scope, scopeGrants, scopesAllow } from '../../domain/scopes';
 import { roostRequirement } from '../../api/plugins/auth';
 

@@ -1,4 +1,4 @@
-/** Version refs (domain/versionRef.ts; SPEC.md "Version id and version refs"). */
+/** Version refs (domain/versionRef.ts; docs/contract.md "Version id and version refs"). */
 import { ApiError } from '../../domain/errors';
 import { parseVersionRef } from '../../domain/versionRef';
 

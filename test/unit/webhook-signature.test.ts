@@ -1,5 +1,5 @@
 /**
- * The webhook signature helper (SPEC.md "Events" › Delivery): signing, every verification failure
+ * The webhook signature helper (docs/contract.md "Events" › Delivery): signing, every verification failure
  * reason, rotation (several v1), unknown schemes, and the delivery URL rules (docs/decisions/webhook-urls.md).
  */
 import { createHmac } from 'node:crypto';
