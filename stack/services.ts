@@ -26,6 +26,7 @@ import {
   waitForPort,
 } from './ports';
 import { ensurePostgres, postgresIsOurs } from './postgres';
+import { ROOST_SEARCH_ATTRIBUTES } from '../workflows/search-attributes';
 
 export { freePort, isListening, PortInUseError, type PortConflict, type ServiceHandle, waitForPort } from './ports';
 export {
@@ -38,9 +39,6 @@ export {
   findPostgres,
   removeOrphanClusters,
 } from './postgres';
-
-/** Search attributes registered on the embedded Temporal server (set on rollout workflows). */
-export const SEARCH_ATTRIBUTES = ['RoostSiteId', 'RoostRoostId', 'RoostVersionId', 'RoostStage'] as const;
 
 /** The data folder as an absolute path: the services' command lines carry it, and identity checks compare them. */
 function dataDir(cfg: Pick<Config, 'ROOST_DATA_DIR'>): string {
@@ -279,7 +277,7 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
     cfg.TEMPORAL_NAMESPACE,
     '--log-level',
     'warn',
-    ...SEARCH_ATTRIBUTES.flatMap((a) => ['--search-attribute', `${a}=Keyword`]),
+    ...ROOST_SEARCH_ATTRIBUTES.flatMap((a) => ['--search-attribute', `${a}=Keyword`]),
   ];
   const child = spawnLogged('temporal', temporalBinary(cfg), args, cfg);
   try {
