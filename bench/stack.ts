@@ -6,6 +6,7 @@
  * fresh site per benchmark (db/bootstrap.ts, so nothing is ever deduplicated across benchmarks) and the
  * clean-up of everything those sites wrote.
  */
+import { azuriteConnectionString } from '../config/env';
 import { randomBytes } from 'node:crypto';
 import fsp from 'node:fs/promises';
 import path from 'node:path';
@@ -120,6 +121,13 @@ export async function startBenchStack(opts: { database: string; worker: boolean 
       await fsp.rm(azuriteDir, { recursive: true, force: true });
       cfg = { ...base, ROOST_AZURITE_PORT: await freePort() };
       azurite = await ensureAzurite({ ...cfg, ROOST_DATA_DIR: azuriteDir });
+      // The stack reaches this Azurite as external storage: its data folder is the bench's, not the clone's,
+      // so the stack must not start (or claim) an embedded one on that port.
+      cfg = {
+        ...cfg,
+        AZURE_STORAGE_CONNECTION_STRING: azuriteConnectionString(cfg.ROOST_AZURITE_PORT),
+        embedded: { ...cfg.embedded, azurite: false },
+      };
     }
     if (cfg.embedded.postgres) createDatabase(cfg, opts.database, true);
   } catch (err) {
