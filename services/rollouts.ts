@@ -15,7 +15,7 @@ import { parseVersionRef, type VersionRef } from '../domain/versionRef';
 import type { Rollout, RolloutMachine, RolloutMachineStatus, RolloutStage, WaveCounts, WavePlan } from '../domain/rollout';
 import { type RolloutPolicy, planWaves, policyFromSpec, validatePolicy, waveNames } from '../domain/rollout-policy';
 import { sumCounts } from '../domain/rollout';
-import { getRoost, getVersion, resolveVersionIn, type RoostRow, type VersionRow } from '../db/roosts';
+import { getRoost, getVersion, resolveVersionIn, type RoostRow, type VersionRow, requireRoost } from '../db/roosts';
 import {
   type DeltaPlan,
   type RolloutListPosition,
@@ -311,6 +311,8 @@ export async function listRolloutPage(
   deps: Pick<ServiceDeps, 'db' | 'cfg'>,
   input: { siteId: string; roostId: string; limit: number; after?: RolloutListPosition; stage?: RolloutStage },
 ): Promise<{ rollouts: RolloutOverview[]; next?: RolloutListPosition }> {
+  // Like every roost route: a roost of another site, or a deleted one, is 404 not_found (not an empty list).
+  await requireRoost(deps.db, input.siteId, input.roostId);
   const page = await listRollouts(deps.db, input.siteId, input.roostId, { limit: input.limit, after: input.after, stage: input.stage });
   const counts = await countsByRollout(
     deps.db,
@@ -350,6 +352,7 @@ export async function getRolloutDetail(
   },
 ): Promise<RolloutDetail> {
   const { siteId, rolloutId } = input;
+  await requireRoost(deps.db, siteId, input.roostId);
   const r = await requireRollout(deps, siteId, input.roostId, rolloutId);
   const byWave = await countsByWave(deps.db, siteId, rolloutId, null);
   const page = await listRolloutMachines(deps.db, siteId, rolloutId, {

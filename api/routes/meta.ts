@@ -2,6 +2,7 @@
  * Identity and service metadata: `GET /api/version` (unauthenticated), `GET /api/openapi.json`, `GET /healthz`,
  * `GET /api/whoami` (services/identity.ts; docs/decisions/whoami.md).
  */
+import { rateLimitHint } from '../ratelimit/limits';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { checkHealth, whoamiFacts } from '../../services/identity';
@@ -97,7 +98,8 @@ const metaRoutes: FastifyPluginAsyncTypebox = async (app) => {
               isLegacy: user.key.isLegacy,
             }
           : null,
-        rateLimit: { tier: 'standard', limitPerMinute: 300, note: 'hint only; not the enforced counter' },
+        // The enforced `api` bucket, as a per-minute figure (a hint; the RateLimit-* headers carry the counter).
+        rateLimit: rateLimitHint(app.rateLimits.settings, quota?.tier ?? 'standard'),
         quota,
         primarySiteId,
       };

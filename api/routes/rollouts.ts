@@ -382,7 +382,8 @@ const rolloutRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { roostId, rolloutId } = request.params;
       const body = request.body as Static<typeof ControlBody> | undefined;
       const siteId = mutationSiteId(body?.siteId, request.query.siteId);
-      const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'deploy'));
+      // Rolling a rollout back is the roost `rollback` permission, like POST /api/roosts/{roostId}/rollback.
+      const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'rollback'));
       const rb = await rollbackRollout(app.deps, { siteId, roostId, rolloutId, by: user.userId, log: request.log });
       reply.header('X-Roost-Workflow-Url', rb.runUrl);
       return reply.code(202).send(summary(rb));

@@ -192,7 +192,8 @@ const MATRIX: Row[] = [
   },
   ...(['pause', 'resume', 'promote', 'abort', 'rollback'] as const).map((a): Row => ({
     route: `POST /api/roosts/:roostId/rollouts/:rolloutId/${a}`,
-    what: { kind: 'site', needs: roost('deploy') },
+    // Rolling back is its own permission (docs/contract.md "Authentication" 6); steering needs deploy.
+    what: { kind: 'site', needs: roost(a === 'rollback' ? 'rollback' : 'deploy') },
     req: (s) => ({ url: `/api/roosts/${ROOST}/rollouts/rol_matrix/${a}`, body: { siteId: s } }),
   })),
   // ---- chunks

@@ -305,3 +305,19 @@ describe('paths that are unsafe on Windows are refused where they enter', () => 
     expect(res.statusCode).toBe(200);
   });
 });
+
+describe('rollouts of a roost answer like every other roost route', () => {
+  test("another site's siteId, or a deleted roost, is 404 not_found rather than an empty list", async () => {
+    const other = await h.other();
+    const foreign = await h.request({ method: 'GET', url: `/api/roosts/${roostId}/rollouts?siteId=${other.siteId}`, key: other.apiKey });
+    expect([foreign.statusCode, foreign.json().code]).toEqual([404, 'not_found']);
+    const gone = (await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'to delete' } })).json().roostId;
+    expect((await h.request({ method: 'GET', url: `/api/roosts/${gone}/rollouts?siteId=${h.siteId}` })).statusCode).toBe(200);
+    const del = await h.request({ method: 'DELETE', url: `/api/roosts/${gone}?siteId=${h.siteId}`, idempotencyKey: true });
+    expect(del.statusCode).toBeLessThan(300);
+    for (const url of [`/api/roosts/${gone}/rollouts?siteId=${h.siteId}`, `/api/roosts/${gone}/rollouts/rol_0000?siteId=${h.siteId}`]) {
+      const res = await h.request({ method: 'GET', url });
+      expect([res.statusCode, res.json().code]).toEqual([404, 'not_found']);
+    }
+  });
+});

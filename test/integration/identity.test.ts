@@ -38,7 +38,10 @@ describe('ID tokens from the local issuer', () => {
     expect(res.statusCode).toBe(200);
     const body = res.json();
     expect(body).toMatchObject({ userId: member.uid, email: member.email, role: 'member', key: null, primarySiteId: h.siteId });
-    expect(body.rateLimit).toEqual(expect.objectContaining({ limitPerMinute: expect.any(Number) }));
+    // The hint describes the enforced `api` bucket (per hour in production), as a per-minute figure.
+    const api = h.app.rateLimits.settings.buckets.api;
+    expect(body.rateLimit).toMatchObject({ limitPerMinute: Math.max(1, Math.round((api.points * 60) / api.durationSeconds)) });
+    expect(body.rateLimit.note).toContain(`${api.points} requests per ${api.durationSeconds} s`);
     expect(body.quota).toMatchObject({
       siteId: h.siteId,
       tier: expect.any(String),
