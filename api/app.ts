@@ -7,7 +7,7 @@ import { type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { randomBytes } from 'node:crypto';
 import type { AppDeps } from './context';
 import problem, { sendProblem, toApiError } from './plugins/problem';
-import { ApiError } from '../domain/errors';
+import { ApiError, titleFor } from '../domain/errors';
 import input from './plugins/input';
 import apiVersion from './plugins/api-version';
 import auth from './plugins/auth';
@@ -16,6 +16,24 @@ import audit from './plugins/audit';
 import rateLimit from './plugins/rate-limit';
 import { registerRoutes } from './routes';
 import openapi from './openapi';
+
+/** A whole HTTP/1.1 response carrying the problem document of `err`, for answers written straight to a socket. */
+function rawProblem(err: ApiError, requestId: string): string {
+  const body = JSON.stringify({
+    type: `/problems/${err.code.replace(/_/g, '-')}`,
+    title: titleFor(err.code),
+    status: err.status,
+    detail: err.detail,
+    code: err.code,
+    docsUrl: `/docs#error-${err.code}`,
+    requestId,
+  });
+  const reason = err.status === 431 ? 'Request Header Fields Too Large' : 'Bad Request';
+  return (
+    `HTTP/1.1 ${err.status} ${reason}\r\nContent-Type: application/problem+json; charset=utf-8\r\n` +
+    `Content-Length: ${Buffer.byteLength(body)}\r\nX-Request-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`
+  );
+}
 
 /** Largest request head (request line and headers) the API reads, bytes. */
 export const MAX_HEADER_BYTES = 128 * 1024;
@@ -36,7 +54,20 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     forceCloseConnections: true,
     genReqId: () => `req_${randomBytes(10).toString('hex')}`,
     ajv: { customOptions: { coerceTypes: 'array', removeAdditional: false, useDefaults: true, allErrors: true } },
-    routerOptions: { maxParamLength: 512 },
+    // Path parameters of any length reach their schema, which answers 400 validation_failed naming the
+    // parameter (the request head itself is bounded by MAX_HEADER_BYTES).
+    routerOptions: { maxParamLength: MAX_HEADER_BYTES },
+    // A request Node's HTTP parser refuses before Fastify sees it (a head over MAX_HEADER_BYTES, a control
+    // character in a header, a malformed request line) still gets a problem document.
+    clientErrorHandler: (err: NodeJS.ErrnoException, socket) => {
+      if (!socket.writable) return socket.destroy();
+      const code = err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_too_large' : 'validation_failed';
+      const detail =
+        code === 'request_header_too_large'
+          ? `the request line and headers are over ${MAX_HEADER_BYTES} bytes`
+          : 'the request is not valid HTTP (a malformed request line or a header with a forbidden character)';
+      socket.end(rawProblem(new ApiError(code, detail), `req_${randomBytes(10).toString('hex')}`));
+    },
     // A path that is not valid percent-encoded UTF-8 is a client error like any other (problem+json).
     frameworkErrors: (error, request, reply) => {
       const err =

@@ -41,6 +41,12 @@ export const ERROR_STATUS = {
   duplicate_process_name: 409,
   process_not_found: 404,
   unsupported_command_type: 400,
+  /** A request body in a media type the route does not take (every JSON route takes application/json only). */
+  unsupported_media_type: 415,
+  /** The request head (request line and headers) is over the server's limit. */
+  request_header_too_large: 431,
+  /** A known path with a method it does not have; the answer carries `Allow`. */
+  method_not_allowed: 405,
   /** Webhooks: a delivery URL pointing at a loopback, private or link-local address (docs/decisions/webhook-urls.md). */
   url_not_allowed: 400,
 } as const;

@@ -74,6 +74,8 @@ export function parameterProblem(request: FastifyRequest): ApiError | null {
 export default fp(
   async function inputPlugin(app: FastifyInstance) {
     app.removeContentTypeParser('application/json');
+    // No route takes text: a text/plain body is 415 unsupported_media_type like any other foreign type.
+    app.removeContentTypeParser('text/plain');
     app.addContentTypeParser('application/json', { parseAs: 'string' }, (_request, body, done) => {
       try {
         done(null, parseJsonBody(body as string));

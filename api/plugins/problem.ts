@@ -5,7 +5,11 @@
  */
 import fp from 'fastify-plugin';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import Router, { type HTTPMethod } from 'find-my-way';
 import { ApiError, titleFor } from '../../domain/errors';
+
+/** Methods a route of this API can have. */
+const ROUTER_METHODS: HTTPMethod[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
 
 /** Dotted path of an ajv error: `/files/0/path` → `files.0.path`; a missing property names itself. */
 function dottedPath(prefix: string | undefined, e: { instancePath?: string; params?: Record<string, unknown>; keyword?: string }): string {
@@ -35,7 +39,9 @@ export function toApiError(err: unknown): ApiError {
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return new ApiError('payload_too_large', "request body is over this endpoint's limit");
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return new ApiError('validation_failed', 'unsupported Content-Type; send application/json', { status: 415 });
+      return new ApiError('unsupported_media_type', 'unsupported Content-Type; send application/json', {
+        extras: { param: 'Content-Type' },
+      });
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
       return new ApiError('validation_failed', 'body must not be empty with Content-Type application/json');
     case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
@@ -70,7 +76,30 @@ export default fp(async function problemPlugin(app: FastifyInstance) {
     if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
     return sendProblem(request, reply, apiErr);
   });
-  app.setNotFoundHandler((request, reply) =>
-    sendProblem(request, reply, new ApiError('not_found', `no route ${request.method} ${request.url.split('?')[0]}`)),
-  );
+  // Every registered route, by method, so a known path asked with another method is 405 with `Allow`
+  // rather than 404 (the framework's own router only knows "no match").
+  const known = Router({ maxParamLength: Number.MAX_SAFE_INTEGER });
+  app.addHook('onRoute', (route) => {
+    for (const method of Array.isArray(route.method) ? route.method : [route.method]) {
+      try {
+        known.on(method as HTTPMethod, route.url, () => undefined);
+      } catch {
+        /* the same method and path registered twice (HEAD beside GET): one entry is enough */
+      }
+    }
+  });
+  app.setNotFoundHandler((request, reply) => {
+    const path = request.url.split('?')[0];
+    const allow = ROUTER_METHODS.filter((m) => m !== request.method && known.find(m, path) !== null);
+    if (allow.length > 0) {
+      return sendProblem(
+        request,
+        reply,
+        new ApiError('method_not_allowed', `${request.method} is not a method of ${path}; it takes ${allow.join(', ')}`, {
+          headers: { Allow: allow.join(', ') },
+        }),
+      );
+    }
+    return sendProblem(request, reply, new ApiError('not_found', `no route ${request.method} ${path}`));
+  });
 });

@@ -3,6 +3,7 @@
  * PostgreSQL and fail with 500: U+0000 and lone surrogates in any string, JSON nested too deep, prototype
  * keys. Every refusal is 400 validation_failed naming the field, and nothing changes.
  */
+import net from 'node:net';
 import { createHarness, type Harness } from '../support/harness';
 import { makeUser, sessionFor } from '../support/identity';
 
@@ -319,5 +320,62 @@ describe('rollouts of a roost answer like every other roost route', () => {
       const res = await h.request({ method: 'GET', url });
       expect([res.statusCode, res.json().code]).toEqual([404, 'not_found']);
     }
+  });
+});
+
+describe('framework-level refusals are problem+json with the right status', () => {
+  const auth = () => ({ authorization: `Bearer ${h.apiKey}` });
+
+  test('a body in any media type but JSON is 415 unsupported_media_type', async () => {
+    for (const [type, payload] of [
+      ['text/plain', 'hello'],
+      ['application/xml', '<a/>'],
+    ]) {
+      const res = await h.app.inject({ method: 'POST', url: '/api/roosts', headers: { ...auth(), 'content-type': type }, payload });
+      expect([res.statusCode, res.json().code, res.json().param]).toEqual([415, 'unsupported_media_type', 'Content-Type']);
+    }
+  });
+
+  test('a 1,000-character path parameter is 400 naming it', async () => {
+    const res = await h.app.inject({ method: 'GET', url: `/api/roosts/${'a'.repeat(1000)}?siteId=${h.siteId}`, headers: auth() });
+    expect([res.statusCode, res.json().code]).toEqual([400, 'validation_failed']);
+    expect(Object.keys(res.json().errors)).toEqual(['params.roostId']);
+  });
+
+  test('a known path with another method is 405 with Allow', async () => {
+    const res = await h.app.inject({ method: 'DELETE', url: '/api/version', headers: auth() });
+    expect([res.statusCode, res.json().code]).toEqual([405, 'method_not_allowed']);
+    expect(res.headers.allow).toBe('GET, HEAD');
+    const roost = await h.app.inject({ method: 'PUT', url: `/api/roosts/${roostId}`, headers: auth() });
+    expect(roost.statusCode).toBe(405);
+    expect(String(roost.headers.allow).split(', ').sort()).toEqual(['DELETE', 'GET', 'HEAD', 'PATCH']);
+    const none = await h.app.inject({ method: 'GET', url: '/api/nothing-here', headers: auth() });
+    expect([none.statusCode, none.json().code]).toEqual([404, 'not_found']);
+  });
+
+  test('over real HTTP: oversized headers, a control character in a header, an empty Idempotency-Key', async () => {
+    const base = await h.listen();
+    const { port } = new URL(base);
+    const raw = (text: string) =>
+      new Promise<string>((resolve, reject) => {
+        const s = net.connect(Number(port), '127.0.0.1', () => s.end(text));
+        let out = '';
+        s.on('data', (d) => (out += d.toString('utf8')));
+        s.on('end', () => resolve(out));
+        s.on('error', reject);
+      });
+    const big = await raw(`GET /api/version HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(200 * 1024)}\r\n\r\n`);
+    expect(big).toMatch(/^HTTP\/1.1 431 /);
+    expect(big).toContain('application/problem+json');
+    expect(JSON.parse(big.slice(big.indexOf('\r\n\r\n') + 4)).code).toBe('request_header_too_large');
+    const ctl = await raw(`GET /api/version HTTP/1.1\r\nHost: x\r\nX-Bad: a\u0001b\r\n\r\n`);
+    expect(ctl).toMatch(/^HTTP\/1.1 400 /);
+    expect(JSON.parse(ctl.slice(ctl.indexOf('\r\n\r\n') + 4)).code).toBe('validation_failed');
+    const res = await fetch(`${base}/api/roosts/${roostId}/rollback`, {
+      method: 'POST',
+      headers: { ...auth(), 'content-type': 'application/json', 'idempotency-key': '' },
+      body: JSON.stringify({ siteId: h.siteId }),
+    });
+    expect([res.status, ((await res.json()) as { code: string }).code]).toEqual([400, 'idempotency_key_required']);
   });
 });
