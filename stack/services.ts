@@ -221,7 +221,18 @@ export async function ensureAzurite(cfg: Config): Promise<ServiceHandle> {
   const child = spawnLogged(
     'azurite',
     process.execPath,
-    [bin, '--blobHost', '127.0.0.1', '--blobPort', String(port), '--location', dir, '--skipApiVersionCheck', '--silent'],
+    [
+      bin,
+      '--blobHost',
+      '127.0.0.1',
+      '--blobPort',
+      String(port),
+      '--location',
+      dir,
+      '--skipApiVersionCheck',
+      '--silent',
+      '--disableTelemetry',
+    ],
     cfg,
   );
   try {
