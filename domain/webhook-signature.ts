@@ -10,6 +10,7 @@
  * Also the delivery URL rules shared by the subscription routes, the probe and the sender
  * (`checkWebhookUrl`, `isNonPublicAddress`).
  */
+import ipaddr from 'ipaddr.js';
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import { BlockList, isIP } from 'node:net';
 
@@ -159,8 +160,7 @@ const NON_PUBLIC = (() => {
   ];
   for (const [a, p] of v4) b.addSubnet(a, p, 'ipv4');
   const v6: [string, number][] = [
-    ['::', 128], // unspecified
-    ['::1', 128], // loopback
+    ['::', 96], // unspecified, loopback and the deprecated IPv4-compatible block (::a.b.c.d)
     ['64:ff9b::', 96], // NAT64 (reaches IPv4 space, including private ranges)
     ['100::', 64], // discard
     ['2001:db8::', 32], // documentation
@@ -173,16 +173,26 @@ const NON_PUBLIC = (() => {
   return b;
 })();
 
+/** The deprecated IPv4-compatible IPv6 block `::/96` (`::127.0.0.1`), which ipaddr.js files under unicast. */
+const IPV4_COMPATIBLE = ipaddr.parseCIDR('::/96');
+
 /**
- * True when `address` (an IPv4 or IPv6 literal, brackets allowed) is loopback, private, link-local,
- * unspecified, multicast, documentation or otherwise not a public unicast address. IPv4-mapped IPv6
- * addresses (`::ffff:10.0.0.1`, `::ffff:a00:1`) are judged by their IPv4 address. Not an IP literal → false.
+ * True when `address` (an IPv4 or IPv6 literal, brackets allowed) is anything but a public unicast address:
+ * loopback, private, link-local, carrier-grade NAT, unspecified, multicast, broadcast, documentation,
+ * benchmarking or reserved space, and every IPv6 transition form that reaches IPv4 space (IPv4-compatible
+ * `::a.b.c.d`, 6to4 `2002::/16`, Teredo `2001::/32`, NAT64 `64:ff9b::/96` and `64:ff9b:1::/48`, SIIT). Ranges
+ * come from ipaddr.js (a maintained special-purpose registry) plus the explicit list above; an IPv4-mapped
+ * address (`::ffff:10.0.0.1`) is judged by its IPv4 address. Not an IP literal → false.
  */
 export function isNonPublicAddress(address: string): boolean {
   const a = address.replace(/^\[|\]$/g, '');
   const family = isIP(a);
   if (family === 0) return false;
-  return NON_PUBLIC.check(a, family === 6 ? 'ipv6' : 'ipv4');
+  if (NON_PUBLIC.check(a, family === 6 ? 'ipv6' : 'ipv4')) return true;
+  const parsed = ipaddr.process(a);
+  if (parsed.kind() === 'ipv4') return NON_PUBLIC.check(parsed.toString(), 'ipv4') || parsed.range() !== 'unicast';
+  if ((parsed as ipaddr.IPv6).match(IPV4_COMPATIBLE)) return true;
+  return parsed.range() !== 'unicast';
 }
 
 /** Why a delivery URL is refused: its shape (validation) or where it points (address). */

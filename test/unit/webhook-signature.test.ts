@@ -141,6 +141,30 @@ describe('delivery URL rules', () => {
       expect([a, isNonPublicAddress(a)]).toEqual([a, false]);
   });
 
+  it('classifies the IPv6 forms that reach IPv4 space, and special-purpose IPv4 blocks, as non-public', () => {
+    for (const a of [
+      '::127.0.0.1', // IPv4-compatible (deprecated)
+      '::7f00:1',
+      '[::127.0.0.1]',
+      '::8.8.8.8', // IPv4-compatible, even of a public address
+      '2002:7f00:1::', // 6to4 of 127.0.0.1
+      '2002:0808:0808::1', // 6to4 of a public address: still a relay, refused
+      '2001:0:4136:e378:8000:63bf:3fff:fdd2', // Teredo
+      '64:ff9b::a00:1', // NAT64 of 10.0.0.1
+      '64:ff9b:1::1', // local-use NAT64
+      '2001:db8::1', // documentation
+      '192.0.0.8', // IETF protocol assignments
+      '198.18.0.1', // benchmarking
+      '255.255.255.255', // broadcast
+      '::ffff:7f00:1', // IPv4-mapped loopback, hex form
+    ]) {
+      expect([a, isNonPublicAddress(a)]).toEqual([a, true]);
+    }
+    for (const a of ['::ffff:8.8.8.8', '2a00:1450:4001:80b::200e']) expect([a, isNonPublicAddress(a)]).toEqual([a, false]);
+    expect(checkWebhookUrl('https://[::127.0.0.1]/hook', false)).toMatchObject({ ok: false, problem: { kind: 'address' } });
+    expect(checkWebhookUrl('https://[2002:7f00:1::]/hook', false)).toMatchObject({ ok: false, problem: { kind: 'address' } });
+  });
+
   it('needs https, a host, no credentials, no fragment, at most 2048 chars', () => {
     expect(checkWebhookUrl('https://example.com/hooks', false)).toEqual({
       ok: true,
