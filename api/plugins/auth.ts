@@ -15,7 +15,8 @@ import { type Requirement, scopesAllow } from '../../domain/scopes';
 import { SITE_ID_RE } from '../../domain/schemas';
 import { oidcSettings } from '../../config/oidc';
 import { type CredentialSource, mayActOnSite, resolveCredential } from '../../services/identity';
-import type { AgentPrincipal, Principal, UserPrincipal } from '../context';
+import type { AgentPrincipal, AuthMode, Principal, UserPrincipal } from '../context';
+import { rateLimitedError } from '../ratelimit/limits';
 
 export { API_KEY_RE };
 export {
@@ -68,15 +69,29 @@ export default fp(async function authPlugin(app: FastifyInstance) {
   app.addHook('preValidation', async (request) => {
     const mode = request.routeOptions.config?.auth ?? 'user';
     if (mode === 'none') return;
-    const principal = await authenticate(app, request);
-    if (!principal)
-      throw new ApiError('unauthorized', 'missing credential: send Authorization: Bearer <API key, session token or ID token>');
-    if (mode === 'user' && principal.kind !== 'user')
-      throw new ApiError('unauthorized', 'this route needs a user credential (API key, session or ID token), not an agent token');
-    if (mode === 'agent' && principal.kind !== 'agent') throw new ApiError('unauthorized', 'this route needs an agent token');
-    request.principal = principal;
+    try {
+      await authenticateFor(app, request, mode);
+    } catch (err) {
+      // Failed authentications spend the `auth` bucket of the caller's address (10 a minute in production):
+      // past it, guessing answers 429 with the rate-limit headers instead of 401 (docs/decisions/rate-limit-buckets.md).
+      if (err instanceof ApiError && err.status === 401) {
+        const d = await request.server.rateLimits.bucket('auth', `ip:${request.ip}`);
+        if (!d.allowed) throw rateLimitedError(d);
+      }
+      throw err;
+    }
   });
 });
+
+/** Resolves the request's credential for a route of `mode` onto `request.principal`; throws 401 ApiError. */
+async function authenticateFor(app: FastifyInstance, request: FastifyRequest, mode: AuthMode): Promise<void> {
+  const principal = await authenticate(app, request);
+  if (!principal) throw new ApiError('unauthorized', 'missing credential: send Authorization: Bearer <API key, session token or ID token>');
+  if (mode === 'user' && principal.kind !== 'user')
+    throw new ApiError('unauthorized', 'this route needs a user credential (API key, session or ID token), not an agent token');
+  if (mode === 'agent' && principal.kind !== 'agent') throw new ApiError('unauthorized', 'this route needs an agent token');
+  request.principal = principal;
+}
 
 /** The user principal of a request; throws 401 when the request is not a user's. */
 export function requireUser(request: FastifyRequest): UserPrincipal {

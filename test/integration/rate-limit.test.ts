@@ -278,3 +278,32 @@ describe('capability buckets', () => {
     }
   });
 });
+
+describe('failed authentications spend the auth bucket of their address', () => {
+  let h: Harness;
+
+  beforeAll(async () => {
+    // The production numbers: auth is 10 a minute per IP.
+    h = await createHarness({ ROOST_RATE_LIMIT_SCALE: '1' });
+  });
+  afterAll(async () => h?.close());
+
+  test('the 11th failure in a minute is 429 with the limit headers; other addresses and valid keys are unaffected', async () => {
+    const bad = (remoteAddress: string) =>
+      h.app.inject({ method: 'GET', url: '/api/whoami', remoteAddress, headers: { authorization: `Bearer svk_live_${'x'.repeat(43)}` } });
+    for (let i = 0; i < 10; i++) expect((await bad('192.0.2.10')).statusCode).toBe(401);
+    const limited = await bad('192.0.2.10');
+    expect([limited.statusCode, limited.json().code]).toEqual([429, 'rate_limited']);
+    expect(Number(limited.headers['retry-after'])).toBeGreaterThan(0);
+    expect(limited.headers['roost-rate-limited-reason']).toBeDefined();
+    expect((await h.app.inject({ method: 'GET', url: '/api/whoami', remoteAddress: '192.0.2.10' })).statusCode).toBe(429);
+    expect((await bad('192.0.2.11')).statusCode).toBe(401);
+    const ok = await h.app.inject({
+      method: 'GET',
+      url: '/api/whoami',
+      remoteAddress: '192.0.2.10',
+      headers: { authorization: `Bearer ${h.apiKey}` },
+    });
+    expect(ok.statusCode).toBe(200);
+  });
+});
