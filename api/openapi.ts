@@ -91,9 +91,11 @@ const SECURITY_SCHEMES = {
 } as const;
 
 /** OpenAPI `security` of a route from its credential kind. */
-export function securityFor(auth: AuthMode, allowQueryKey = false): Record<string, string[]>[] {
+export function securityFor(auth: AuthMode, allowQueryKey = false, method = 'GET'): Record<string, string[]>[] {
   const scheme = (name: keyof typeof SECURITY_SCHEMES): Record<string, string[]> => ({ [name]: [] });
-  const user = [scheme('bearer'), scheme('apiKeyHeader'), ...(allowQueryKey ? [scheme('apiKeyQuery')] : [])];
+  // x-api-key is a read-only compatibility form (docs/decisions/credential-forms.md).
+  const read = method === 'GET' || method === 'HEAD';
+  const user = [scheme('bearer'), ...(read ? [scheme('apiKeyHeader')] : []), ...(allowQueryKey ? [scheme('apiKeyQuery')] : [])];
   switch (auth) {
     case 'none':
       return [];
@@ -235,7 +237,9 @@ function transform({ schema, url, route }: { schema: OpenApiNode | undefined; ur
   const auth = config.auth ?? 'user';
   // The rule of api/plugins/rate-limit.ts: a named bucket, or the `api` bucket for user credentials.
   s['x-roost-rate-limited'] = config.rateLimit !== false && (config.rateLimit !== undefined || auth === 'user' || auth === 'userOrAgent');
-  if (s.security === undefined) s.security = securityFor(auth, config.allowQueryKey === true);
+  if (s.security === undefined) {
+    s.security = securityFor(auth, config.allowQueryKey === true, typeof route.method === 'string' ? route.method : 'GET');
+  }
   s['x-roost-auth'] = auth;
   s['x-idempotency'] = config.idempotency ?? 'ignored';
   s['x-roost-body'] = s.body !== undefined;

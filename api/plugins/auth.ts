@@ -36,6 +36,9 @@ declare module 'fastify' {
   }
 }
 
+/** Methods on which the `x-api-key` compatibility header is accepted. */
+const READ_METHODS = new Set(['GET', 'HEAD']);
+
 /** The credential a request carries and where (Authorization: Bearer, x-api-key, or `?api_key=` on routes that allow it). */
 function credentialOf(request: FastifyRequest): { raw: string; via: CredentialSource } | undefined {
   const h = request.headers.authorization;
@@ -45,7 +48,14 @@ function credentialOf(request: FastifyRequest): { raw: string; via: CredentialSo
     return { raw: m[1], via: 'bearer' };
   }
   const x = request.headers['x-api-key'];
-  if (typeof x === 'string' && x.length > 0) return { raw: x.trim(), via: 'x-api-key' };
+  if (typeof x === 'string' && x.length > 0) {
+    // The compatibility header is for reads only (docs/decisions/credential-forms.md): a mutation names its
+    // credential in Authorization, so a key pasted into a proxy's or a log's header list cannot change state.
+    if (!READ_METHODS.has(request.method)) {
+      throw new ApiError('unauthorized', 'x-api-key is accepted on reads (GET) only; send mutations with Authorization: Bearer <API key>');
+    }
+    return { raw: x.trim(), via: 'x-api-key' };
+  }
   if (request.routeOptions.config?.allowQueryKey) {
     const q = (request.query as Record<string, unknown> | undefined)?.api_key;
     if (typeof q === 'string' && q.length > 0) return { raw: q, via: 'query' };

@@ -379,3 +379,21 @@ describe('framework-level refusals are problem+json with the right status', () =
     expect([res.status, ((await res.json()) as { code: string }).code]).toEqual([400, 'idempotency_key_required']);
   });
 });
+
+describe('credential forms (docs/decisions/credential-forms.md)', () => {
+  test('x-api-key works on reads and is refused on mutations, which change nothing', async () => {
+    const read = await h.request({ method: 'GET', url: '/api/whoami', key: null, headers: { 'x-api-key': h.apiKey } });
+    expect(read.statusCode).toBe(200);
+    const before = (await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` })).json().roosts.length;
+    const write = await h.request({
+      method: 'POST',
+      url: '/api/roosts',
+      key: null,
+      headers: { 'x-api-key': h.apiKey },
+      body: { siteId: h.siteId, name: 'via x-api-key' },
+    });
+    expect([write.statusCode, write.json().code]).toEqual([401, 'unauthorized']);
+    expect(write.json().detail).toMatch(/Authorization: Bearer/);
+    expect((await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` })).json().roosts.length).toBe(before);
+  });
+});

@@ -184,7 +184,7 @@ describe('route coverage', () => {
     const operationIds = new Set<string>();
     for (const r of routes) {
       const op = operation(r);
-      if (JSON.stringify(op.security) !== JSON.stringify(securityFor(r.auth, r.allowQueryKey)))
+      if (JSON.stringify(op.security) !== JSON.stringify(securityFor(r.auth, r.allowQueryKey, r.method)))
         problems.push(`${label(r)}: security ${JSON.stringify(op.security)}`);
       const header = (name: string) => (op.parameters ?? []).find((p: any) => p.in === 'header' && p.name === name);
       const version = header('Roost-Version');
