@@ -7,6 +7,10 @@ import fp from 'fastify-plugin';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import Router, { type HTTPMethod } from 'find-my-way';
 import { ApiError, titleFor } from '../../domain/errors';
+import { unavailableDependency } from '../../domain/outage';
+
+/** Seconds a client is told to wait when a dependency is down (503 service_unavailable). */
+export const OUTAGE_RETRY_AFTER_SECONDS = 5;
 
 /** Methods a route of this API can have. */
 const ROUTER_METHODS: HTTPMethod[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
@@ -46,6 +50,17 @@ export function toApiError(err: unknown): ApiError {
       return new ApiError('validation_failed', 'body must not be empty with Content-Type application/json');
     case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
       return new ApiError('validation_failed', 'invalid Content-Length');
+  }
+  const down = unavailableDependency(err);
+  if (down) {
+    return new ApiError(
+      'service_unavailable',
+      down === 'network' ? 'a dependency is unavailable; retry shortly' : `the ${down} is unavailable; retry shortly`,
+      {
+        headers: { 'Retry-After': String(OUTAGE_RETRY_AFTER_SECONDS) },
+        extras: { retryAfter: OUTAGE_RETRY_AFTER_SECONDS },
+      },
+    );
   }
   if (fe instanceof SyntaxError || (fe as { statusCode?: number })?.statusCode === 400) {
     return new ApiError('validation_failed', `malformed request: ${fe.message}`);

@@ -1,0 +1,65 @@
+/**
+ * A database outage answers 503 service_unavailable with Retry-After, not 500 (api/plugins/problem.ts over
+ * domain/outage.ts). The API reaches PostgreSQL through a TCP proxy in front of the suite's server; closing the
+ * proxy is the outage (its connections are cut, new ones refused), reopening it ends it.
+ */
+import net from 'node:net';
+import { createHarness, type Harness } from '../support/harness';
+import { testConfig } from '../support/env';
+
+let h: Harness;
+let proxy: net.Server;
+let port = 0;
+const sockets = new Set<net.Socket>();
+
+function openProxy(): Promise<void> {
+  const pg = testConfig().ROOST_PG_PORT;
+  proxy = net.createServer((client) => {
+    const upstream = net.connect(pg, '127.0.0.1');
+    sockets.add(client).add(upstream);
+    client.pipe(upstream).pipe(client);
+    const end = () => (client.destroy(), upstream.destroy());
+    client.on('error', end).on('close', end);
+    upstream.on('error', end).on('close', end);
+  });
+  return new Promise((resolve) => proxy.listen(port, '127.0.0.1', () => ((port = (proxy.address() as net.AddressInfo).port), resolve())));
+}
+
+async function closeProxy(): Promise<void> {
+  await new Promise<void>((resolve) => proxy.close(() => resolve()));
+  for (const s of sockets) s.destroy();
+  sockets.clear();
+}
+
+beforeAll(async () => {
+  await openProxy();
+  const cfg = testConfig();
+  h = await createHarness({ DATABASE_URL: cfg.databaseUrl.replace(`:${cfg.ROOST_PG_PORT}/`, `:${port}/`) });
+});
+
+afterAll(async () => {
+  await h?.close();
+  await closeProxy().catch(() => undefined);
+});
+
+test('reads and writes during the outage are 503 with Retry-After; they work again when it ends', async () => {
+  const list = () => h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` });
+  expect((await list()).statusCode).toBe(200);
+  await closeProxy();
+  for (const res of [
+    await list(),
+    await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'during outage' } }),
+  ]) {
+    expect([res.statusCode, res.json().code]).toEqual([503, 'service_unavailable']);
+    expect(Number(res.headers['retry-after'])).toBeGreaterThan(0);
+    expect(res.json().detail).toMatch(/unavailable; retry shortly/);
+  }
+  await openProxy();
+  let res = await list();
+  for (let i = 0; i < 20 && res.statusCode !== 200; i++) {
+    await new Promise((r) => setTimeout(r, 250));
+    res = await list();
+  }
+  expect(res.statusCode).toBe(200);
+  expect(res.json().roosts.map((r: { name: string }) => r.name)).not.toContain('during outage');
+});
