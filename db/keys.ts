@@ -7,6 +7,7 @@
  * Rotation and revocation run in one `withTx` (SERIALIZABLE, 40001 retry) so two concurrent rotations of
  * one key cannot both succeed.
  */
+import { isCreatedAtPosition } from '../domain/schemas';
 import type { Pool } from 'pg';
 import { ApiError } from '../domain/errors';
 import { newId, sha256Hex } from '../domain/hex';
@@ -118,20 +119,8 @@ export async function findKey(db: Queryable, keyId: string, uid?: string): Promi
 /** A list position: [created_at text, key id] of the last row of the previous page. */
 export type KeyPosition = [string, string];
 
-/** Timestamp text as PostgreSQL/CockroachDB print timestamptz. */
-const POSITION_AT = /^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}(:?\d{2})?)$/;
-
-/** True for a position this server could have issued. */
-export function isKeyPosition(p: unknown): p is KeyPosition {
-  return (
-    Array.isArray(p) &&
-    p.length === 2 &&
-    typeof p[0] === 'string' &&
-    typeof p[1] === 'string' &&
-    POSITION_AT.test(p[0]) &&
-    /^[A-Za-z0-9_-]{1,64}$/.test(p[1])
-  );
-}
+/** True for a position this server could have issued (domain/schemas.ts `isCreatedAtPosition`). */
+export const isKeyPosition: (p: unknown) => p is KeyPosition = isCreatedAtPosition;
 
 /**
  * Keys newest first, `limit` + 1 rows (the extra one tells whether a next page exists). `uid` narrows to

@@ -103,3 +103,21 @@ export const PageTokens = {
   next_page_token: Type.String({ description: "opaque token of the next page; '' at the end" }),
   nextPageToken: Type.String({ description: 'alias of next_page_token' }),
 };
+
+/** Timestamp text as PostgreSQL/CockroachDB print timestamptz (what created-at list positions carry). */
+const POSITION_AT = /^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}(:?\d{2})?)$/;
+
+/**
+ * True for a `[created_at text, id]` list position this server could have issued (the roost and API key
+ * lists page by it): a timestamptz as the database prints it and an id of 1..64 of [A-Za-z0-9_-].
+ */
+export function isCreatedAtPosition(p: unknown): p is [string, string] {
+  return (
+    Array.isArray(p) &&
+    p.length === 2 &&
+    typeof p[0] === 'string' &&
+    typeof p[1] === 'string' &&
+    POSITION_AT.test(p[0]) &&
+    /^[A-Za-z0-9_-]{1,64}$/.test(p[1])
+  );
+}

@@ -11,7 +11,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import type { Requirement } from '../../domain/scopes';
-import { DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
+import { DateTime, MachineId, Nullable, problems, RoostId, SiteId, isCreatedAtPosition } from '../../domain/schemas';
 import { createRoost, deleteRoost, getRoost, listRoosts, type RoostDetail, updateRoost } from '../../services/roosts';
 import { PagingQuery, pageTokens, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
@@ -192,21 +192,6 @@ function listRequirement(siteId: string): Requirement[] {
   ];
 }
 
-/** Server timestamp text as PostgreSQL/CockroachDB print timestamptz (what list tokens carry). */
-const POSITION_AT = /^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}(:?\d{2})?)$/;
-
-/** True for a list position this server could have issued: [created_at text, roost id]. */
-function isPosition(p: unknown): p is [string, string] {
-  return (
-    Array.isArray(p) &&
-    p.length === 2 &&
-    typeof p[0] === 'string' &&
-    typeof p[1] === 'string' &&
-    POSITION_AT.test(p[0]) &&
-    /^[A-Za-z0-9_-]{1,64}$/.test(p[1])
-  );
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Routes
 
@@ -248,7 +233,7 @@ const roostRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const q = request.query;
       const paging = parsePaging<[string, string]>(q, ROOST_PAGE);
       const tokenParam = q.page_token !== undefined ? 'page_token' : 'cursor';
-      if (paging.after !== undefined && !isPosition(paging.after)) {
+      if (paging.after !== undefined && !isCreatedAtPosition(paging.after)) {
         throw new ApiError('validation_failed', `${tokenParam} is not a token this server issued`, {
           extras: { param: tokenParam, errors: { [tokenParam]: ['unrecognised page token'] } },
         });
