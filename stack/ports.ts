@@ -31,8 +31,47 @@ export async function waitForPort(port: number, host = '127.0.0.1', timeoutMs = 
   throw new Error(`nothing listening on ${host}:${port} after ${timeoutMs} ms`);
 }
 
-/** A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it). */
-export function freePort(): Promise<number> {
+/**
+ * The range the kernel hands out for port 0 and for outgoing connections (Linux:
+ * /proc/sys/net/ipv4/ip_local_port_range; elsewhere the IANA dynamic range 49152–65535).
+ */
+export function ephemeralPortRange(): [number, number] {
+  try {
+    const [lo, hi] = fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    if (Number.isInteger(lo) && Number.isInteger(hi) && lo > 0 && hi >= lo) return [lo, hi];
+  } catch {
+    // not Linux: fall through
+  }
+  return [49152, 65535];
+}
+
+/** Binds host:port and closes it again: resolves true when the bind succeeded. */
+function canBind(port: number, host: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const srv = net.createServer();
+    srv.once('error', () => resolve(false));
+    srv.listen({ port, host, exclusive: true }, () => srv.close(() => resolve(true)));
+  });
+}
+
+/**
+ * A TCP port on 127.0.0.1 that nothing listens on right now, chosen outside the kernel's ephemeral range
+ * (ephemeralPortRange) so that a port picked now and bound seconds later by a service we start cannot
+ * meanwhile become the source port of some outgoing connection or another process's port-0 listener
+ * (the Temporal dev server, for one, binds several port-0 listeners of its own). Falls back to a
+ * kernel-chosen port when 200 random candidates are all taken.
+ */
+export async function freePort(): Promise<number> {
+  const [lo, hi] = ephemeralPortRange();
+  const below: [number, number] = [10_000, lo - 1];
+  const above: [number, number] = [hi + 1, 65_535];
+  const span = below[1] - below[0] >= above[1] - above[0] ? below : above;
+  if (span[1] - span[0] >= 100) {
+    for (let i = 0; i < 200; i++) {
+      const port = span[0] + Math.floor(Math.random() * (span[1] - span[0] + 1));
+      if (await canBind(port, '127.0.0.1')) return port;
+    }
+  }
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
     srv.once('error', reject);
