@@ -3,22 +3,42 @@
  * canonical `page_size`/`page_token`, legacy aliases `limit`/`cursor` (the canonical name wins when both
  * are sent). Responses carry `next_page_token` ('' at the end) and its alias `nextPageToken`.
  *
- * Tokens are opaque to clients (round-trip them exactly): base64url JSON `{ p, c }` where `p` is the
- * route's position (for example the last id seen) and `c` an integrity tag over `p`. A token this
- * server did not issue (garbage, truncated, hand-made or edited) fails the tag and is 400
- * validation_failed; routes still check the position's shape. docs/decisions/pagination-tokens.md.
+ * A route calls `parsePaging(request, limits)` once and answers with `paging.tokens(next)`: the request is
+ * a required argument because a token is bound to it. Tokens are HMAC-tagged under a key derived from the
+ * server secret (config/secrets.ts `derivedKeyOf`) over the route, its path parameters (site, roost,
+ * version…), its filters (every other query parameter) and the caller (domain/paging.ts), so a token of
+ * one roost's version list is refused on another roost, on `/files`, with other filters or from another
+ * user: 400 validation_failed naming `page_token` or `cursor`, the one answer to every token this server
+ * did not issue for this request. docs/decisions/pagination-tokens.md.
  */
-import { createHash } from 'node:crypto';
+import type { FastifyRequest } from 'fastify';
+import { derivedKeyOf } from '../config/secrets';
 import { ApiError } from '../domain/errors';
+import { badPageToken, openPageToken, type PageBinding, signPageToken } from '../domain/paging';
 
 export { PagingQuery } from '../domain/schemas';
+export { badPageToken } from '../domain/paging';
 
-/** Default and maximum page size of a route (docs/contract.md Limits), and optionally the shape of its positions. */
-export interface PageLimits {
+/** The HKDF purpose of the page-token key (a new purpose retires every token issued before). */
+export const PAGE_TOKEN_KEY_PURPOSE = 'roost.page_token.v2';
+
+/** Query parameters that are paging or credentials, not filters: they take no part in a token's binding. */
+const NOT_FILTERS = new Set(['page_size', 'page_token', 'limit', 'cursor', 'api_key']);
+
+/** Default and maximum page size of a route (docs/contract.md Limits) and the shape of its positions. */
+export interface PageLimits<T> {
   defaultSize: number;
   maxSize: number;
-  /** True for a position this route issues; a token carrying anything else is 400 validation_failed. */
-  accept?: (position: unknown) => boolean;
+  /**
+   * True for a position this route issues. Tokens are tagged, so this only guards against a route's own
+   * change of position shape; anything else is the same 400 as a forged token.
+   */
+  accept: (position: unknown) => position is T;
+  /**
+   * The list's name in the binding when several routes serve one list (an alias path); default
+   * `METHOD /registered/url`.
+   */
+  list?: string;
 }
 
 export interface Paging<T> {
@@ -27,76 +47,64 @@ export interface Paging<T> {
   after: T | undefined;
   /** Which query parameter carried the token ('page_token' or 'cursor'), for error messages. */
   tokenParam: 'page_token' | 'cursor';
-}
-
-const TOKEN_TAG_CONTEXT = 'roost.page_token.v1';
-
-function tag(positionJson: string): string {
-  return createHash('sha256').update(`${TOKEN_TAG_CONTEXT}\n${positionJson}`).digest('base64url').slice(0, 16);
-}
-
-/** 400 validation_failed naming a bad page token. */
-export function badPageToken(param: 'page_token' | 'cursor' | string): ApiError {
-  return new ApiError('validation_failed', `${param} is not a token this server issued; send back next_page_token exactly`, {
-    extras: { param, errors: { [param]: ['unrecognised page token'] } },
-  });
+  /** The pagination fields of this request's response; `next` is the next position, undefined on the last page. */
+  tokens(next: T | undefined): { next_page_token: string; nextPageToken: string };
 }
 
 function present(v: unknown): boolean {
   return v !== undefined && v !== null && v !== '';
 }
 
+/** What a token of this request is bound to (domain/paging.ts PageBinding). */
+export function pageBinding(request: FastifyRequest, list?: string): PageBinding {
+  const filters: Record<string, unknown> = {};
+  const q = (request.query ?? {}) as Record<string, unknown>;
+  for (const [k, v] of Object.entries(q)) if (!NOT_FILTERS.has(k) && v !== undefined) filters[k] = v;
+  const params: Record<string, unknown> = { ...((request.params ?? {}) as Record<string, unknown>) };
+  const p = request.principal;
+  const caller = p === undefined ? 'anonymous' : p.kind === 'user' ? `user:${p.userId}` : `agent:${p.siteId}/${p.machineId}`;
+  return { route: list ?? `${request.method} ${request.routeOptions.url ?? request.url}`, params, filters, caller };
+}
+
 /**
- * Reads page size and token from a route's query. Sizes that are not an integer from 1 to
- * `maxSize` → 400 validation_failed (param page_size or limit); a token that does not decode or whose
- * tag does not match, or whose position `opts.accept` refuses → 400 validation_failed (param page_token or
+ * Reads page size and token from the request's query and returns them with the encoder of this request's
+ * tokens. Sizes that are not an integer from 1 to `maxSize` → 400 validation_failed (param page_size or
+ * limit); a token that does not decode, whose tag does not match this server's key and this request's
+ * binding, or whose position `limits.accept` refuses → 400 validation_failed (param page_token or
  * cursor). Empty values count as absent.
  */
-export function parsePaging<T = unknown>(query: Record<string, unknown>, opts: PageLimits): Paging<T> {
+export function parsePaging<T>(request: FastifyRequest, limits: PageLimits<T>): Paging<T> {
+  const query = (request.query ?? {}) as Record<string, unknown>;
   const sizeParam = present(query.page_size) ? 'page_size' : 'limit';
   const rawSize = query[sizeParam];
-  let pageSize = opts.defaultSize;
+  let pageSize = limits.defaultSize;
   if (present(rawSize)) {
     const s = String(rawSize);
     const n = /^[0-9]{1,9}$/.test(s) ? Number(s) : NaN;
-    if (!Number.isInteger(n) || n < 1 || n > opts.maxSize) {
-      throw new ApiError('validation_failed', `${sizeParam} must be an integer from 1 to ${opts.maxSize}`, {
-        extras: { param: sizeParam, errors: { [sizeParam]: [`must be an integer from 1 to ${opts.maxSize}`] } },
+    if (!Number.isInteger(n) || n < 1 || n > limits.maxSize) {
+      throw new ApiError('validation_failed', `${sizeParam} must be an integer from 1 to ${limits.maxSize}`, {
+        extras: { param: sizeParam, errors: { [sizeParam]: [`must be an integer from 1 to ${limits.maxSize}`] } },
       });
     }
     pageSize = n;
   }
+  const key = derivedKeyOf(request.server.deps.cfg, PAGE_TOKEN_KEY_PURPOSE);
+  const binding = pageBinding(request, limits.list);
   const tokenParam = present(query.page_token) ? 'page_token' : 'cursor';
   const rawToken = query[tokenParam];
   let after: T | undefined;
   if (present(rawToken)) {
-    after = decodePageToken<T>(String(rawToken));
-    if (after === undefined || (opts.accept && !opts.accept(after))) throw badPageToken(tokenParam);
+    const p = openPageToken(key, binding, String(rawToken));
+    if (p === undefined || !limits.accept(p)) throw badPageToken(tokenParam);
+    after = p;
   }
-  return { pageSize, after, tokenParam };
-}
-
-/** Encodes a position (any JSON value but null) as an opaque token. */
-export function encodePageToken(position: unknown): string {
-  const p = JSON.stringify(position);
-  return Buffer.from(JSON.stringify({ p: position, c: tag(p) }), 'utf8').toString('base64url');
-}
-
-/** The position of a token this server issued, or undefined for anything else. */
-export function decodePageToken<T = unknown>(token: string): T | undefined {
-  if (!/^[A-Za-z0-9_-]{1,4096}$/.test(token)) return undefined;
-  try {
-    const parsed = JSON.parse(Buffer.from(token, 'base64url').toString('utf8')) as { p?: unknown; c?: unknown };
-    if (parsed === null || typeof parsed !== 'object' || parsed.p === undefined || parsed.p === null || typeof parsed.c !== 'string')
-      return undefined;
-    return parsed.c === tag(JSON.stringify(parsed.p)) ? (parsed.p as T) : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/** The pagination fields of a response. `next` is the next position, or undefined on the last page. */
-export function pageTokens(next: unknown | undefined): { next_page_token: string; nextPageToken: string } {
-  const t = next === undefined ? '' : encodePageToken(next);
-  return { next_page_token: t, nextPageToken: t };
+  return {
+    pageSize,
+    after,
+    tokenParam,
+    tokens(next) {
+      const t = next === undefined ? '' : signPageToken(key, binding, next);
+      return { next_page_token: t, nextPageToken: t };
+    },
+  };
 }

@@ -1,7 +1,7 @@
 /** Local secrets of the embedded default, kept under the data folder (created on first use, mode 0600). */
 import fs from 'node:fs';
 import path from 'node:path';
-import { randomBytes } from 'node:crypto';
+import { hkdfSync, randomBytes } from 'node:crypto';
 import type { Config } from './env';
 
 /** The bootstrap secret: ROOST_BOOTSTRAP_SECRET, else DATA/bootstrap-secret (generated once). */
@@ -49,5 +49,21 @@ const sealKeys = new WeakMap<object, Buffer>();
 export function sealKeyOf(cfg: Config): Buffer {
   let k = sealKeys.get(cfg);
   if (!k) sealKeys.set(cfg, (k = secretKey(cfg)));
+  return k;
+}
+
+const derivedKeys = new WeakMap<object, Map<string, Buffer>>();
+
+/**
+ * A 32-byte key for one purpose (for example 'roost.page_token.v2': api/pagination.ts), derived with
+ * HKDF-SHA-256 from the seal key (`sealKeyOf`, so every API process sharing ROOST_SECRET_KEY derives the
+ * same key) and cached per configuration object and purpose. Purposes never share a key.
+ * @throws like `secretKey`.
+ */
+export function derivedKeyOf(cfg: Config, purpose: string): Buffer {
+  let byPurpose = derivedKeys.get(cfg);
+  if (!byPurpose) derivedKeys.set(cfg, (byPurpose = new Map()));
+  let k = byPurpose.get(purpose);
+  if (!k) byPurpose.set(purpose, (k = Buffer.from(hkdfSync('sha256', sealKeyOf(cfg), Buffer.alloc(0), purpose, 32))));
   return k;
 }

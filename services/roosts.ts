@@ -5,6 +5,7 @@
  */
 import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
+import { badPageToken } from '../domain/paging';
 import * as repo from '../db/roosts';
 import { type BlobStore, versionUrlOf } from '../storage/blob';
 import type { ServiceDeps } from './deps';
@@ -85,17 +86,14 @@ export async function createRoost(
  */
 export async function listRoosts(
   deps: Pick<ServiceDeps, 'db' | 'blob'>,
-  input: { siteId: string; pageSize: number; after?: [string, string]; includeDeleted?: boolean; tokenParam: string },
+  input: { siteId: string; pageSize: number; after?: [string, string]; includeDeleted?: boolean; tokenParam: 'page_token' | 'cursor' },
 ): Promise<{ roosts: RoostDetail[]; next: [string, string] | undefined }> {
   const page = await repo
     .listRoosts(deps.db, input.siteId, { limit: input.pageSize, after: input.after, includeDeleted: input.includeDeleted === true })
     .catch((err: unknown) => {
       // A forged position with an impossible timestamp fails the cast (SQLSTATE class 22: data exception).
       if (input.after !== undefined && String((err as { code?: string }).code ?? '').startsWith('22')) {
-        const param = input.tokenParam;
-        throw new ApiError('validation_failed', `${param} is not a token this server issued`, {
-          extras: { param, errors: { [param]: ['unrecognised page token'] } },
-        });
+        throw badPageToken(input.tokenParam);
       }
       throw err;
     });

@@ -17,7 +17,7 @@ import { SHA256_HEX } from '../../domain/hex';
 import { Nullable, PagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
 import { listSiteAudit, type StoredAuditRecord, verifiedAuditRecord } from '../../services/audit';
 import { authorizeSite } from '../plugins/auth';
-import { pageTokens, parsePaging } from '../pagination';
+import { parsePaging } from '../pagination';
 
 /** Audit log page size (default 50, max 200). */
 export const AUDIT_PAGE = { defaultSize: 50, maxSize: 200 };
@@ -133,7 +133,7 @@ const auditRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request): Promise<ListResponse> => {
       const { siteId } = request.params;
       const q = request.query;
-      const paging = parsePaging<{ s: number }>(q, { ...AUDIT_PAGE, accept: isPosition });
+      const paging = parsePaging(request, { ...AUDIT_PAGE, accept: isPosition });
       const since = q.since !== undefined && q.since !== '' ? parseSince(q.since) : undefined;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'read' }]);
       const page = await listSiteAudit(app.deps, siteId, {
@@ -144,7 +144,7 @@ const auditRoutes: FastifyPluginAsyncTypebox = async (app) => {
         limit: paging.pageSize,
       });
       const last = page.records[page.records.length - 1];
-      return { records: page.records.map(wire), ...pageTokens(page.more && last ? { s: last.seq } : undefined) };
+      return { records: page.records.map(wire), ...paging.tokens(page.more && last ? { s: last.seq } : undefined) };
     },
   );
 

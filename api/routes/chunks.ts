@@ -14,14 +14,14 @@
 import type { FastifyRequest } from 'fastify';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
-import { isReferrerPosition, ReferrerEntry, type ReferrerPosition } from '../../domain/chunks';
+import { isReferrerPosition, ReferrerEntry } from '../../domain/chunks';
 import { ApiError } from '../../domain/errors';
 import { SHA256_HEX } from '../../domain/hex';
 import { Problem, RoostId, SiteId } from '../../domain/schemas';
 import type { Requirement } from '../../domain/scopes';
 import { checkChunks, downloadUrls, mount, referrers, uploadUrls } from '../../services/chunks';
 import { authorizeSite } from '../plugins/auth';
-import { PagingQuery, pageTokens, parsePaging } from '../pagination';
+import { PagingQuery, parsePaging } from '../pagination';
 
 /** Hashes per check, upload-urls or download-urls call. */
 export const MAX_HASHES = 1000;
@@ -242,20 +242,10 @@ const chunkRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request): Promise<ReferrersResponse> => {
       const { digest } = request.params;
       const { siteId } = request.query;
-      const paging = parsePaging<unknown>(request.query, REFERRERS_PAGE);
-      let after: ReferrerPosition | undefined;
-      if (paging.after !== undefined) {
-        if (!isReferrerPosition(paging.after)) {
-          const param = request.query.page_token !== undefined ? 'page_token' : 'cursor';
-          throw new ApiError('validation_failed', `${param} is not a token this server issued`, {
-            extras: { param, errors: { [param]: ['unrecognised page token'] } },
-          });
-        }
-        after = paging.after;
-      }
+      const paging = parsePaging(request, { ...REFERRERS_PAGE, accept: isReferrerPosition });
       await authorizeSite(request, siteId, siteNeeds(siteId, 'read'));
-      const { entries, next } = await referrers(deps, { siteId, digest, pageSize: paging.pageSize, after });
-      return { digest, siteId, referrers: entries, items: entries, ...pageTokens(next) };
+      const { entries, next } = await referrers(deps, { siteId, digest, pageSize: paging.pageSize, after: paging.after });
+      return { digest, siteId, referrers: entries, items: entries, ...paging.tokens(next) };
     },
   );
 };

@@ -20,7 +20,6 @@
 import type { FastifyRequest } from 'fastify';
 import { type Static, type TLiteral, type TSchema, type TUnion, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { ApiError } from '../../domain/errors';
 import {
   DEFAULT_LIFETIME_DAYS,
   deriveKeyStatus,
@@ -32,17 +31,8 @@ import {
 } from '../../domain/keys';
 import { PERMISSIONS, RESOURCES } from '../../domain/scopes';
 import { PagingQuery, Problem, problems, SITE_ID_RE } from '../../domain/schemas';
-import {
-  isKeyPosition,
-  issueKeyForUser,
-  issueOwnKey,
-  type KeyPosition,
-  type KeyRow,
-  listKeyPage,
-  revokeKey,
-  rotateKey,
-} from '../../services/keys';
-import { pageTokens, parsePaging } from '../pagination';
+import { isKeyPosition, issueKeyForUser, issueOwnKey, type KeyRow, listKeyPage, revokeKey, rotateKey } from '../../services/keys';
+import { parsePaging } from '../pagination';
 import { requireInteractive, requireSuperadmin } from '../plugins/auth';
 
 // ---------------------------------------------------------------------------------------------------
@@ -203,18 +193,6 @@ function accountKeyView(r: KeyRow): AccountKeyView {
 // ---------------------------------------------------------------------------------------------------
 // Routes
 
-/** The page position of a paged key list's query, or undefined on the first page; a foreign token is 400 validation_failed. */
-function pageAfter(q: Record<string, unknown>): { pageSize: number; after: KeyPosition | undefined } {
-  const paging = parsePaging<unknown>(q, KEY_PAGE);
-  if (paging.after !== undefined && !isKeyPosition(paging.after)) {
-    const param = q.page_token !== undefined ? 'page_token' : 'cursor';
-    throw new ApiError('validation_failed', `${param} is not a token this server issued`, {
-      extras: { param, errors: { [param]: ['unrecognised page token'] } },
-    });
-  }
-  return { pageSize: paging.pageSize, after: paging.after };
-}
-
 // Route-level hooks run after the global authentication hook and before body validation, so a caller
 // without the capability learns nothing about the body rules.
 const interactive = async (request: FastifyRequest) => {
@@ -261,10 +239,10 @@ const keyRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const user = requireInteractive(request);
-      const { pageSize, after } = pageAfter(request.query);
-      const { rows, next } = await listKeyPage(app.deps, { uid: user.userId, after, pageSize });
+      const paging = parsePaging(request, { ...KEY_PAGE, accept: isKeyPosition });
+      const { rows, next } = await listKeyPage(app.deps, { uid: user.userId, after: paging.after, pageSize: paging.pageSize });
       const now = Date.now();
-      return { keys: rows.map((r) => keyView(r, now)), ...pageTokens(next) };
+      return { keys: rows.map((r) => keyView(r, now)), ...paging.tokens(next) };
     },
   );
 
@@ -338,9 +316,9 @@ const keyRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request) => {
-      const { pageSize, after } = pageAfter(request.query);
-      const { rows, next } = await listKeyPage(app.deps, { uid: request.query.userId, after, pageSize });
-      return { keys: rows.map(accountKeyView), ...pageTokens(next) };
+      const paging = parsePaging(request, { ...KEY_PAGE, accept: isKeyPosition });
+      const { rows, next } = await listKeyPage(app.deps, { uid: request.query.userId, after: paging.after, pageSize: paging.pageSize });
+      return { keys: rows.map(accountKeyView), ...paging.tokens(next) };
     },
   );
 

@@ -16,7 +16,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import type { Requirement } from '../../domain/scopes';
 import { authorizeSite } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
-import { pageTokens, parsePaging } from '../pagination';
+import { parsePaging } from '../pagination';
 import {
   type CommandRow,
   type MachineRow,
@@ -229,9 +229,9 @@ const machinesRoutes: FastifyPluginAsyncTypebox = async (app) => {
         { resource: 'site', id: siteId, permission: 'read' },
         { resource: 'machine', id: '*', permission: 'read' },
       ]);
-      const paging = parsePaging<string>(request.query, { defaultSize: 50, maxSize: 200, accept: (p) => typeof p === 'string' });
+      const paging = parsePaging(request, { defaultSize: 50, maxSize: 200, accept: (p): p is string => typeof p === 'string' });
       const page = await listSiteMachines(app.deps, { siteId, after: paging.after, pageSize: paging.pageSize });
-      return { machines: page.machines.map(machineView), ...pageTokens(page.next) };
+      return { machines: page.machines.map(machineView), ...paging.tokens(page.next) };
     },
   );
 

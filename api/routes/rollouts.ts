@@ -33,7 +33,7 @@ import {
   listRolloutPage,
   rollbackRollout,
 } from '../../services/rollouts';
-import { PagingQuery, pageTokens, parsePaging } from '../pagination';
+import { PagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { PolicyRecord } from './deploy';
 
@@ -280,7 +280,7 @@ const rolloutRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request) => {
       const { roostId } = request.params;
       const q = request.query;
-      const paging = parsePaging<RolloutListPosition>(q, { ...ROLLOUT_PAGE, accept: isListPosition });
+      const paging = parsePaging(request, { ...ROLLOUT_PAGE, accept: isListPosition });
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
       const page = await listRolloutPage(app.deps, {
         siteId: q.siteId,
@@ -289,7 +289,7 @@ const rolloutRoutes: FastifyPluginAsyncTypebox = async (app) => {
         after: paging.after,
         stage: q.stage,
       });
-      return { rollouts: page.rollouts.map(summary), ...pageTokens(page.next) };
+      return { rollouts: page.rollouts.map(summary), ...paging.tokens(page.next) };
     },
   );
 
@@ -307,7 +307,10 @@ const rolloutRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request) => {
       const { roostId, rolloutId } = request.params;
       const q = request.query;
-      const paging = parsePaging<string>(q, { ...ROLLOUT_MACHINE_PAGE, accept: (p) => typeof p === 'string' && p.length <= 128 });
+      const paging = parsePaging(request, {
+        ...ROLLOUT_MACHINE_PAGE,
+        accept: (p): p is string => typeof p === 'string' && p.length <= 128,
+      });
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
       const d = await getRolloutDetail(app.deps, {
         siteId: q.siteId,
@@ -325,7 +328,7 @@ const rolloutRoutes: FastifyPluginAsyncTypebox = async (app) => {
         waves: r.waves.map((w, index) => ({ index, name: w.name, size: w.size, counts: fullCounts(d.countsByWave.get(w.name)) })),
         history: r.history,
         machines: d.machines.map((m) => machineRecord(m, r.versionId)),
-        ...pageTokens(d.nextMachine),
+        ...paging.tokens(d.nextMachine),
       };
     },
   );

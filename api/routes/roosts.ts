@@ -13,7 +13,7 @@ import { ApiError } from '../../domain/errors';
 import type { Requirement } from '../../domain/scopes';
 import { DateTime, MachineId, Nullable, problems, RoostId, SiteId, isCreatedAtPosition } from '../../domain/schemas';
 import { createRoost, deleteRoost, getRoost, listRoosts, type RoostDetail, updateRoost } from '../../services/roosts';
-import { PagingQuery, pageTokens, parsePaging } from '../pagination';
+import { PagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 
 // ---------------------------------------------------------------------------------------------------
@@ -231,22 +231,16 @@ const roostRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const q = request.query;
-      const paging = parsePaging<[string, string]>(q, ROOST_PAGE);
-      const tokenParam = q.page_token !== undefined ? 'page_token' : 'cursor';
-      if (paging.after !== undefined && !isCreatedAtPosition(paging.after)) {
-        throw new ApiError('validation_failed', `${tokenParam} is not a token this server issued`, {
-          extras: { param: tokenParam, errors: { [tokenParam]: ['unrecognised page token'] } },
-        });
-      }
+      const paging = parsePaging(request, { ...ROOST_PAGE, accept: isCreatedAtPosition });
       await authorizeSite(request, q.siteId, listRequirement(q.siteId));
       const page = await listRoosts(deps, {
         siteId: q.siteId,
         pageSize: paging.pageSize,
         after: paging.after,
         includeDeleted: q.includeDeleted === true,
-        tokenParam,
+        tokenParam: paging.tokenParam,
       });
-      return { roosts: page.roosts.map(roostRecord), ...pageTokens(page.next) };
+      return { roosts: page.roosts.map(roostRecord), ...paging.tokens(page.next) };
     },
   );
 

@@ -20,7 +20,7 @@ import {
   setDescription,
   type VersionDetail,
 } from '../../services/versions';
-import { encodePageToken, PagingQuery, pageTokens, parsePaging } from '../pagination';
+import { PagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { ExtractPath, RoostName, RoostParams, Targets } from './roosts';
@@ -185,13 +185,6 @@ const RollbackResponse = Type.Object({
   previousVersionId: Nullable(Type.String()),
 });
 
-function badToken(query: { page_token?: string }): ApiError {
-  const param = query.page_token !== undefined ? 'page_token' : 'cursor';
-  return new ApiError('validation_failed', `${param} is not a token this server issued`, {
-    extras: { param, errors: { [param]: ['unrecognised page token'] } },
-  });
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Routes
 
@@ -240,11 +233,10 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request) => {
       const { roostId } = request.params;
       const q = request.query;
-      const paging = parsePaging<number>(q, VERSION_PAGE);
-      if (paging.after !== undefined && !(Number.isSafeInteger(paging.after) && paging.after > 0)) throw badToken(q);
+      const paging = parsePaging(request, { ...VERSION_PAGE, accept: (p): p is number => Number.isSafeInteger(p) && (p as number) > 0 });
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
       const page = await listVersions(deps, { siteId: q.siteId, roostId, pageSize: paging.pageSize, beforeNumber: paging.after });
-      return { versions: page.versions.map(versionRecord), nextCursor: null, ...pageTokens(page.next) };
+      return { versions: page.versions.map(versionRecord), nextCursor: null, ...paging.tokens(page.next) };
     },
   );
 
@@ -283,8 +275,7 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request) => {
       const { roostId, versionRef } = request.params;
       const q = request.query;
-      const paging = parsePaging<number>(q, FILES_PAGE);
-      if (paging.after !== undefined && !(Number.isSafeInteger(paging.after) && paging.after >= 0)) throw badToken(q);
+      const paging = parsePaging(request, { ...FILES_PAGE, accept: (p): p is number => Number.isSafeInteger(p) && (p as number) >= 0 });
       await authorizeSite(request, q.siteId, roostRequirement(q.siteId, roostId, 'read'));
       const page = await listFiles(deps, {
         siteId: q.siteId,
@@ -294,7 +285,6 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
         offset: paging.after ?? 0,
         pageSize: paging.pageSize,
       });
-      const token = page.next !== undefined ? encodePageToken(page.next) : '';
       return {
         versionId: page.versionId,
         roostId,
@@ -302,8 +292,7 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
         total: page.total,
         files: page.files,
         items: page.files,
-        next_page_token: token,
-        nextPageToken: token,
+        ...paging.tokens(page.next),
       };
     },
   );

@@ -26,7 +26,6 @@ import {
   createWebhook,
   DEFAULT_GRACE_HOURS,
   DELIVERY_ID_RE,
-  type DeliveryPosition,
   type DeliveryRow,
   deleteWebhook,
   getWebhook,
@@ -42,12 +41,11 @@ import {
   updateWebhook,
   WEBHOOK_EVENTS,
   WEBHOOK_ID_RE,
-  type WebhookPosition,
   type WebhookRow,
 } from '../../services/webhooks';
 import { authorizeSite } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
-import { pageTokens, parsePaging } from '../pagination';
+import { parsePaging } from '../pagination';
 import { rejectForeignFields } from './roosts';
 
 /** List paging (default 20, max 100). */
@@ -286,9 +284,9 @@ const webhookRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request) => {
       const { siteId } = request.params;
       await authorizeSite(request, siteId, read(siteId));
-      const paging = parsePaging<WebhookPosition>(request.query, { ...WEBHOOK_PAGE, accept: isWebhookPosition });
+      const paging = parsePaging(request, { ...WEBHOOK_PAGE, accept: isWebhookPosition });
       const { rows, next } = await listWebhookPage(app.deps, { siteId, after: paging.after, pageSize: paging.pageSize });
-      return { webhooks: rows.map(webhookView), ...pageTokens(next) };
+      return { webhooks: rows.map(webhookView), ...paging.tokens(next) };
     },
   );
 
@@ -399,11 +397,11 @@ const webhookRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request) => {
       const { siteId, webhookId } = request.params;
       await authorizeSite(request, siteId, read(siteId));
-      const paging = parsePaging<DeliveryPosition>(request.query, { ...DELIVERY_PAGE, accept: isDeliveryPosition });
+      const paging = parsePaging(request, { ...DELIVERY_PAGE, accept: isDeliveryPosition });
       const page = await listDeliveryPage(app.deps, { siteId, webhookId, after: paging.after, pageSize: paging.pageSize });
       return {
         deliveries: page.rows.map((d) => deliveryView(d, page.attempts.get(d.delivery_id) ?? [])),
-        ...pageTokens(page.next),
+        ...paging.tokens(page.next),
       };
     },
   );

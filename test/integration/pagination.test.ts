@@ -7,7 +7,9 @@
  */
 import { newId, sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
-import { decodePageToken, encodePageToken } from '../../api/pagination';
+import { createHash, randomBytes } from 'node:crypto';
+import { PAGE_TOKEN_KEY_PURPOSE } from '../../api/pagination';
+import { type PageBinding, signPageToken } from '../../domain/paging';
 import { createHarness, type Harness, idemKey } from '../support/harness';
 import { idTokenFor, insertKey, makeUser } from '../support/identity';
 import { withTx } from '../../db/pool';
@@ -16,7 +18,7 @@ import { DEFAULT_POLICY, splitWaves } from '../../domain/rollout-policy';
 import { insertWebhook, webhookAad } from '../../db/webhooks';
 import { rolloutWorkflowId } from '../../workflows/client';
 import { seal } from '../../domain/seal';
-import { secretKey } from '../../config/secrets';
+import { derivedKeyOf, secretKey } from '../../config/secrets';
 
 let h: Harness;
 beforeAll(async () => {
@@ -387,29 +389,135 @@ describe.each(FIXTURES.map((f) => [f.route, f] as const))('%s', (_route, f) => {
     expect([bad.status, bad.body.code, bad.body.param]).toEqual([400, 'validation_failed', 'page_token']);
   });
 
-  it('rejects tokens it did not issue: garbage, hand-made, edited', async () => {
+  it('rejects tokens it did not issue for this list: garbage, hand-made, edited, old-format, foreign key, wrong shape, other caller', async () => {
     const real = (await get('page_size=2')).body.next_page_token as string;
-    const position = decodePageToken(real);
+    const { p: position, c: tag } = JSON.parse(Buffer.from(real, 'base64url').toString('utf8'));
     expect(position).toBeDefined();
-    const handMade = Buffer.from(JSON.stringify({ p: position })).toString('base64url');
-    const edited = Buffer.from(
-      Buffer.from(real, 'base64url')
-        .toString('utf8')
-        .replace(/"c":"./, (m) => `${m.slice(0, -1)}${m.endsWith('A') ? 'B' : 'A'}`),
-    ).toString('base64url');
-    const foreignShape = encodePageToken({ not: 'a position' });
+    // The binding this test derives on its own reproduces the server's token exactly.
+    const binding = await bindingOf(f.route, url, key);
+    expect(signPageToken(serverKey(), binding, position)).toBe(real);
+    const wrapped = (o: unknown) => Buffer.from(JSON.stringify(o)).toString('base64url');
+    const flipped = `${tag[0] === 'A' ? 'B' : 'A'}${tag.slice(1)}`;
     for (const [name, token] of [
       ['garbage', 'garbage'],
       ['not base64', '%%%'],
-      ['hand-made', handMade],
-      ['edited', edited],
-      ['wrong shape', foreignShape],
+      ['hand-made', wrapped({ p: position })],
+      ['edited tag', wrapped({ p: position, c: flipped })],
+      ['edited position', wrapped({ p: typeof position === 'number' ? position + 1 : [position], c: tag })],
+      ['unkeyed (the old format)', legacyToken(position)],
+      ['foreign server key', signPageToken(randomBytes(32), binding, position)],
+      ['wrong shape', signPageToken(serverKey(), binding, { not: 'a position' })],
+      ['other route name', signPageToken(serverKey(), { ...binding, route: `${binding.route}/x` }, position)],
     ]) {
       const { status, body } = await get(`page_token=${encodeURIComponent(token)}`);
-      expect([name, status, body.code, body.param]).toEqual([name, 400, 'validation_failed', 'page_token']);
+      expect([name, status, body.code, body.param, res400(body)]).toEqual([name, 400, 'validation_failed', 'page_token', true]);
       const alias = await get(`cursor=${encodeURIComponent(token)}`);
       expect([name, alias.status, alias.body.param]).toEqual([name, 400, 'cursor']);
     }
+    // Another user who may read the same list cannot continue this one's pages.
+    const other = await otherCaller(key);
+    const crossed = await h.request({ method: 'GET', url: with_(url, `page_token=${real}`), key: other });
+    expect([crossed.statusCode, crossed.json().code, crossed.json().param]).toEqual([400, 'validation_failed', 'page_token']);
+    expect((await h.request({ method: 'GET', url: with_(url, 'page_size=1'), key: other })).statusCode).toBe(200);
+    // Paging parameters are not part of the binding: a token continues with another page size.
+    expect((await get(`page_size=3&page_token=${real}`)).status).toBe(200);
+    issued.set(f.route, { url, key, token: real });
+  });
+});
+
+/** One token per paged route (filled by the per-route tests), for the cross-route check below. */
+const issued = new Map<string, { url: string; key: string; token: string }>();
+
+const res400 = (body: any) => typeof body.detail === 'string' && body.detail.includes('not a token this server issued');
+
+/** The page-token key of the harness server, derived the way api/pagination.ts does. */
+const serverKey = () => derivedKeyOf(h.deps.cfg, PAGE_TOKEN_KEY_PURPOSE);
+
+/** A token in the unkeyed format this server used to issue (SHA-256 over the position, no key, no binding). */
+function legacyToken(position: unknown): string {
+  const p = JSON.stringify(position);
+  const c = createHash('sha256').update(`roost.page_token.v1\n${p}`).digest('base64url').slice(0, 16);
+  return Buffer.from(JSON.stringify({ p: position, c })).toString('base64url');
+}
+
+/** The binding of a list URL for `key`'s user, derived from the route pattern, the URL and whoami. */
+async function bindingOf(route: string, url: string, key: string): Promise<PageBinding> {
+  const [method, pattern] = route.split(' ');
+  const u = new URL(url, 'http://x');
+  const params: Record<string, string> = {};
+  const want = pattern.split('/');
+  const got = u.pathname.split('/');
+  want.forEach((seg, i) => {
+    if (seg.startsWith(':')) params[seg.slice(1)] = decodeURIComponent(got[i]);
+  });
+  const filters = Object.fromEntries(u.searchParams.entries());
+  const who = await h.request({ method: 'GET', url: '/api/whoami', key });
+  expect(who.statusCode).toBe(200);
+  return { route: `${method} ${pattern}`, params, filters, caller: `user:${who.json().userId}` };
+}
+
+/** A different user who may read every list: a superadmin (a legacy key, or an ID token where API keys are refused). */
+async function otherCaller(key: string): Promise<string> {
+  const admin = await makeUser(h.deps.db, { role: 'superadmin' });
+  if (!key.startsWith('svk_')) return idTokenFor(h, admin);
+  return (await insertKey(h.deps.db, { uid: admin.uid, scopes: [], isLegacy: true })).raw;
+}
+
+describe('a token is bound to its route, resource and filters', () => {
+  it("is refused on every other paged route (each route's token tried on all the others)", async () => {
+    expect([...issued.keys()].sort()).toEqual(FIXTURES.map((f) => f.route).sort());
+    for (const [from, t] of issued) {
+      for (const [to, target] of issued) {
+        if (from === to) continue;
+        const res = await h.request({ method: 'GET', url: with_(target.url, `page_token=${t.token}`), key: target.key });
+        expect([from, to, res.statusCode, res.json().code]).toEqual([from, to, 400, 'validation_failed']);
+      }
+    }
+  });
+
+  it("one roost's version token is refused on another roost's versions and on its own /files; filters bind", async () => {
+    const a = await createRoost(h.siteId, h.apiKey, 'bound a');
+    const b = await createRoost(h.siteId, h.apiKey, 'bound b');
+    let versionId = '';
+    for (let i = 0; i < 3; i++) {
+      await publish(h.siteId, h.apiKey, b, emptyFiles(3, `b${i}`));
+      versionId = await publish(h.siteId, h.apiKey, a, emptyFiles(3, `a${i}`));
+    }
+    const list = async (u: string) => {
+      const res = await h.request({ method: 'GET', url: u });
+      return { status: res.statusCode, body: res.json() };
+    };
+    const first = await list(`/api/roosts/${a}/versions?siteId=${h.siteId}&page_size=1`);
+    const token = first.body.next_page_token as string;
+    expect(token).not.toBe('');
+    expect((await list(`/api/roosts/${a}/versions?siteId=${h.siteId}&page_size=1&page_token=${token}`)).status).toBe(200);
+    for (const u of [
+      `/api/roosts/${b}/versions?siteId=${h.siteId}&page_size=1&page_token=${token}`,
+      `/api/roosts/${a}/versions/${versionId}/files?siteId=${h.siteId}&page_size=1&page_token=${token}`,
+      `/api/roosts/${a}/rollouts?siteId=${h.siteId}&page_token=${token}`,
+    ]) {
+      const r = await list(u);
+      expect([u, r.status, r.body.code, r.body.param]).toEqual([u, 400, 'validation_failed', 'page_token']);
+    }
+    // Files: the token of one prefix or one version is refused with another prefix or version ref.
+    const files = await list(`/api/roosts/${a}/versions/${versionId}/files?siteId=${h.siteId}&prefix=a2&page_size=1`);
+    const ft = files.body.next_page_token as string;
+    expect(ft).not.toBe('');
+    expect((await list(`/api/roosts/${a}/versions/${versionId}/files?siteId=${h.siteId}&prefix=a2&page_token=${ft}`)).status).toBe(200);
+    for (const u of [
+      `/api/roosts/${a}/versions/${versionId}/files?siteId=${h.siteId}&page_token=${ft}`,
+      `/api/roosts/${a}/versions/${versionId}/files?siteId=${h.siteId}&prefix=a&page_token=${ft}`,
+      `/api/roosts/${a}/versions/1/files?siteId=${h.siteId}&prefix=a2&page_token=${ft}`,
+    ]) {
+      const r = await list(u);
+      expect([u, r.status, r.body.param]).toEqual([u, 400, 'page_token']);
+    }
+    // Roosts: a token of the list without deleted roosts is refused on the list with them.
+    const roosts = await list(`/api/roosts?siteId=${h.siteId}&limit=1`);
+    const rt = roosts.body.next_page_token as string;
+    expect((await list(`/api/roosts?siteId=${h.siteId}&limit=1&cursor=${rt}`)).status).toBe(200);
+    const withDeleted = await list(`/api/roosts?siteId=${h.siteId}&limit=1&includeDeleted=true&cursor=${rt}`);
+    expect([withDeleted.status, withDeleted.body.param]).toEqual([400, 'cursor']);
   });
 });
 
