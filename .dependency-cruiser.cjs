@@ -2,6 +2,7 @@
  * Import directions of the layers (docs/architecture.md), checked by `npm run lint` in CI:
  *
  *   api → services → db | storage | net | workflows/client.ts → domain | config
+ *   telemetry (metrics, tracing, logging) sits beside config: api, services, activities and worker may use it
  *   worker → workflows (+ activities → db | storage) ; agent, cli → domain and their own HTTP client
  *   stack/ (the embedded default's launchers) is imported only by entry points.
  *
@@ -18,7 +19,7 @@ const layer = (name, from, allowed) => ({
   comment: `${from} may import only ${allowed.join(', ')}`,
   from: { path: from, pathNot: LAUNCHERS },
   to: {
-    path: '^(api|services|db|storage|domain|config|workflows|activities|worker|cli|agent|stack)/',
+    path: '^(api|services|db|storage|domain|config|telemetry|workflows|activities|worker|cli|agent|stack)/',
     pathNot: allowed.map((a) => `^${a}`),
   },
 });
@@ -28,13 +29,33 @@ module.exports = {
     { name: 'no-circular', severity: 'error', comment: 'import cycles', from: {}, to: { circular: true } },
     layer('domain-is-pure', '^domain/', ['domain/']),
     layer('config', '^config/', ['config/', 'domain/']),
+    layer('telemetry', '^telemetry/', ['telemetry/', 'domain/', 'config/']),
     layer('db', '^db/', ['db/', 'domain/', 'config/']),
     layer('storage', '^storage/', ['storage/', 'domain/', 'config/']),
     layer('net', '^net/', ['net/', 'domain/', 'config/']),
-    layer('services', '^services/', ['services/', 'db/', 'storage/', 'net/', 'workflows/client\\.ts', 'workflows/', 'domain/', 'config/']),
-    layer('api', '^api/', ['api/', 'services/', 'domain/', 'config/']),
-    layer('activities', '^activities/', ['activities/', 'db/', 'storage/', 'net/', 'workflows/client\\.ts', 'domain/', 'config/']),
-    layer('worker', '^worker/', ['worker/', 'workflows/', 'activities/', 'db/', 'storage/', 'domain/', 'config/']),
+    layer('services', '^services/', [
+      'services/',
+      'db/',
+      'storage/',
+      'net/',
+      'workflows/client\\.ts',
+      'workflows/',
+      'domain/',
+      'config/',
+      'telemetry/',
+    ]),
+    layer('api', '^api/', ['api/', 'services/', 'domain/', 'config/', 'telemetry/']),
+    layer('activities', '^activities/', [
+      'activities/',
+      'db/',
+      'storage/',
+      'net/',
+      'workflows/client\\.ts',
+      'domain/',
+      'config/',
+      'telemetry/',
+    ]),
+    layer('worker', '^worker/', ['worker/', 'workflows/', 'activities/', 'db/', 'storage/', 'domain/', 'config/', 'telemetry/']),
     layer('agent', '^agent/', ['agent/', 'domain/']),
     layer('cli', '^cli/', ['cli/', 'domain/']),
     {

@@ -14,6 +14,7 @@ import auth from './plugins/auth';
 import idempotency from './plugins/idempotency';
 import audit from './plugins/audit';
 import rateLimit from './plugins/rate-limit';
+import metrics from './plugins/metrics';
 import { registerRoutes } from './routes';
 import openapi from './openapi';
 
@@ -83,6 +84,8 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     reply.header('X-Request-Id', request.id);
   });
   await app.register(problem);
+  // Request, rate-limit, idempotency, pool and stream metrics (api/plugins/metrics.ts; docs/observability.md).
+  await app.register(metrics);
   // One rule for client text and JSON: no U+0000, no lone surrogates, bounded depth (api/plugins/input.ts).
   await app.register(input);
   // The route table, the OpenAPI document (/api/openapi.json) and the public reference page (/docs).

@@ -9,12 +9,15 @@ import { loadConfig } from '../config/env';
 import { buildApp } from './app';
 import type { AppDeps } from './context';
 import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../services/deps';
+import { startMetricsListener, type MetricsListener } from '../telemetry/metrics';
 
 export interface RunningApi {
   app: FastifyInstance;
   deps: AppDeps;
   /** Base URL the API answers on, e.g. http://127.0.0.1:8080 */
   url: string;
+  /** URL of the separate metrics listener (ROOST_METRICS_PORT), when one runs. */
+  metricsUrl?: string;
   close(): Promise<void>;
 }
 
@@ -27,11 +30,25 @@ export async function startApi(cfg: Config, opts: { logger?: boolean } = {}): Pr
   const port = typeof addr === 'object' && addr ? addr.port : cfg.ROOST_API_PORT;
   const url = `http://${cfg.ROOST_API_HOST}:${port}`;
   deps.cfg = { ...cfg, publicUrl: cfg.ROOST_PUBLIC_URL ?? url };
+  let metrics: MetricsListener | undefined;
+  if (cfg.ROOST_METRICS_PORT !== undefined) {
+    try {
+      metrics = await startMetricsListener(cfg.ROOST_METRICS_HOST, cfg.ROOST_METRICS_PORT);
+    } catch (err) {
+      await app.close();
+      await closeDeps(deps);
+      throw new Error(
+        `metrics listener on ${cfg.ROOST_METRICS_HOST}:${cfg.ROOST_METRICS_PORT} (ROOST_METRICS_PORT): ${(err as Error).message}`,
+      );
+    }
+  }
   return {
     app,
     deps,
     url,
+    metricsUrl: metrics?.url,
     async close() {
+      await metrics?.close();
       await app.close();
       await closeDeps(deps);
     },
@@ -43,6 +60,7 @@ if (require.main === module) {
   startApi(cfg)
     .then((api) => {
       process.stdout.write(`roost api listening on ${api.url}\n`);
+      if (api.metricsUrl) process.stdout.write(`roost api metrics on ${api.metricsUrl}\n`);
       const stop = () => void api.close().then(() => process.exit(0));
       process.once('SIGINT', stop);
       process.once('SIGTERM', stop);

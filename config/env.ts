@@ -143,6 +143,23 @@ export const EnvSchema = Type.Object({
   ROOST_WEBHOOK_RELAY_POLL_MS: Type.Integer({ minimum: 20, maximum: 20000, default: 400 }),
   /** Event relay: seconds one relay activity runs before the workflow continues as new (bounded history). */
   ROOST_WEBHOOK_RELAY_RUN_SECONDS: Type.Integer({ minimum: 1, maximum: 600, default: 240 }),
+  /**
+   * Observability (docs/observability.md): bearer token that `GET /metrics` on the API listener requires.
+   * Unset: `/metrics` on the API listener answers 404 (use ROOST_METRICS_PORT instead).
+   */
+  ROOST_METRICS_TOKEN: Type.Optional(Type.String({ minLength: 16 })),
+  /**
+   * Port of a separate, unauthenticated metrics listener (`GET /metrics` only) on ROOST_METRICS_HOST, in
+   * every API and worker process (0 picks a free port). Unset: no separate listener.
+   */
+  ROOST_METRICS_PORT: Type.Optional(Type.Integer({ minimum: 0, maximum: 65535 })),
+  /** Address the separate metrics listener binds to. Default loopback: expose it to the scraper on purpose. */
+  ROOST_METRICS_HOST: Type.String({ default: '127.0.0.1' }),
+  /**
+   * host:port the Temporal SDK's own Prometheus exporter binds to in worker processes (its `temporal_*`
+   * runtime metrics: task slots, polls, activity and workflow latencies by type). Unset: off.
+   */
+  ROOST_TEMPORAL_METRICS_ADDRESS: Type.Optional(Type.String({ pattern: '^[^\\s:]+:[0-9]{1,5}$|^\\[[0-9a-fA-F:]+\\]:[0-9]{1,5}$' })),
   /** Event stream (docs/contract.md "Event stream", Limits): milliseconds between two `keepalive` frames of one client. Default about 15 s. */
   ROOST_STREAM_KEEPALIVE_MS: Type.Integer({ minimum: 50, maximum: 300000, default: 15000 }),
   /** Event stream: milliseconds between two polls of the outbox per site with connected clients (each API process polls its own). */

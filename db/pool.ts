@@ -36,8 +36,8 @@ export interface TxOptions {
 
 /**
  * Runs `fn` inside BEGIN ISOLATION LEVEL SERIALIZABLE … COMMIT. Retries the whole callback on 40001/40P01
- * (the callback must be safe to re-run: no side effects outside the transaction). Rethrows anything else
- * after ROLLBACK.
+ * (the callback must be safe to re-run: no side effects outside the transaction), emitting
+ * `txRetry` `{ code, attempt }` on the pool before each retry. Rethrows anything else after ROLLBACK.
  */
 export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, opts: TxOptions = {}): Promise<T> {
   const attempts = opts.attempts ?? 8;
@@ -57,6 +57,8 @@ export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, 
       }
       const code = (err as { code?: string }).code;
       if (code && RETRYABLE.has(code) && attempt < attempts) {
+        // Observers (telemetry/metrics.ts observePool) count retries through this event.
+        pool.emit('txRetry', { code, attempt });
         const base = Math.min(1000, 10 * 2 ** attempt);
         await new Promise((r) => setTimeout(r, base / 2 + Math.random() * base));
         continue;

@@ -16,7 +16,7 @@ import { SITE_ID_RE } from '../../domain/schemas';
 import { oidcSettings } from '../../config/oidc';
 import { type CredentialSource, mayActOnSite, resolveCredential } from '../../services/identity';
 import type { AgentPrincipal, AuthMode, Principal, UserPrincipal } from '../context';
-import { rateLimitedError } from '../ratelimit/limits';
+import { noteDecision, rateLimitedError } from '../ratelimit/limits';
 
 export { API_KEY_RE };
 export {
@@ -86,7 +86,10 @@ export default fp(async function authPlugin(app: FastifyInstance) {
       // past it, guessing answers 429 with the rate-limit headers instead of 401 (docs/decisions/rate-limit-buckets.md).
       if (err instanceof ApiError && err.status === 401) {
         const d = await request.server.rateLimits.bucket('auth', `ip:${request.ip}`);
-        if (!d.allowed) throw rateLimitedError(d);
+        if (!d.allowed) {
+          noteDecision(request, d);
+          throw rateLimitedError(d);
+        }
       }
       throw err;
     }

@@ -15,6 +15,7 @@ import events from './events';
 import signingKeys from './signing-keys';
 import audit from './audit';
 import webhooks from './webhooks';
+import observability from './observability';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -32,4 +33,5 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(signingKeys);
   await app.register(audit);
   await app.register(webhooks);
+  await app.register(observability);
 }
