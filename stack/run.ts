@@ -8,7 +8,7 @@ import type { Config } from '../config/env';
 import { createPool } from '../db/pool';
 import { migrate } from '../db/migrate';
 import { startApi, type RunningApi } from '../api/server';
-import { ensureServices, isListening, portsAwayFromOthers, type ServiceHandle, stopServices } from './services';
+import { ensureServices, ensureServicesAwayFromOthers, isListening, type ServiceHandle, stopServices } from './services';
 import { closeWorkerConnections, createWorker } from '../worker/worker';
 import { ensureBackgroundWorkflows } from '../worker/background';
 
@@ -44,16 +44,19 @@ export async function startStack(
   opts: { worker?: boolean; log?: (line: string) => void; movePortsInUse?: boolean } = {},
 ): Promise<RunningStack> {
   const log = opts.log ?? (() => undefined);
-  if (opts.movePortsInUse) {
-    const away = await portsAwayFromOthers(cfg);
-    cfg = away.cfg;
-    for (const m of away.moved) log(`port ${m.from} is held by ${m.holder ?? 'another program'}: this run uses ${m.to} (${m.setting})`);
-  }
   // Checked before anything starts: a taken API port would otherwise fail only after the services are up.
   const apiHost = ['0.0.0.0', '::'].includes(cfg.ROOST_API_HOST) ? '127.0.0.1' : cfg.ROOST_API_HOST;
   if (cfg.ROOST_API_PORT !== 0 && (await isListening(cfg.ROOST_API_PORT, apiHost))) throw apiPortInUse(cfg.ROOST_API_PORT);
   log('starting services (PostgreSQL, Azurite, Temporal dev server)');
-  const services = await ensureServices(cfg);
+  let services: ServiceHandle[];
+  if (opts.movePortsInUse) {
+    const away = await ensureServicesAwayFromOthers(cfg);
+    cfg = away.cfg;
+    services = away.handles;
+    for (const m of away.moved) log(`port ${m.from} is held by ${m.holder ?? 'another program'}: this run uses ${m.to} (${m.setting})`);
+  } else {
+    services = await ensureServices(cfg);
+  }
   const pool = createPool(cfg.databaseUrl, 2);
   try {
     const applied = await migrate(pool);

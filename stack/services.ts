@@ -386,6 +386,32 @@ export async function ensureServices(cfg: Config): Promise<ServiceHandle[]> {
   return handles;
 }
 
+/**
+ * For self-contained runs: portsAwayFromOthers, then ensureServices, retried (up to 3 times) when a service
+ * fails to bind a port that was free a moment earlier because another clone's run took it in between
+ * (their checks and starts race); the retry moves that port. Returns the configuration used, the
+ * settings moved and the handles. Any other failure is thrown as ensureServices throws it.
+ */
+export async function ensureServicesAwayFromOthers(cfg: Config): Promise<{ cfg: Config; moved: MovedPort[]; handles: ServiceHandle[] }> {
+  const moved: MovedPort[] = [];
+  for (let attempt = 1; ; attempt++) {
+    const away = await portsAwayFromOthers(cfg);
+    cfg = away.cfg;
+    moved.push(...away.moved);
+    try {
+      return { cfg, moved, handles: await ensureServices(cfg) };
+    } catch (err) {
+      if (attempt >= 3 || !lostPortRace(err)) throw err;
+    }
+  }
+}
+
+/** True when a start failed because its port was taken (PortInUseError, or a service's own bind error in its log). */
+function lostPortRace(err: unknown): boolean {
+  if (err instanceof PortInUseError) return true;
+  return /address already in use|EADDRINUSE/i.test(err instanceof Error ? err.message : String(err));
+}
+
 /** Stops, in reverse order, the services this process started. */
 export async function stopServices(handles: ServiceHandle[]): Promise<void> {
   for (const h of [...handles].reverse()) await h.stop().catch(() => undefined);

@@ -4,7 +4,7 @@
  * migrations. Handles are kept on globalThis for global-teardown.ts.
  */
 import { randomBytes } from 'node:crypto';
-import { createDatabase, ensureServices, portsAwayFromOthers } from '../../stack/services';
+import { createDatabase, ensureServicesAwayFromOthers } from '../../stack/services';
 import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
 import { testConfig } from './env';
@@ -21,7 +21,7 @@ export default async function globalSetup(): Promise<void> {
   if (!process.env.ROOST_RATE_LIMIT_SCALE) process.env.ROOST_RATE_LIMIT_SCALE = '1000';
   // Another clone's services on the default ports (its demo, its test run, its `roost stack`) are never
   // reused: this run moves to free ports, exported so the test workers and the commands they spawn follow.
-  const { moved } = await portsAwayFromOthers(testConfig());
+  const { moved, handles } = await ensureServicesAwayFromOthers(testConfig());
   for (const m of moved) {
     process.env[m.setting] = String(m.to);
     process.stderr.write(
@@ -29,7 +29,6 @@ export default async function globalSetup(): Promise<void> {
     );
   }
   const cfg = testConfig();
-  const handles = await ensureServices(cfg);
   (globalThis as Record<string, unknown>).__ROOST_SERVICES__ = handles;
   if (cfg.embedded.postgres) createDatabase(cfg, process.env.ROOST_TEST_DATABASE, true);
   await BlobStore.fromConfig(cfg).ensureContainers();
