@@ -1,6 +1,7 @@
 /**
  * Operator bootstrap (`roost admin bootstrap`): creates or reuses a superadmin user, a site owned by it,
- * and a live API key with every scope on every resource. Re-running returns the same ids and the same
+ * and an API key with every scope on every resource: a live site with a `svk_live_` key, or a sandbox site
+ * (`environment: 'test'`, docs/decisions/test-keys.md) with a `svk_test_` key. Re-running returns the same ids and the same
  * key: the raw key is derived as HMAC-SHA256(bootstrap secret, site id + user id), so it can be shown
  * again without ever being stored (only its digest is).
  */
@@ -10,6 +11,7 @@ import { withTx } from './pool';
 import { addSiteMember } from './sites';
 import { newId, sha256Hex } from '../domain/hex';
 import { PERMISSIONS, RESOURCES, type Scope } from '../domain/scopes';
+import type { KeyEnvironment } from '../domain/keys';
 
 export interface BootstrapResult {
   siteId: string;
@@ -24,9 +26,9 @@ export function fullAccessScopes(): Scope[] {
   return RESOURCES.map((resource) => ({ resource, id: '*', permissions: [...PERMISSIONS] }));
 }
 
-/** Raw key for (site, user) under `secret`: `svk_live_` + 43 base64url chars. */
-export function deriveBootstrapKey(secret: string, siteId: string, userId: string): string {
-  return `svk_live_${createHmac('sha256', secret).update(`bootstrap:${siteId}:${userId}`).digest('base64url')}`;
+/** Raw key for (site, user) under `secret`: `svk_<environment>_` + 43 base64url chars. */
+export function deriveBootstrapKey(secret: string, siteId: string, userId: string, environment: KeyEnvironment = 'live'): string {
+  return `svk_${environment}_${createHmac('sha256', secret).update(`bootstrap:${siteId}:${userId}`).digest('base64url')}`;
 }
 
 /** Display prefix of a raw key (first 12 characters). */
@@ -40,7 +42,7 @@ export function keyPrefixOf(raw: string): string {
  */
 export async function bootstrap(
   pool: Pool,
-  opts: { siteName: string; email: string; secret: string; timezone?: string },
+  opts: { siteName: string; email: string; secret: string; timezone?: string; environment?: KeyEnvironment },
 ): Promise<BootstrapResult> {
   return withTx(pool, async (tx) => {
     const created = { user: false, site: false, key: false };
@@ -52,19 +54,29 @@ export async function bootstrap(
     } else if (user.role !== 'superadmin') {
       await tx.query(`UPDATE users SET role = 'superadmin', deleted = false, updated_at = now() WHERE uid = $1`, [user.uid]);
     }
-    let site = (await tx.query<{ site_id: string }>('SELECT site_id FROM sites WHERE name = $1', [opts.siteName])).rows[0];
+    const environment = opts.environment ?? 'live';
+    let site = (
+      await tx.query<{ site_id: string; environment: KeyEnvironment }>('SELECT site_id, environment FROM sites WHERE name = $1', [
+        opts.siteName,
+      ])
+    ).rows[0];
     if (!site) {
-      site = { site_id: newId('site') };
-      await tx.query('INSERT INTO sites (site_id, name, owner_uid, timezone) VALUES ($1, $2, $3, $4)', [
+      site = { site_id: newId('site'), environment };
+      await tx.query('INSERT INTO sites (site_id, name, owner_uid, timezone, environment) VALUES ($1, $2, $3, $4, $5)', [
         site.site_id,
         opts.siteName,
         user.uid,
         opts.timezone ?? 'UTC',
+        environment,
       ]);
       created.site = true;
+    } else if (site.environment !== environment) {
+      throw new Error(
+        `site ${opts.siteName} is a ${site.environment === 'test' ? 'sandbox' : 'live'} site; it cannot be bootstrapped as ${environment === 'test' ? 'a sandbox' : 'a live'} one`,
+      );
     }
     await addSiteMember(tx, site.site_id, user.uid);
-    const apiKey = deriveBootstrapKey(opts.secret, site.site_id, user.uid);
+    const apiKey = deriveBootstrapKey(opts.secret, site.site_id, user.uid, environment);
     const digest = sha256Hex(apiKey);
     let key = (await tx.query<{ key_id: string; status: string }>('SELECT key_id, status FROM api_keys WHERE key_hash = $1', [digest]))
       .rows[0];
@@ -72,8 +84,17 @@ export async function bootstrap(
       key = { key_id: newId('key'), status: 'active' };
       await tx.query(
         `INSERT INTO api_keys (key_id, uid, name, key_prefix, key_hash, scopes, environment, primary_site_id, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, 'live', $7, NULL)`,
-        [key.key_id, user.uid, `bootstrap ${opts.siteName}`, keyPrefixOf(apiKey), digest, JSON.stringify(fullAccessScopes()), site.site_id],
+         VALUES ($1, $2, $3, $4, $5, $6, $8, $7, NULL)`,
+        [
+          key.key_id,
+          user.uid,
+          `bootstrap ${opts.siteName}`,
+          keyPrefixOf(apiKey),
+          digest,
+          JSON.stringify(fullAccessScopes()),
+          site.site_id,
+          environment,
+        ],
       );
       created.key = true;
     } else if (key.status !== 'active') {

@@ -38,6 +38,12 @@ export async function canActOnSite(q: Queryable, user: SiteUser, siteId: string)
   return (await accessibleSiteIds(q, user, { siteIds: [siteId], limit: 1 })).length === 1;
 }
 
+/** The environment of a site ('live', or 'test' for a sandbox site: docs/decisions/test-keys.md); undefined when absent. */
+export async function siteEnvironment(q: Queryable, siteId: string): Promise<'live' | 'test' | undefined> {
+  const { rows } = await q.query<{ environment: 'live' | 'test' }>('SELECT environment FROM sites WHERE site_id = $1', [siteId]);
+  return rows[0]?.environment;
+}
+
 /** Makes `uid` a member of the site (nothing when already one). */
 export async function addSiteMember(q: Queryable, siteId: string, uid: string): Promise<void> {
   await q.query('INSERT INTO site_members (site_id, uid) VALUES ($1, $2) ON CONFLICT (site_id, uid) DO NOTHING', [siteId, uid]);

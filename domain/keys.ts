@@ -106,3 +106,12 @@ export function keyRejection(k: KeyStateFields, now: number): null | { code: 'un
 export function isRotatable(status: KeyStatus): boolean {
   return status === 'active' || status === 'expired';
 }
+
+/**
+ * Which sites a key's environment may act on (docs/decisions/test-keys.md): a key acts only on sites of
+ * its own environment, `svk_test_` keys on sandbox ('test') sites and `svk_live_` keys on live sites.
+ * Sessions and ID tokens are not keys and act on both.
+ */
+export function keyMayActOnSiteEnvironment(keyEnvironment: KeyEnvironment, siteEnvironment: KeyEnvironment): boolean {
+  return keyEnvironment === siteEnvironment;
+}

@@ -18,11 +18,11 @@ import { localJwks, oidcSettings } from '../config/oidc';
 import { machineForAgentToken } from '../db/agent-tokens';
 import { keyForAuth, touchKey } from '../db/keys';
 import { sessionForAuth, touchSession } from '../db/sessions';
-import { accessibleSiteIds, canActOnSite, pingDatabase } from '../db/sites';
+import { accessibleSiteIds, canActOnSite, pingDatabase, siteEnvironment } from '../db/sites';
 import { userForIdTokenClaims } from '../db/users';
 import { ApiError } from '../domain/errors';
 import { hexEqual, sha256Hex } from '../domain/hex';
-import { API_KEY_RE, keyRejection } from '../domain/keys';
+import { API_KEY_RE, keyMayActOnSiteEnvironment, keyRejection } from '../domain/keys';
 import type { AgentPrincipal, Principal, UserPrincipal, UserRole } from '../domain/principal';
 import type { ServiceDeps } from './deps';
 import { type QuotaSnapshot, siteQuota } from './quota';
@@ -214,6 +214,23 @@ export async function userForIdToken(
 /** True when the site exists and `user` owns it, is a member of it, or is a superadmin. */
 export function mayActOnSite(deps: Pick<ServiceDeps, 'db'>, user: UserPrincipal, siteId: string): Promise<boolean> {
   return canActOnSite(deps.db, { uid: user.userId, role: user.role }, siteId);
+}
+
+/**
+ * Throws 403 forbidden when `user` authenticated with an API key whose environment differs from the site's
+ * (docs/decisions/test-keys.md: `svk_test_` keys act on sandbox sites only, `svk_live_` keys on live sites
+ * only). Sessions and ID tokens pass. Call after the membership check (the site exists).
+ */
+export async function requireKeyEnvironment(deps: Pick<ServiceDeps, 'db'>, user: UserPrincipal, siteId: string): Promise<void> {
+  if (!user.key) return;
+  const env = (await siteEnvironment(deps.db, siteId)) ?? 'live';
+  if (keyMayActOnSiteEnvironment(user.key.environment, env)) return;
+  throw new ApiError(
+    'forbidden',
+    env === 'test'
+      ? `site ${siteId} is a sandbox site: use a svk_test_ key (this is a svk_live_ key)`
+      : `svk_test_ keys act on sandbox sites only; site ${siteId} is live: use a svk_live_ key`,
+  );
 }
 
 /** What `GET /api/whoami` reports beyond the principal itself. */

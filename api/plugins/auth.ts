@@ -14,7 +14,7 @@ import { API_KEY_RE } from '../../domain/keys';
 import { type Requirement, scopesAllow } from '../../domain/scopes';
 import { SITE_ID_RE } from '../../domain/schemas';
 import { oidcSettings } from '../../config/oidc';
-import { type CredentialSource, mayActOnSite, resolveCredential } from '../../services/identity';
+import { type CredentialSource, mayActOnSite, requireKeyEnvironment, resolveCredential } from '../../services/identity';
 import type { AgentPrincipal, AuthMode, Principal, UserPrincipal } from '../context';
 import { noteDecision, rateLimitedError } from '../ratelimit/limits';
 
@@ -143,12 +143,14 @@ export function requireAgent(request: FastifyRequest): AgentPrincipal {
  * Checks that the user may act on `siteId`: the site exists and the user is its owner, a member, or a
  * superadmin (else 404 not_found, the site stays hidden), and the key's scopes grant one of `anyOf`
  * (else 403 scope_insufficient with `required`). Legacy keys and credentials without a key skip the scope
- * check. Returns the principal.
+ * check. An API key acts only on sites of its environment (`svk_test_` on sandbox sites, `svk_live_` on
+ * live ones; else 403 forbidden, docs/decisions/test-keys.md). Returns the principal.
  */
 export async function authorizeSite(request: FastifyRequest, siteId: string, anyOf: Requirement[]): Promise<UserPrincipal> {
   const user = requireUser(request);
   if (!SITE_ID_RE.test(siteId)) throw new ApiError('validation_failed', 'siteId is malformed', { extras: { param: 'siteId' } });
   if (!(await mayActOnSite(request.server.deps, user, siteId))) throw new ApiError('not_found', 'site not found');
+  await requireKeyEnvironment(request.server.deps, user, siteId);
   requireScopes(user, anyOf);
   request.authorizedSiteId = siteId;
   return user;

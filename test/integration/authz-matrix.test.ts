@@ -5,6 +5,8 @@
  *   (b) a full-access key of ANOTHER site (a member)     → 404 not_found (the site stays hidden),
  *   (c) a key of this site lacking the exact permission  → 403 scope_insufficient with `required`,
  *   (d) an agent token on a user route                   → 401 unauthorized,
+ *   (e) a full-access svk_test_ key of a member on this live site → 403 forbidden (test keys act on
+ *       sandbox sites only: docs/decisions/test-keys.md),
  * and nothing changes in the database (row hashes of every site-scoped table for the two sites, and of
  * the users, keys and sessions of their users). Public, agent, self-service and platform routes are
  * listed explicitly with their own expected answers. One table drives it: a route the server registers
@@ -15,13 +17,15 @@ import type { FastifyInstance } from 'fastify';
 import { newId, sha256Hex } from '../../domain/hex';
 import { PERMISSIONS, RESOURCES, type Requirement, type Scope } from '../../domain/scopes';
 import { createHarness, type Harness, idemKey } from '../support/harness';
-import { addMember, insertKey, makeUser } from '../support/identity';
+import { addMember, idTokenFor, insertKey, makeUser } from '../support/identity';
+import { bootstrap, fullAccessScopes } from '../../db/bootstrap';
 
 let h: Harness;
 let other: { siteId: string; userId: string; apiKey: string };
 let member: { uid: string; email: string };
 let agentToken: string;
 let otherAgentToken: string;
+let testKey: string;
 
 const HASH = 'a'.repeat(64);
 const VERSION_ID = 'b'.repeat(64);
@@ -446,6 +450,7 @@ beforeAll(async () => {
   await addMember(h.deps.db, h.siteId, member.uid);
   agentToken = await agentFor(h.siteId);
   otherAgentToken = await agentFor(other.siteId);
+  testKey = (await insertKey(h.deps.db, { uid: member.uid, scopes: fullAccessScopes(), environment: 'test', name: 'full test key' })).raw;
   mainKeyId = (await h.deps.db.query<{ key_id: string }>('SELECT key_id FROM api_keys WHERE uid = $1', [h.userId])).rows[0].key_id;
 });
 afterAll(async () => h.close());
@@ -535,6 +540,15 @@ describe('authorisation matrix', () => {
         want.required = { resource: needs[0].resource, id: needs[0].id, permission: needs[0].permission };
       }
 
+      // (e) a test key with every scope, of a member of this live site
+      got.testKey = answer(await send(row, testKey));
+      want.testKey =
+        w.kind === 'site' || w.kind === 'interactive'
+          ? { status: 403, code: 'forbidden' }
+          : w.kind === 'agent'
+            ? { status: 401, code: 'unauthorized' }
+            : { status: 200, code: undefined };
+
       // (d) agent tokens: on user routes 401; on routes agents may use, another site's agent gets 404
       if (w.kind !== 'agent') {
         got.agent = answer(await send(row, w.kind === 'site' && w.agentAllowed ? otherAgentToken : agentToken));
@@ -545,5 +559,79 @@ describe('authorisation matrix', () => {
     got.db = await fingerprint();
     want.db = before;
     expect(got).toEqual(want);
+  });
+});
+
+describe('svk_test_ keys act on sandbox sites only; svk_live_ keys on live sites only (docs/decisions/test-keys.md)', () => {
+  let sandbox: { siteId: string; userId: string; apiKey: string };
+  let liveKeyOfSandboxOwner: string;
+  const tag = randomBytes(4).toString('hex');
+  beforeAll(async () => {
+    sandbox = await bootstrap(h.deps.db, {
+      siteName: `sandbox-${tag}`,
+      email: `sandbox-${tag}@example.test`,
+      secret: 'test-bootstrap-secret',
+      environment: 'test',
+    });
+    liveKeyOfSandboxOwner = (await insertKey(h.deps.db, { uid: sandbox.userId, scopes: fullAccessScopes(), name: 'live key' })).raw;
+  });
+
+  it('bootstrap of a sandbox site issues a svk_test_ key, which reads and writes there', async () => {
+    expect(sandbox.apiKey).toMatch(/^svk_test_/);
+    const created = await h.request({
+      method: 'POST',
+      url: '/api/roosts',
+      key: sandbox.apiKey,
+      body: { siteId: sandbox.siteId, name: 'sandboxed' },
+    });
+    expect(created.statusCode).toBe(201);
+    const listed = await h.request({ method: 'GET', url: `/api/roosts?siteId=${sandbox.siteId}`, key: sandbox.apiKey });
+    expect([listed.statusCode, listed.json().roosts.length]).toEqual([200, 1]);
+    const whoami = await h.request({ method: 'GET', url: '/api/whoami', key: sandbox.apiKey });
+    expect(whoami.json().key.environment).toBe('test');
+  });
+
+  it('a svk_live_ key is refused on a sandbox site with 403 forbidden, and nothing changes', async () => {
+    const before = await h.deps.db.query('SELECT count(*)::int AS n FROM roosts WHERE site_id = $1', [sandbox.siteId]);
+    for (const req of [
+      { method: 'GET', url: `/api/roosts?siteId=${sandbox.siteId}` },
+      { method: 'POST', url: '/api/roosts', body: { siteId: sandbox.siteId, name: 'from a live key' } },
+      { method: 'GET', url: `/api/sites/${sandbox.siteId}/machines` },
+    ]) {
+      const res = await h.request({ ...req, key: liveKeyOfSandboxOwner });
+      expect([req.url, res.statusCode, res.json().code, res.headers['content-type']]).toEqual([
+        req.url,
+        403,
+        'forbidden',
+        'application/problem+json; charset=utf-8',
+      ]);
+      expect(res.json().detail).toContain('sandbox');
+    }
+    const after = await h.deps.db.query('SELECT count(*)::int AS n FROM roosts WHERE site_id = $1', [sandbox.siteId]);
+    expect(after.rows[0].n).toBe(before.rows[0].n);
+  });
+
+  it("the sandbox owner's svk_test_ key is refused on live sites they may act on; sessions and ID tokens act on both", async () => {
+    await addMember(h.deps.db, h.siteId, sandbox.userId);
+    const res = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}`, key: sandbox.apiKey });
+    expect([res.statusCode, res.json().code]).toEqual([403, 'forbidden']);
+    expect(res.json().detail).toContain('svk_test_');
+    const idToken = await idTokenFor(h, { uid: sandbox.userId, email: `sandbox-${tag}@example.test` });
+    for (const siteId of [h.siteId, sandbox.siteId]) {
+      const r = await h.request({ method: 'GET', url: `/api/roosts?siteId=${siteId}`, key: idToken });
+      expect([siteId, r.statusCode]).toEqual([siteId, 200]);
+    }
+  });
+
+  it('bootstrap refuses to turn an existing live site into a sandbox one (and back)', async () => {
+    const { rows } = await h.deps.db.query<{ name: string }>('SELECT name FROM sites WHERE site_id = $1', [h.siteId]);
+    await expect(
+      bootstrap(h.deps.db, {
+        siteName: rows[0].name,
+        email: `ops-${randomBytes(3).toString('hex')}@example.test`,
+        secret: 's',
+        environment: 'test',
+      }),
+    ).rejects.toThrow(/live site/);
   });
 });
