@@ -10,6 +10,7 @@ import { createRolloutActivities } from './rollout';
 import { createSweepActivities } from './sweeps';
 import { createEventActivities } from './events';
 import { createWebhookActivities } from './webhooks';
+import { createClassicDeploymentActivities } from './classic-deployment';
 
 /** All activities keyed by name. */
 export function createActivities(deps: ActivityDeps) {
@@ -18,6 +19,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createSweepActivities(deps),
     ...createEventActivities(deps),
     ...createWebhookActivities(deps),
+    ...createClassicDeploymentActivities(deps),
   };
 }
 

@@ -16,6 +16,7 @@
  */
 import { EventEmitter, setMaxListeners } from 'node:events';
 import fs from 'node:fs/promises';
+import path from 'node:path';
 import type { SigningJwk } from '../domain/signature';
 import { type AgentStats, type CommandOutcome, emptyStats, runSimulatedCommand } from './commands';
 import { ChunkStore, type Limiter, createLimiter } from './download';
@@ -26,6 +27,9 @@ import { MachineRoot, type Manifest } from './machine-root';
 import { NOT_STAGED, type SyncContext, runActivate, runSyncPull } from './sync';
 import { AGENT_VERSION, type AgentCommand, type AgentIdentity, AgentTransport, type DownloadUrls } from './transport';
 import { KeyRing, SIGNATURE_INVALID } from './trust';
+import { type AgentOs, hostOs } from './os';
+import { runClassicCommand } from './installer';
+import { CLASSIC_INSTALL, CLASSIC_UNINSTALL } from '../domain/classic';
 
 export { AGENT_VERSION, NOT_STAGED, SIGNATURE_INVALID, createLimiter };
 export type { AgentCommand, AgentFaults, AgentStats, CommandOutcome, Limiter, Manifest };
@@ -59,6 +63,12 @@ export interface AgentOptions extends AgentFaults, AgentIdentity {
   fsyncFiles?: boolean;
   /** Site signing keys to trust from the start (normally pinned from the enrolment answer). */
   signingKeys?: SigningJwk[];
+  /** Host operations (agent/os.ts; default: this host's implementation). */
+  os?: AgentOs;
+  /** Extra trusted CA certificates (PEM) for classic installer downloads. */
+  installerCa?: string | Buffer;
+  /** Time processes named in close_processes get to end before they are killed (ms, default 5000). */
+  closeGraceMs?: number;
 }
 
 /** Most command ids (and outcomes) an agent remembers. */
@@ -94,6 +104,8 @@ export class Agent extends EventEmitter {
   private readonly faults: FaultInjector;
   private readonly limit: Limiter;
   private readonly random: () => number;
+  /** Host operations (agent/os.ts). */
+  readonly os: AgentOs;
   private abort = Agent.stopController();
   private heartbeatTimer: NodeJS.Timeout | undefined;
   private pollLoop: Promise<void> | undefined;
@@ -114,6 +126,7 @@ export class Agent extends EventEmitter {
     this.rootDir = this.root.dir;
     this.store = new ChunkStore(this.root.chunkDir);
     this.random = opts.random ?? Math.random;
+    this.os = opts.os ?? hostOs();
     this.transport = new AgentTransport(opts, this.root, this.keys, () => this.abort.signal, this.random);
     this.faults = new FaultInjector(opts, opts.machineId, this.random);
     this.limit = opts.downloadLimit ?? createLimiter(opts.downloadConcurrency ?? 8);
@@ -324,6 +337,21 @@ export class Agent extends EventEmitter {
         return runSyncPull(this.syncContext(), cmd);
       case 'roost_activate':
         return runActivate(this.syncContext(), cmd);
+      case CLASSIC_INSTALL:
+      case CLASSIC_UNINSTALL:
+        return runClassicCommand(
+          {
+            transport: this.transport,
+            os: this.os,
+            downloadDir: path.join(this.root.stateDir, 'installers'),
+            ca: this.opts.installerCa,
+            progressIntervalMs: this.opts.progressIntervalMs ?? 1000,
+            closeGraceMs: this.opts.closeGraceMs ?? 5000,
+            signal: this.abort.signal,
+            warn: (m) => this.warn(m),
+          },
+          cmd,
+        );
       default:
         return runSimulatedCommand({ transport: this.transport, warn: (m) => this.warn(m) }, cmd, this.opts.uploadScreenshots !== false);
     }

@@ -67,6 +67,12 @@ export const TAGS = [
   { name: 'versions', description: 'Publish, list, fetch, files, diff, describe, rollback and deploy versions of a roost.' },
   { name: 'chunks', description: 'Content-addressed chunks: presence check, signed upload/download URLs, mounts, referrers.' },
   { name: 'machines', description: 'Machines of a site, their deployments and remote commands.' },
+  {
+    name: 'classic-deployments',
+    description:
+      'Classic installer deployments: an installer executable fanned out to machines, and installer templates. Not roost deploys (see versions).',
+  },
+  { name: 'processes', description: 'Managed processes of a machine: config, live status, start/stop/restart/kill, schedules.' },
   { name: 'agent', description: 'The agent protocol (docs/agent-protocol.md): enrolment, heartbeats, commands, state reports.' },
   {
     name: 'events',

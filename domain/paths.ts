@@ -119,3 +119,30 @@ export function extractRootProblem(root: string): string | null {
   const r = extractRootSegments(root);
   return 'problem' in r ? r.problem : null;
 }
+
+/**
+ * Why a machine-side absolute path (a managed process's exe_path and cwd, a deployment's verify_path) is
+ * unusable, or null. Accepted: a drive-absolute Windows path (`C:\Program Files\App\app.exe`, either
+ * separator), a UNC path (`\\server\share\app.exe`), or a POSIX absolute path (`/opt/app/bin/app`, what the
+ * reference agent uses on Linux). Drive-relative (`C:app.exe`), root-relative (`\app.exe`) and relative
+ * paths are refused: they resolve differently per process. docs/decisions/managed-processes.md.
+ */
+export function absolutePathProblem(p: string): string | null {
+  if (p.length === 0) return 'is empty';
+  if (p.length > MAX_PATH_LENGTH) return `is longer than ${MAX_PATH_LENGTH} characters`;
+  if (/[\u0000-\u001f\u007f]/.test(p)) return 'has a control character';
+  if (/^[A-Za-z]:[\\/]/.test(p)) {
+    if (/[<>"|?*]/.test(p.slice(2))) return 'has a character Windows does not allow (< > " | ? *)';
+    if (p.slice(2).includes(':')) return 'has ":" after the drive (an alternate data stream on Windows)';
+    return null;
+  }
+  if (/^\\\\[^\\/]+[\\/][^\\/]+/.test(p)) return null;
+  if (p.startsWith('/') && !p.startsWith('//')) return null;
+  return 'must be absolute (C:\\…, \\\\server\\share\\… or /…)';
+}
+
+/** Why a bare file name (an installer's file name) is unsafe on Windows, or null: one segment, no separators. */
+export function fileNameProblem(name: string): string | null {
+  if (name.includes('/') || name.includes('\\')) return 'must be a file name, not a path';
+  return segmentProblem(name);
+}

@@ -10,10 +10,19 @@
  * docs/decisions/rollout-workflow-ids.md). Errors are classified by their classes and failure types, never
  * by message text.
  */
-import { type Client, WorkflowNotFoundError, WorkflowUpdateFailedError } from '@temporalio/client';
+import { type Client, WithStartWorkflowOperation, WorkflowNotFoundError, WorkflowUpdateFailedError } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Config } from '../config/env';
 import { rollbackWorkflowId, rolloutWorkflowId } from '../domain/rollout';
+import { type ClassicAction, type ClassicActionResult, classicDeploymentWorkflowId } from '../domain/classic';
+import {
+  CLASSIC_CONFLICT,
+  type ClassicControlArgs,
+  cancelUpdate,
+  classicDeploymentWorkflow,
+  retryUpdate,
+  uninstallUpdate,
+} from './classic-deployment';
 import {
   CONTROL_CONFLICT,
   type ControlArgs,
@@ -26,9 +35,15 @@ import {
   rolloutWorkflow,
   statusQuery,
 } from './rollout';
-import { ROOST_SEARCH_ATTRIBUTES, ROOST_SEARCH_ATTRIBUTE_KEYS, rolloutSearchAttributes } from './search-attributes';
+import {
+  ROOST_SEARCH_ATTRIBUTES,
+  ROOST_SEARCH_ATTRIBUTE_KEYS,
+  classicDeploymentSearchAttributes,
+  rolloutSearchAttributes,
+} from './search-attributes';
 
-export { rollbackWorkflowId, rolloutWorkflowId, ROOST_SEARCH_ATTRIBUTES, ROOST_SEARCH_ATTRIBUTE_KEYS };
+export { classicDeploymentWorkflowId, rollbackWorkflowId, rolloutWorkflowId, ROOST_SEARCH_ATTRIBUTES, ROOST_SEARCH_ATTRIBUTE_KEYS };
+export type { ClassicAction, ClassicActionResult, ClassicControlArgs };
 export type { ControlArgs, ControlResult, RolloutRuntime };
 
 /** Temporal Web UI page of a workflow run (history view); the latest run when `runId` is omitted. */
@@ -184,4 +199,77 @@ export async function controlRollout(
 /** The `status` query of a running rollout workflow: its control state and what it waits for. */
 export async function rolloutRuntime(client: Client, workflowId: string): Promise<RolloutRuntime> {
   return client.workflow.getHandle(workflowId).query(statusQuery);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Classic deployments (workflows/classic-deployment.ts): not roost rollouts; nothing above is shared.
+
+/**
+ * Starts `classicDeploymentWorkflow` for a deployment (input ids only; memo `deploymentId`; search
+ * attributes RoostSiteId, RoostDeploymentId, RoostDeploymentStatus=pending) with WorkflowIdConflictPolicy
+ * USE_EXISTING: a repeated start attaches to the running workflow.
+ * @throws Temporal client errors when the service is unavailable.
+ */
+export async function startClassicDeploymentWorkflow(
+  client: Client,
+  cfg: Pick<Config, 'ROOST_TASK_QUEUE' | 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>,
+  r: { siteId: string; deploymentId: string },
+): Promise<StartedWorkflow> {
+  const workflowId = classicDeploymentWorkflowId(r.siteId, r.deploymentId);
+  const handle = await client.workflow.start(classicDeploymentWorkflow, classicStartOptions(cfg, r, workflowId));
+  return { workflowId, runId: handle.firstExecutionRunId, url: workflowUiUrl(cfg, workflowId, handle.firstExecutionRunId) };
+}
+
+function classicStartOptions(cfg: Pick<Config, 'ROOST_TASK_QUEUE'>, r: { siteId: string; deploymentId: string }, workflowId: string) {
+  return {
+    taskQueue: cfg.ROOST_TASK_QUEUE,
+    workflowId,
+    args: [{ siteId: r.siteId, deploymentId: r.deploymentId }] as [{ siteId: string; deploymentId: string }],
+    workflowIdConflictPolicy: 'USE_EXISTING' as const,
+    memo: { deploymentId: r.deploymentId },
+    typedSearchAttributes: classicDeploymentSearchAttributes({ siteId: r.siteId, deploymentId: r.deploymentId, status: 'pending' }),
+  };
+}
+
+/** Why a classic deployment control action was refused (the workflow's handler said so; nothing changed). */
+export class ClassicControlRefused extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ClassicControlRefused';
+  }
+}
+
+const CLASSIC_UPDATES = { retry: retryUpdate, cancel: cancelUpdate, uninstall: uninstallUpdate } as const;
+
+/**
+ * Sends control update `action` to the deployment's workflow through update-with-start: the running
+ * workflow gets the update; a finished deployment gets a new run (USE_EXISTING, same workflow id) that
+ * applies it first. Returns the handler's answer.
+ * @throws ClassicControlRefused when the handler refused (nothing changed); Temporal client errors otherwise.
+ */
+export async function controlClassicDeployment(
+  client: Client,
+  cfg: Pick<Config, 'ROOST_TASK_QUEUE'>,
+  r: { siteId: string; deploymentId: string },
+  action: ClassicAction,
+  args: ClassicControlArgs,
+): Promise<Exclude<ClassicActionResult, { refused: string }>> {
+  const workflowId = classicDeploymentWorkflowId(r.siteId, r.deploymentId);
+  for (let attempt = 0; ; attempt++) {
+    const op = new WithStartWorkflowOperation(classicDeploymentWorkflow, classicStartOptions(cfg, r, workflowId));
+    try {
+      const out = await client.workflow.executeUpdateWithStart(CLASSIC_UPDATES[action], { args: [args], startWorkflowOperation: op });
+      if ('refused' in out) throw new ClassicControlRefused(out.refused);
+      return out;
+    } catch (err) {
+      if (err instanceof WorkflowUpdateFailedError) {
+        const cause = err.cause;
+        if (cause instanceof ApplicationFailure && cause.type === CLASSIC_CONFLICT) throw new ClassicControlRefused(cause.message);
+        // The run completed between admission and handling: the next attempt starts a new run.
+        if (attempt < 2) continue;
+        throw new ClassicControlRefused(cause?.message ?? 'the update failed');
+      }
+      throw err;
+    }
+  }
 }

@@ -6,3 +6,4 @@ export { rolloutWorkflow } from './rollout';
 export { heartbeatStalenessSweepWorkflow, chunkGcSweepWorkflow, chunkVerifySweepWorkflow, keyExpirySweepWorkflow } from './sweeps';
 export { eventRelayWorkflow } from './events';
 export { webhookDeliveryWorkflow } from './webhooks';
+export { classicDeploymentWorkflow } from './classic-deployment';

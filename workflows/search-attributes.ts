@@ -16,8 +16,20 @@ export const RoostVersionId = defineSearchAttributeKey('RoostVersionId', SearchA
 /** A rollout's stage, or its control state while not running (paused, awaiting_promotion, aborted, rolled_back…). */
 export const RoostStage = defineSearchAttributeKey('RoostStage', SearchAttributeType.KEYWORD);
 
+/** Classic deployment of a `classicDeploymentWorkflow` (workflows/classic-deployment.ts). */
+export const RoostDeploymentId = defineSearchAttributeKey('RoostDeploymentId', SearchAttributeType.KEYWORD);
+/** A classic deployment's status (pending, in_progress, completed, failed, partial, cancelled, uninstalled). */
+export const RoostDeploymentStatus = defineSearchAttributeKey('RoostDeploymentStatus', SearchAttributeType.KEYWORD);
+
 /** Every search attribute above: what a namespace must have registered (test servers take the keys). */
-export const ROOST_SEARCH_ATTRIBUTE_KEYS = [RoostSiteId, RoostRoostId, RoostVersionId, RoostStage] as const;
+export const ROOST_SEARCH_ATTRIBUTE_KEYS = [
+  RoostSiteId,
+  RoostRoostId,
+  RoostVersionId,
+  RoostStage,
+  RoostDeploymentId,
+  RoostDeploymentStatus,
+] as const;
 
 /** Names of every search attribute above (each of type Keyword), for `temporal server start-dev --search-attribute <name>=Keyword`. */
 export const ROOST_SEARCH_ATTRIBUTES: readonly string[] = ROOST_SEARCH_ATTRIBUTE_KEYS.map((k) => k.name);
@@ -29,5 +41,14 @@ export function rolloutSearchAttributes(r: { siteId: string; roostId: string; ve
     { key: RoostRoostId, value: r.roostId },
     { key: RoostVersionId, value: r.versionId },
     { key: RoostStage, value: r.stage },
+  ];
+}
+
+/** The search attributes a classic deployment workflow starts with. */
+export function classicDeploymentSearchAttributes(r: { siteId: string; deploymentId: string; status: string }): SearchAttributePair[] {
+  return [
+    { key: RoostSiteId, value: r.siteId },
+    { key: RoostDeploymentId, value: r.deploymentId },
+    { key: RoostDeploymentStatus, value: r.status },
   ];
 }

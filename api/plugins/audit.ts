@@ -50,6 +50,14 @@ export const MUTATION_KINDS: Record<string, string | null> = {
   'POST /api/chunks/:digest/mount': 'chunk_mounted',
   'POST /api/sites/:siteId/enrolment-secret': 'enrolment_secret_rotated',
   'POST /api/sites/:siteId/machines/:machineId/commands': 'machine_command_queued',
+  'POST /api/sites/:siteId/deployments': 'classic_deployment_created',
+  'POST /api/sites/:siteId/deployments/:deploymentId/retry': 'classic_deployment_retried',
+  'POST /api/sites/:siteId/deployments/:deploymentId/cancel': 'classic_deployment_cancelled',
+  'POST /api/sites/:siteId/deployments/:deploymentId/uninstall': 'classic_deployment_uninstalled',
+  'DELETE /api/sites/:siteId/deployments/:deploymentId': 'classic_deployment_deleted',
+  'POST /api/sites/:siteId/installer-templates': 'installer_template_created',
+  'PATCH /api/sites/:siteId/installer-templates/:templateId': 'installer_template_updated',
+  'DELETE /api/sites/:siteId/installer-templates/:templateId': 'installer_template_deleted',
 };
 
 /** Routes that issue signed URLs, and how to read what they issued from the response body. */
@@ -87,6 +95,11 @@ const RESULT_ID_FIELDS = [
   'digest',
   'dryRun',
   'alreadyRunning',
+  'deploymentId',
+  'templateId',
+  'processId',
+  'affected',
+  'alreadyDeleted',
 ];
 
 /** Largest response body parsed for ids or URL counts. */

@@ -16,6 +16,8 @@ import signingKeys from './signing-keys';
 import audit from './audit';
 import webhooks from './webhooks';
 import observability from './observability';
+import classicDeployments from './classic-deployments';
+import installerTemplates from './installer-templates';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -34,4 +36,6 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(audit);
   await app.register(webhooks);
   await app.register(observability);
+  await app.register(classicDeployments);
+  await app.register(installerTemplates);
 }

@@ -34,6 +34,8 @@ const MACHINE = 'mach-matrix';
 const COMMAND = 'cmd_matrix';
 const WEBHOOK = `wh_${'c'.repeat(24)}`;
 const DELIVERY = `dlv_${'d'.repeat(24)}`;
+const DEPLOYMENT = `dep_${'e'.repeat(24)}`;
+const TEMPLATE = `itp_${'f'.repeat(24)}`;
 
 /** What a route is, for the matrix. */
 type Kind =
@@ -329,6 +331,64 @@ const MATRIX: Row[] = [
     route: 'GET /api/sites/:siteId/machines/:machineId/commands/:commandId',
     what: { kind: 'site', needs: machine('read') },
     req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/commands/${COMMAND}` }),
+  },
+  // ---- classic deployments and installer templates (not roost deploys)
+  {
+    route: 'POST /api/sites/:siteId/deployments',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({
+      url: `/api/sites/${s}/deployments`,
+      body: { name: 'm', installer_url: 'https://x.example.test/a.msi', installer_name: 'a.msi', silent_flags: '', machines: [MACHINE] },
+    }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/deployments',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/deployments` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/deployments/:deploymentId',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/deployments/${DEPLOYMENT}` }),
+  },
+  ...(['retry', 'cancel', 'uninstall'] as const).map((a): Row => ({
+    route: `POST /api/sites/:siteId/deployments/:deploymentId/${a}`,
+    // Uninstall is site admin (docs/contract.md "Authentication" 6); write does not imply it.
+    what: { kind: 'site', needs: site(a === 'uninstall' ? 'admin' : 'write') },
+    req: (s) => ({ url: `/api/sites/${s}/deployments/${DEPLOYMENT}/${a}` }),
+  })),
+  {
+    route: 'DELETE /api/sites/:siteId/deployments/:deploymentId',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({ url: `/api/sites/${s}/deployments/${DEPLOYMENT}` }),
+  },
+  {
+    route: 'POST /api/sites/:siteId/installer-templates',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({
+      url: `/api/sites/${s}/installer-templates`,
+      body: { name: 't', installer_url: 'https://x.example.test/a.msi', installer_name: 'a.msi' },
+    }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/installer-templates',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/installer-templates` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/installer-templates/:templateId',
+    what: { kind: 'site', needs: site('read') },
+    req: (s) => ({ url: `/api/sites/${s}/installer-templates/${TEMPLATE}` }),
+  },
+  {
+    route: 'PATCH /api/sites/:siteId/installer-templates/:templateId',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({ url: `/api/sites/${s}/installer-templates/${TEMPLATE}`, body: { name: 'u' } }),
+  },
+  {
+    route: 'DELETE /api/sites/:siteId/installer-templates/:templateId',
+    what: { kind: 'site', needs: site('write') },
+    req: (s) => ({ url: `/api/sites/${s}/installer-templates/${TEMPLATE}` }),
   },
   // ---- agent protocol
   { route: 'POST /api/agent/heartbeat', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/heartbeat', body: {} }) },

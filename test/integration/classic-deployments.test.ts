@@ -1,0 +1,451 @@
+/**
+ * Classic installer deployments end to end (api/routes/classic-deployments.ts, services/classic-deployments.ts,
+ * workflows/classic-deployment.ts, agent/installer.ts): real reference agents (agent/fleet.ts) download real
+ * installers (shell scripts) from an HTTPS server, verify them, run them and report; the workflow fans out,
+ * retries, cancels and uninstalls. Also every error of the routes: quota, unknown and foreign machines,
+ * scopes, in-flight delete, idempotent create. Set ROOST_RECORD_HISTORIES=1 to refresh the replay histories.
+ */
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { startFleet, type Fleet } from '../../agent/fleet';
+import { classicDeploymentWorkflowId } from '../../domain/classic';
+import { recordHistory } from '../../scripts/record-history';
+import { closeRolloutSuite, openRolloutSuite, scopedKey, enrolMachineRows, type TestWorker } from './rollout-fixtures';
+import { type Harness, idemKey } from '../support/harness';
+import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
+
+const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
+const HISTORIES = path.join(__dirname, '..', 'replay', 'histories', 'classic');
+
+let h: Harness;
+let w: TestWorker;
+let tmpRoot: string;
+let server: InstallerServer;
+let fleet: Fleet;
+const workflows: string[] = [];
+
+beforeAll(async () => {
+  process.env.ROOST_CLASSIC_POLL_MS = '100';
+  ({ h, w, tmpRoot } = await openRolloutSuite('classic'));
+  server = await startInstallerServer();
+  const baseUrl = await h.listen();
+  fleet = await startFleet({
+    baseUrl,
+    siteId: h.siteId,
+    enrolmentSecret: await h.enrolmentSecret(),
+    count: 10,
+    machinePrefix: 'cls-',
+    rootDir: path.join(tmpRoot, 'fleet'),
+    pollWaitSeconds: 2,
+    heartbeatMs: 0,
+    progressIntervalMs: 50,
+    perAgent: () => ({ installerCa: server.ca, closeGraceMs: 500 }),
+  });
+});
+afterAll(async () => {
+  await fleet?.stop();
+  await server?.close();
+  await closeRolloutSuite({ h, w, tmpRoot }, workflows);
+});
+
+const base = () => `/api/sites/${h.siteId}/deployments`;
+
+async function create(body: Record<string, unknown>, opts: { key?: string; idem?: string } = {}) {
+  return h.request({ method: 'POST', url: base(), body, key: opts.key, idempotencyKey: opts.idem ?? true });
+}
+
+async function finished(deploymentId: string) {
+  const workflowId = classicDeploymentWorkflowId(h.siteId, deploymentId);
+  if (!workflows.includes(workflowId)) workflows.push(workflowId);
+  return h.deps.temporal.workflow.getHandle(workflowId).result();
+}
+
+async function detail(deploymentId: string) {
+  const res = await h.request({ method: 'GET', url: `${base()}/${deploymentId}` });
+  expect(res.statusCode).toBe(200);
+  return res.json();
+}
+
+async function waitFor(check: () => Promise<boolean>): Promise<void> {
+  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
+}
+
+async function lines(file: string): Promise<string[]> {
+  return (await fs.readFile(file, 'utf8').catch(() => '')).split('\n').filter(Boolean);
+}
+
+describe('classic deployment fan-out to reference agents', () => {
+  it('installs in parallel on 10 machines, one failing (partial), then retry completes it; uninstall removes every install', async () => {
+    const marker = path.join(tmpRoot, 'runs-1.log');
+    const installs = path.join(tmpRoot, 'installs-1');
+    const inst = server.add('setup-1.sh', installerScript({ marker, installs, failOn: ['cls-0003'] }));
+    const res = await create({
+      name: 'kiosk 1.2',
+      installer_url: inst.url,
+      installer_name: 'setup.sh',
+      silent_flags: '/S /v"/qn REBOOT=ReallySuppress"',
+      machines: fleet.machineIds,
+      sha256: inst.sha256.toUpperCase(),
+      parallel_install: true,
+      timeout_seconds: 60,
+    });
+    expect(res.statusCode).toBe(201);
+    const created = res.json();
+    expect(created).toMatchObject({
+      name: 'kiosk 1.2',
+      status: 'pending',
+      parallel_install: true,
+      sha256: inst.sha256,
+      counts: expect.objectContaining({ pending: 10 }),
+    });
+    expect(created.targets.map((t: { machineId: string }) => t.machineId)).toEqual(fleet.machineIds);
+    expect(res.headers['x-roost-workflow-url']).toContain(encodeURIComponent(classicDeploymentWorkflowId(h.siteId, created.deploymentId)));
+
+    const out = await finished(created.deploymentId);
+    expect(out).toMatchObject({ status: 'partial', counts: expect.objectContaining({ completed: 9, failed: 1 }) });
+    const d = await detail(created.deploymentId);
+    expect(d.status).toBe('partial');
+    const failed = d.targets.filter((t: { status: string }) => t.status === 'failed');
+    expect(failed).toEqual([
+      expect.objectContaining({ machineId: 'cls-0003', result: 'failed', error: 'installer exited with code 3', attempts: 1 }),
+    ]);
+    expect(d.targets.filter((t: { result: string }) => t.result === 'success')).toHaveLength(9);
+    // Flags reached the installer split like a command line (an InstallShield /v"…" keeps its quotes).
+    expect((await lines(marker)).some((l) => l.endsWith(' /S /v"/qn REBOOT=ReallySuppress"'))).toBe(true);
+    expect((await fs.readdir(installs)).sort()).toEqual(fleet.machineIds.filter((m) => m !== 'cls-0003'));
+    if (RECORD)
+      await recordHistory(
+        h.deps.temporal,
+        classicDeploymentWorkflowId(h.siteId, created.deploymentId),
+        path.join(HISTORIES, 'classic-partial.json'),
+      );
+
+    // Uninstall needs site admin: a write-only key is refused and nothing changes.
+    const writeOnly = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read', 'write'] }]);
+    const refused = await h.request({
+      method: 'POST',
+      url: `${base()}/${created.deploymentId}/uninstall`,
+      key: writeOnly,
+      idempotencyKey: true,
+    });
+    expect(refused.statusCode).toBe(403);
+    expect(refused.json()).toMatchObject({ code: 'scope_insufficient', required: { resource: 'site', id: h.siteId, permission: 'admin' } });
+
+    // Retry: only the failed target runs again (attempt 2), on a new run of the same workflow id.
+    const before = (await lines(marker)).length;
+    const retry = await h.request({ method: 'POST', url: `${base()}/${created.deploymentId}/retry`, idempotencyKey: true });
+    expect(retry.statusCode).toBe(200);
+    expect(retry.json()).toMatchObject({ deploymentId: created.deploymentId, action: 'retry', affected: 1 });
+    const again = await finished(created.deploymentId);
+    expect(again).toMatchObject({ status: 'completed', counts: expect.objectContaining({ completed: 10 }) });
+    const after = await lines(marker);
+    expect(after.slice(before).map((l) => l.split(' ')[0])).toEqual(['cls-0003']);
+    expect((await detail(created.deploymentId)).targets.find((t: { machineId: string }) => t.machineId === 'cls-0003')).toMatchObject({
+      status: 'completed',
+      attempts: 2,
+    });
+    // A second retry has nothing to requeue.
+    const noop = await h.request({ method: 'POST', url: `${base()}/${created.deploymentId}/retry`, idempotencyKey: true });
+    expect(noop.statusCode).toBe(409);
+    expect(noop.json().code).toBe('conflict');
+    if (RECORD)
+      await recordHistory(
+        h.deps.temporal,
+        classicDeploymentWorkflowId(h.siteId, created.deploymentId),
+        path.join(HISTORIES, 'classic-retry.json'),
+      );
+
+    // Uninstall with the admin key: every target runs the installer with --uninstall.
+    const un = await h.request({ method: 'POST', url: `${base()}/${created.deploymentId}/uninstall`, idempotencyKey: true });
+    expect(un.statusCode).toBe(200);
+    expect(un.json()).toMatchObject({ affected: 10 });
+    expect(await finished(created.deploymentId)).toMatchObject({
+      status: 'uninstalled',
+      counts: expect.objectContaining({ uninstalled: 10 }),
+    });
+    expect(await fs.readdir(installs)).toEqual([]);
+    const final = await detail(created.deploymentId);
+    expect(
+      final.targets.every(
+        (t: { status: string; action: string; result: string }) =>
+          t.status === 'uninstalled' && t.action === 'uninstall' && t.result === 'success',
+      ),
+    ).toBe(true);
+
+    // Audit records of every mutation, with the deployment id.
+    const { rows } = await h.deps.db.query(
+      `SELECT kind FROM audit_records WHERE site_id = $1
+         AND (attributes->'params'->>'deploymentId' = $2 OR attributes->'result'->>'deploymentId' = $2) ORDER BY seq`,
+      [h.siteId, created.deploymentId],
+    );
+    expect(rows.map((r) => r.kind)).toEqual(['classic_deployment_created', 'classic_deployment_retried', 'classic_deployment_uninstalled']);
+  });
+
+  it('runs serially by default; cancel pulls pending targets while the in-flight install finishes', async () => {
+    const marker = path.join(tmpRoot, 'runs-2.log');
+    const inst = server.add('slow.sh', installerScript({ marker, installs: path.join(tmpRoot, 'installs-2'), sleepSeconds: 1 }));
+    const res = await create({
+      name: 'serial',
+      installer_url: inst.url,
+      installer_name: 'slow.sh',
+      silent_flags: '',
+      machines: fleet.machineIds.slice(0, 5),
+    });
+    expect(res.statusCode).toBe(201);
+    const id = res.json().deploymentId;
+    // Serial: one target in flight at a time.
+    await waitFor(async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
+    const mid = await detail(id);
+    expect(mid.status).toBe('in_progress');
+    expect(
+      mid.targets.filter((t: { commandId: string | null; status: string }) => t.commandId !== null && t.status !== 'completed'),
+    ).toHaveLength(1);
+    // Delete refused while in flight.
+    const del = await h.request({ method: 'DELETE', url: `${base()}/${id}`, idempotencyKey: true });
+    expect(del.statusCode).toBe(409);
+    expect(del.json().code).toBe('deployment_in_flight');
+
+    const cancel = await h.request({ method: 'POST', url: `${base()}/${id}/cancel`, idempotencyKey: true });
+    expect(cancel.statusCode).toBe(200);
+    const cancelled = cancel.json().affected;
+    expect(cancelled).toBeGreaterThanOrEqual(3);
+    const out = await finished(id);
+    expect(out.status).toBe('cancelled');
+    const d = await detail(id);
+    const completed = d.targets.filter((t: { status: string }) => t.status === 'completed').length;
+    expect(completed).toBe(5 - cancelled); // the in-flight install(s) finished, nothing else ran
+    expect((await lines(marker)).length).toBe(completed);
+    expect(d.targets.filter((t: { result: string }) => t.result === 'cancelled')).toHaveLength(cancelled);
+    if (RECORD)
+      await recordHistory(h.deps.temporal, classicDeploymentWorkflowId(h.siteId, id), path.join(HISTORIES, 'classic-cancel.json'));
+
+    // Terminal now: delete removes the record.
+    const gone = await h.request({ method: 'DELETE', url: `${base()}/${id}`, idempotencyKey: true });
+    expect(gone.statusCode).toBe(200);
+    expect(gone.json()).toEqual({ deploymentId: id, deleted: true });
+    expect((await h.request({ method: 'GET', url: `${base()}/${id}` })).statusCode).toBe(404);
+  });
+
+  it('fails a target whose installer does not match sha256 without running it; a hanging installer fails at its timeout; verify_path is checked', async () => {
+    const marker = path.join(tmpRoot, 'runs-3.log');
+    const installs = path.join(tmpRoot, 'installs-3');
+    const inst = server.add('evil.sh', installerScript({ marker, installs }));
+    const mismatch = await create({
+      name: 'tampered',
+      installer_url: inst.url,
+      installer_name: 'evil.sh',
+      silent_flags: '',
+      machines: [fleet.machineIds[0]],
+      sha256: 'f'.repeat(64),
+    });
+    expect(mismatch.statusCode).toBe(201);
+    expect(await finished(mismatch.json().deploymentId)).toMatchObject({ status: 'failed' });
+    const t = (await detail(mismatch.json().deploymentId)).targets[0];
+    expect(t.error).toMatch(/^sha256_mismatch: expected f{64}, got [0-9a-f]{64}; nothing was run$/);
+    expect(await lines(marker)).toEqual([]);
+
+    const hang = server.add('hang.sh', installerScript({ marker, installs, sleepSeconds: 30 }));
+    const verify = server.add('noverify.sh', installerScript({ marker: path.join(tmpRoot, 'runs-4.log'), installs }));
+    const [a, b] = await Promise.all([
+      create({
+        name: 'hangs',
+        installer_url: hang.url,
+        installer_name: 'hang.sh',
+        silent_flags: '',
+        machines: [fleet.machineIds[1]],
+        timeout_seconds: 1,
+      }),
+      create({
+        name: 'verify',
+        installer_url: verify.url,
+        installer_name: 'noverify.sh',
+        silent_flags: '',
+        machines: [fleet.machineIds[2]],
+        verify_path: path.join(tmpRoot, 'never-there'),
+      }),
+    ]);
+    expect(await finished(a.json().deploymentId)).toMatchObject({ status: 'failed' });
+    expect((await detail(a.json().deploymentId)).targets[0].error).toBe('installer timed out after 1 s and was killed');
+    expect(await finished(b.json().deploymentId)).toMatchObject({ status: 'failed' });
+    expect((await detail(b.json().deploymentId)).targets[0].error).toBe(
+      `verify_path ${path.join(tmpRoot, 'never-there')} does not exist after the install`,
+    );
+  });
+});
+
+describe('classic deployment requests', () => {
+  const valid = () => ({
+    name: 'x',
+    installer_url: 'https://downloads.example.test/setup.msi',
+    installer_name: 'setup.msi',
+    silent_flags: '/qn',
+    machines: [fleet.machineIds[0]],
+  });
+
+  it('gives 413 over_quota above the site deployQuota (default 100) and changes nothing', async () => {
+    const machines = Array.from({ length: 101 }, (_, i) => `q-${i}`);
+    const res = await create({ ...valid(), machines });
+    expect(res.statusCode).toBe(413);
+    expect(res.json()).toMatchObject({ code: 'over_quota', quota: { max_targets: 100, requested: 101 } });
+    await h.deps.db.query('UPDATE sites SET deploy_quota = 3 WHERE site_id = $1', [h.siteId]);
+    try {
+      const small = await create({ ...valid(), machines: fleet.machineIds.slice(0, 4) });
+      expect(small.statusCode).toBe(413);
+      expect(small.json().quota).toEqual({ max_targets: 3, requested: 4 });
+    } finally {
+      await h.deps.db.query('UPDATE sites SET deploy_quota = 100 WHERE site_id = $1', [h.siteId]);
+    }
+    const { rows } = await h.deps.db.query(`SELECT count(*)::INT AS n FROM classic_deployments WHERE site_id = $1 AND name = 'x'`, [
+      h.siteId,
+    ]);
+    expect(rows[0].n).toBe(0);
+  });
+
+  it('names unknown and foreign machines in validation_failed', async () => {
+    const other = await h.other();
+    await enrolMachineRows(h, ['foreign-1'], other.siteId);
+    const res = await create({ ...valid(), machines: [fleet.machineIds[0], 'nope-1', 'foreign-1'] });
+    expect(res.statusCode).toBe(400);
+    expect(res.json()).toMatchObject({ code: 'validation_failed', param: 'machines', unknownMachines: ['nope-1', 'foreign-1'] });
+    expect(res.json().errors.machines[0]).toContain('nope-1');
+  });
+
+  it.each([
+    ['http URL', { installer_url: 'http://downloads.example.test/setup.msi' }, 'installer_url'],
+    ['bad sha256', { sha256: 'abc' }, 'sha256'],
+    ['path as installer name', { installer_name: '..\\setup.msi' }, 'installer_name'],
+    ['relative verify_path', { verify_path: 'app\\app.exe' }, 'verify_path'],
+    ['empty machines', { machines: [] }, 'machines'],
+    ['malformed machine', { machines: ['bad id'] }, 'machines.0'],
+    ['duplicate machines', { machines: ['cls-0000', 'cls-0000'] }, 'machines'],
+    ['unknown field', { deploymentId: 'dep_x' }, 'deploymentId'],
+  ])('refuses %s with validation_failed', async (_what, patch, field) => {
+    const res = await create({ ...valid(), ...patch });
+    expect(res.statusCode).toBe(400);
+    expect(res.json().code).toBe('validation_failed');
+    expect(Object.keys(res.json().errors ?? {}).concat(res.json().param ?? [])).toContain(field);
+  });
+
+  it('requires Idempotency-Key and replays a repeated create without a second deployment or workflow', async () => {
+    const noKey = await h.request({ method: 'POST', url: base(), body: valid() });
+    expect(noKey.statusCode).toBe(400);
+    expect(noKey.json().code).toBe('idempotency_key_required');
+    const inst = server.add(
+      'idem.sh',
+      installerScript({ marker: path.join(tmpRoot, 'runs-5.log'), installs: path.join(tmpRoot, 'installs-5') }),
+    );
+    const body = { ...valid(), name: 'idem', installer_url: inst.url, installer_name: 'idem.sh' };
+    const key = idemKey();
+    const [a, b] = [await create(body, { idem: key }), await create(body, { idem: key })];
+    expect(a.statusCode).toBe(201);
+    expect(b.statusCode).toBe(201);
+    expect(b.headers['idempotent-replayed']).toBe('true');
+    expect(b.json().deploymentId).toBe(a.json().deploymentId);
+    const { rows } = await h.deps.db.query(`SELECT count(*)::INT AS n FROM classic_deployments WHERE site_id = $1 AND name = 'idem'`, [
+      h.siteId,
+    ]);
+    expect(rows[0].n).toBe(1);
+    await finished(a.json().deploymentId);
+  });
+
+  it('lists newest first with cursor paging, filters by status, and hides other sites', async () => {
+    const page1 = await h.request({ method: 'GET', url: `${base()}?page_size=2` });
+    expect(page1.statusCode).toBe(200);
+    const p1 = page1.json();
+    expect(p1.deployments).toHaveLength(2);
+    expect(p1.next_page_token).not.toBe('');
+    expect(p1.nextPageToken).toBe(p1.next_page_token);
+    const page2 = await h.request({ method: 'GET', url: `${base()}?page_size=2&page_token=${p1.next_page_token}` });
+    const p2 = page2.json();
+    const all = [...p1.deployments, ...p2.deployments];
+    const times = all.map((d: { createdAt: string }) => d.createdAt);
+    expect([...times].sort().reverse()).toEqual(times);
+    expect(new Set(all.map((d: { deploymentId: string }) => d.deploymentId)).size).toBe(all.length);
+    expect((await h.request({ method: 'GET', url: `${base()}?page_size=101` })).json().code).toBe('validation_failed');
+    expect((await h.request({ method: 'GET', url: `${base()}?page_token=garbage` })).statusCode).toBe(400);
+    const failedOnly = (await h.request({ method: 'GET', url: `${base()}?status=failed&page_size=100` })).json();
+    expect(failedOnly.deployments.length).toBeGreaterThan(0);
+    expect(failedOnly.deployments.every((d: { status: string }) => d.status === 'failed')).toBe(true);
+
+    const other = await h.other();
+    const foreign = await h.request({ method: 'GET', url: `${base()}/${p1.deployments[0].deploymentId}`, key: other.apiKey });
+    expect(foreign.statusCode).toBe(404);
+    expect((await h.request({ method: 'GET', url: `${base()}/dep%20bad` })).statusCode).toBe(400);
+    expect((await h.request({ method: 'GET', url: `${base()}/dep_000000000000000000000000` })).statusCode).toBe(404);
+    const readOnly = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
+    const denied = await create(valid(), { key: readOnly });
+    expect(denied.statusCode).toBe(403);
+    expect(denied.json().code).toBe('scope_insufficient');
+  });
+});
+
+describe('installer templates', () => {
+  it('creates, lists, updates and deletes templates; a deployment takes template fields as defaults and explicit fields win', async () => {
+    const t = `/api/sites/${h.siteId}/installer-templates`;
+    const inst = server.add(
+      'tpl.sh',
+      installerScript({ marker: path.join(tmpRoot, 'runs-6.log'), installs: path.join(tmpRoot, 'installs-6') }),
+    );
+    const created = await h.request({
+      method: 'POST',
+      url: t,
+      idempotencyKey: true,
+      body: {
+        name: 'Kiosk',
+        installer_name: 'tpl.sh',
+        installer_url: inst.url,
+        silent_flags: '--quiet',
+        close_processes: ['kiosk.exe'],
+        timeout_seconds: 120,
+      },
+    });
+    expect(created.statusCode).toBe(201);
+    const tpl = created.json();
+    expect(tpl).toMatchObject({ name: 'Kiosk', verify_path: null, close_processes: ['kiosk.exe'], timeout_seconds: 120 });
+    const dup = await h.request({
+      method: 'POST',
+      url: t,
+      idempotencyKey: true,
+      body: { name: 'Kiosk', installer_name: 'a.msi', installer_url: inst.url },
+    });
+    expect(dup.statusCode).toBe(409);
+    const patched = await h.request({
+      method: 'PATCH',
+      url: `${t}/${tpl.templateId}`,
+      idempotencyKey: true,
+      body: { silent_flags: '--very-quiet' },
+    });
+    expect(patched.statusCode).toBe(200);
+    expect(patched.json().silent_flags).toBe('--very-quiet');
+    expect((await h.request({ method: 'PATCH', url: `${t}/${tpl.templateId}`, idempotencyKey: true, body: {} })).statusCode).toBe(400);
+    expect(
+      (await h.request({ method: 'PATCH', url: `${t}/${tpl.templateId}`, idempotencyKey: true, body: { installer_url: 'ftp://x' } }))
+        .statusCode,
+    ).toBe(400);
+    const list = (await h.request({ method: 'GET', url: t })).json();
+    expect(list.templates.map((x: { templateId: string }) => x.templateId)).toContain(tpl.templateId);
+
+    const dep = await create({
+      template_id: tpl.templateId,
+      machines: [fleet.machineIds[4]],
+      name: 'from template',
+      silent_flags: '--explicit',
+    });
+    expect(dep.statusCode).toBe(201);
+    expect(dep.json()).toMatchObject({
+      name: 'from template',
+      installer_url: inst.url,
+      installer_name: 'tpl.sh',
+      silent_flags: '--explicit',
+      close_processes: ['kiosk.exe'],
+      timeout_seconds: 120,
+      template_id: tpl.templateId,
+    });
+    expect(await finished(dep.json().deploymentId)).toMatchObject({ status: 'completed' });
+    expect((await create({ template_id: 'itp_000000000000000000000000', machines: [fleet.machineIds[4]] })).statusCode).toBe(404);
+
+    expect((await h.request({ method: 'DELETE', url: `${t}/${tpl.templateId}`, idempotencyKey: true })).statusCode).toBe(200);
+    expect((await h.request({ method: 'GET', url: `${t}/${tpl.templateId}` })).statusCode).toBe(404);
+    expect((await h.request({ method: 'DELETE', url: `${t}/${tpl.templateId}`, idempotencyKey: true })).statusCode).toBe(404);
+  });
+});
