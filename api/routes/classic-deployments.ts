@@ -46,7 +46,7 @@ import {
   listSiteDeployments,
 } from '../../services/classic-deployments';
 import { authorizeSite } from '../plugins/auth';
-import { badPageToken, pageTokens, parsePaging } from '../pagination';
+import { parsePaging } from '../pagination';
 import { enforceCapability } from '../ratelimit/limits';
 
 /** The create body's most machines: the largest deployQuota a site may have (the site's own quota is checked after). */
@@ -242,8 +242,7 @@ const classicDeploymentRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const { siteId } = request.params;
-      const paging = parsePaging<[string, string]>(request.query, { defaultSize: 25, maxSize: 100 });
-      if (paging.after !== undefined && !isCreatedAtPosition(paging.after)) throw badPageToken(paging.tokenParam);
+      const paging = parsePaging(request, { defaultSize: 25, maxSize: 100, accept: isCreatedAtPosition });
       await authorizeSite(request, siteId, read(siteId));
       const page = await listSiteDeployments(app.deps, {
         siteId,
@@ -251,7 +250,7 @@ const classicDeploymentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         after: paging.after,
         status: request.query.status,
       });
-      return { deployments: page.deployments.map((d) => record(d.row, d.counts)), ...pageTokens(page.next) };
+      return { deployments: page.deployments.map((d) => record(d.row, d.counts)), ...paging.tokens(page.next) };
     },
   );
 

@@ -22,7 +22,7 @@ import {
   updateTemplate,
 } from '../../services/classic-deployments';
 import { authorizeSite } from '../plugins/auth';
-import { badPageToken, pageTokens, parsePaging } from '../pagination';
+import { parsePaging } from '../pagination';
 import { enforceCapability } from '../ratelimit/limits';
 
 const TemplateId = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'template id (itp_…)' });
@@ -139,11 +139,10 @@ const installerTemplateRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const { siteId } = request.params;
-      const paging = parsePaging<[string, string]>(request.query, { defaultSize: 25, maxSize: 100 });
-      if (paging.after !== undefined && !isCreatedAtPosition(paging.after)) throw badPageToken(paging.tokenParam);
+      const paging = parsePaging(request, { defaultSize: 25, maxSize: 100, accept: isCreatedAtPosition });
       await authorizeSite(request, siteId, read(siteId));
       const page = await listSiteTemplates(app.deps, { siteId, pageSize: paging.pageSize, after: paging.after });
-      return { templates: page.templates.map(record), ...pageTokens(page.next) };
+      return { templates: page.templates.map(record), ...paging.tokens(page.next) };
     },
   );
 
