@@ -14,6 +14,7 @@ import { createHarness, type Harness, idemKey } from '../support/harness';
 import { idTokenFor, insertKey, makeUser } from '../support/identity';
 import { withTx } from '../../db/pool';
 import { insertRollout } from '../../db/rollouts';
+import { insertDeployment } from '../../db/classic-deployments';
 import { DEFAULT_POLICY, splitWaves } from '../../domain/rollout-policy';
 import { insertWebhook, webhookAad } from '../../db/webhooks';
 import { rolloutWorkflowId } from '../../workflows/client';
@@ -187,6 +188,63 @@ const FIXTURES: ListFixture[] = [
         [site.siteId, expected],
       );
       return { url: `/api/sites/${site.siteId}/machines`, key: site.apiKey, expected };
+    },
+  },
+  {
+    route: 'GET /api/sites/:siteId/deployments',
+    defaultSize: 25,
+    maxSize: 100,
+    items: 'deployments',
+    id: (d) => d.deploymentId,
+    seed: async () => {
+      const site = await h.other();
+      const ids: string[] = [];
+      for (let i = 0; i < 27; i++) {
+        const deploymentId = `dep_page${String(i).padStart(3, '0')}`;
+        await insertDeployment(h.deps.db, {
+          siteId: site.siteId,
+          deploymentId,
+          name: `page ${i}`,
+          installerUrl: 'https://downloads.example.test/setup.msi',
+          installerName: 'setup.msi',
+          silentFlags: '/qn',
+          verifyPath: null,
+          sha256: null,
+          closeProcesses: [],
+          suppressProjects: [],
+          parallelInstall: false,
+          timeoutSeconds: null,
+          templateId: null,
+          workflowId: `classic-deployment:${site.siteId}:${deploymentId}`,
+          createdBy: site.userId,
+          machines: ['pg-m'],
+        });
+        ids.push(deploymentId);
+      }
+      // Newest first.
+      return { url: `/api/sites/${site.siteId}/deployments`, key: site.apiKey, expected: ids.reverse() };
+    },
+  },
+  {
+    route: 'GET /api/sites/:siteId/installer-templates',
+    defaultSize: 25,
+    maxSize: 100,
+    items: 'templates',
+    id: (t) => t.templateId,
+    seed: async () => {
+      const site = await h.other();
+      const ids: string[] = [];
+      for (let i = 0; i < 27; i++) {
+        const res = await h.request({
+          method: 'POST',
+          url: `/api/sites/${site.siteId}/installer-templates`,
+          key: site.apiKey,
+          idempotencyKey: true,
+          body: { name: `template ${i}`, installer_name: 'setup.msi', installer_url: 'https://downloads.example.test/setup.msi' },
+        });
+        ids.push(res.json().templateId);
+      }
+      return { url: `/api/sites/${site.siteId}/installer-templates`, key: site.apiKey, expected: ids.reverse() };
     },
   },
   {
