@@ -988,3 +988,15 @@ export async function countsByRollout(q: Queryable, siteId: string, rolloutIds: 
   for (const r of rows) addCount(out.get(r.rollout_id) as WaveCounts, r.status, Number(r.n), Number(r.timed_out));
   return out;
 }
+
+/**
+ * Rollouts of all sites by stage and control state (metrics: `roost_rollouts`, docs/observability.md).
+ * Rows written before rollout control have no state: running while active, else their stage.
+ */
+export async function countRolloutsByStageAndState(db: Queryable): Promise<{ stage: string; state: string; count: number }[]> {
+  const { rows } = await db.query<{ stage: string; state: string; n: number }>(
+    `SELECT stage, COALESCE(state, CASE WHEN active THEN 'running' ELSE stage END) AS state, CAST(count(*) AS INT) AS n
+       FROM rollouts GROUP BY 1, 2`,
+  );
+  return rows.map((r) => ({ stage: r.stage, state: r.state, count: Number(r.n) }));
+}

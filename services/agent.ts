@@ -33,6 +33,7 @@ import {
 } from '../db/machines';
 import type { ServiceDeps } from './deps';
 import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from './signing';
+import { noteTargetReport } from './observability';
 
 export type { CommandRow, HeartbeatInput, TargetStateRow };
 
@@ -368,5 +369,7 @@ export async function reportTargetState(
     throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
       extras: { param: 'reportedVersionId' },
     });
-  return upsertTargetState(deps.db, siteId, machineId, roostId, report);
+  const stored = await upsertTargetState(deps.db, siteId, machineId, roostId, report);
+  noteTargetReport(siteId, report.status, report.bytes_fetched);
+  return stored;
 }

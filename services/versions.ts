@@ -27,6 +27,7 @@ import type { ServiceDeps } from './deps';
 import { roostChanges, type RoostFields } from './roosts';
 import { ensureVersionSignatures, sealKeyOf, signVersionFor } from './signing';
 import { loadVersionBody } from './version-bodies';
+import { noteChunksUploaded } from './observability';
 
 /** A version row, signed (`signature`, `signing_key_id` set), with `versionUrl`, its body blob's plain URL. */
 export type VersionDetail = repo.VersionRow & { versionUrl: string };
@@ -98,7 +99,10 @@ export async function publish(deps: Deps, input: PublishRequest): Promise<repo.P
   const blobName = versionBlobName(siteId, roostId, versionId);
   if (!(await repo.getVersion(deps.db, siteId, roostId, versionId))) {
     const { missing, conflicts } = await findMissingChunks(deps.db, deps.blob, siteId, table.refs, (found) =>
-      recordChunks(deps.db, siteId, found, quotaTiers(deps.cfg)),
+      recordChunks(deps.db, siteId, found, quotaTiers(deps.cfg)).then((added) => {
+        noteChunksUploaded(added);
+        return added;
+      }),
     );
     if (conflicts.size) {
       throw new ApiError('validation_failed', 'version body references chunks with a size other than their stored size', {

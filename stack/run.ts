@@ -23,7 +23,8 @@ export interface RunningStack {
   api: RunningApi;
   worker: Worker | undefined;
   services: ServiceHandle[];
-  urls: { api: string; reference: string; openapi: string; temporalUi: string };
+  /** `metrics`: the ROOST_METRICS_PORT listener; `temporalMetrics`: the Temporal SDK exporter (when configured). */
+  urls: { api: string; reference: string; openapi: string; temporalUi: string; metrics?: string; temporalMetrics?: string };
   /** Stops the worker (if running) without stopping the rest, e.g. to simulate a worker restart. */
   stopWorker(): Promise<void>;
   /** Starts a (new) worker. */
@@ -96,7 +97,16 @@ export async function startStack(
       return worker;
     },
     services,
-    urls: { api: api.url, reference: `${api.url}/docs`, openapi: `${api.url}/api/openapi.json`, temporalUi: cfg.temporalUiUrl },
+    urls: {
+      api: api.url,
+      reference: `${api.url}/docs`,
+      openapi: `${api.url}/api/openapi.json`,
+      temporalUi: cfg.temporalUiUrl,
+      ...(api.metricsUrl ? { metrics: api.metricsUrl } : {}),
+      ...(cfg.ROOST_TEMPORAL_METRICS_ADDRESS && opts.worker !== false
+        ? { temporalMetrics: `http://${cfg.ROOST_TEMPORAL_METRICS_ADDRESS}/metrics` }
+        : {}),
+    },
     stopWorker,
     startWorker,
     async stop() {

@@ -164,6 +164,126 @@ export function observeStreamConnections(count: () => number): () => void {
   return () => streamSources.delete(count);
 }
 
+// ---------------------------------------------------------------- worker
+
+/** `roost_activity_duration_seconds{activity,outcome}`: each activity execution (attempt) run by this worker. */
+export const activityDuration = once(
+  'roost_activity_duration_seconds',
+  () =>
+    new Histogram({
+      name: 'roost_activity_duration_seconds',
+      help: 'Activity executions (each attempt) run by this worker, seconds, by activity type and outcome (completed, failed, cancelled)',
+      labelNames: ['activity', 'outcome'] as const,
+      buckets: DURATION_BUCKETS,
+    }),
+);
+
+/** `roost_activity_failures_total{activity,failure}`: failed activity attempts by type and failure kind. */
+export const activityFailures = once(
+  'roost_activity_failures_total',
+  () =>
+    new Counter({
+      name: 'roost_activity_failures_total',
+      help: 'Failed activity attempts by activity type and failure: the ApplicationFailure type the code names, else cancelled, timeout or error',
+      labelNames: ['activity', 'failure'] as const,
+    }),
+);
+
+// ---------------------------------------------------------------- business
+
+/** `roost_webhook_attempts_total{outcome}`: delivery POSTs: succeeded, failed (will retry or give up), refused (address rules), skipped. */
+export const webhookAttempts = once(
+  'roost_webhook_attempts_total',
+  () =>
+    new Counter({
+      name: 'roost_webhook_attempts_total',
+      help: 'Webhook delivery attempts by outcome: succeeded (2xx), failed (non-2xx, timeout, network), refused (address rules), skipped (subscription gone, disabled or paused)',
+      labelNames: ['outcome'] as const,
+    }),
+);
+
+/** `roost_webhook_deliveries_total{outcome}`: deliveries that ended: delivered or failed (after all attempts). */
+export const webhookDeliveries = once(
+  'roost_webhook_deliveries_total',
+  () =>
+    new Counter({
+      name: 'roost_webhook_deliveries_total',
+      help: 'Webhook deliveries that ended, by outcome: delivered (an attempt got a 2xx) or failed (attempts exhausted or refused)',
+      labelNames: ['outcome'] as const,
+    }),
+);
+
+/** `roost_sweep_items_total{sweep,result}`: what the background sweeps did (docs/decisions/sweeps.md). */
+export const sweepItems = once(
+  'roost_sweep_items_total',
+  () =>
+    new Counter({
+      name: 'roost_sweep_items_total',
+      help: 'Items handled by the background sweeps, by sweep activity and result (processed, emitted, scanned, condemned, reclaimed, …)',
+      labelNames: ['sweep', 'result'] as const,
+    }),
+);
+
+/** `roost_chunk_bytes_total{direction}`: `uploaded` (new chunks recorded at publish), `served` (bytes agents report fetched). */
+export const chunkBytes = once(
+  'roost_chunk_bytes_total',
+  () =>
+    new Counter({
+      name: 'roost_chunk_bytes_total',
+      help: 'Chunk bytes: uploaded (new chunks recorded by publish after their stored size was checked) and served (bytes agents report they fetched for a sync)',
+      labelNames: ['direction'] as const,
+    }),
+);
+
+/** `roost_machine_reports_total{site,status}`: agents' target-state reports (committed, failed, cancelled, …) per site. */
+export const machineReports = once(
+  'roost_machine_reports_total',
+  () =>
+    new Counter({
+      name: 'roost_machine_reports_total',
+      help: 'Target-state reports of agents (a machine committed or failed a version), by site and reported status',
+      labelNames: ['site', 'status'] as const,
+    }),
+);
+
+/** Rows of `roost_rollouts`: how many rollouts are at each stage and control state. */
+export interface RolloutCount {
+  stage: string;
+  state: string;
+  count: number;
+}
+
+const rolloutSources = new Set<() => Promise<RolloutCount[]>>();
+
+/** `roost_rollouts{stage,state}`: rollouts by stage and control state, read from the database at scrape time. */
+export const rollouts = once(
+  'roost_rollouts',
+  () =>
+    new Gauge({
+      name: 'roost_rollouts',
+      help: 'Rollouts by stage (canary, started, completed, failed) and control state (running, paused, awaiting_promotion, …), all sites; read from the database at scrape',
+      labelNames: ['stage', 'state'] as const,
+      async collect() {
+        this.reset();
+        // One source is enough (every API process reads the same database): the first that answers.
+        for (const source of rolloutSources) {
+          try {
+            for (const r of await source()) this.set({ stage: r.stage, state: r.state }, r.count);
+            return;
+          } catch {
+            /* database unreachable: no series this scrape (readiness reports the outage) */
+          }
+        }
+      },
+    }),
+);
+
+/** Adds a source of rollout counts (an API app's database); returns its removal. */
+export function observeRollouts(source: () => Promise<RolloutCount[]>): () => void {
+  rolloutSources.add(source);
+  return () => rolloutSources.delete(source);
+}
+
 // ---------------------------------------------------------------- serving
 
 /** The exposition text of the process registry and its content type. */

@@ -11,12 +11,21 @@ import { BlobStore } from '../storage/blob';
 import { Client, Connection } from '@temporalio/client';
 import { closeWorkerConnections, installRuntime, runWorker } from './worker';
 import { ensureBackgroundWorkflows } from './background';
+import { collectProcessMetrics, observePool, startMetricsListener } from '../telemetry/metrics';
 
 async function main(): Promise<void> {
   // Signals are handled below (one graceful path), not by the SDK's default handlers.
-  installRuntime();
   const cfg = loadConfig();
+  installRuntime(cfg);
   const db = createPool(cfg.databaseUrl, 20);
+  // The worker's pool and activities in the process registry, served on ROOST_METRICS_PORT (docs/observability.md).
+  const unobservePool = observePool(db, 'worker');
+  collectProcessMetrics();
+  const metrics =
+    cfg.ROOST_METRICS_PORT === undefined ? undefined : await startMetricsListener(cfg.ROOST_METRICS_HOST, cfg.ROOST_METRICS_PORT);
+  if (metrics) console.error(`roost worker: metrics on ${metrics.url}`);
+  if (cfg.ROOST_TEMPORAL_METRICS_ADDRESS)
+    console.error(`roost worker: Temporal SDK metrics on http://${cfg.ROOST_TEMPORAL_METRICS_ADDRESS}/metrics`);
   try {
     const blob = BlobStore.fromConfig(cfg);
     await blob.ensureContainers();
@@ -43,6 +52,8 @@ async function main(): Promise<void> {
     console.error('roost worker: stopped');
   } finally {
     await closeWorkerConnections();
+    unobservePool();
+    await metrics?.close();
     await db.end().catch(() => undefined);
   }
 }

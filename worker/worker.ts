@@ -20,6 +20,7 @@ import type { Duration } from '@temporalio/common';
 import type { Config } from '../config/env';
 import { createActivities } from '../activities';
 import type { ActivityDeps } from '../activities/deps';
+import { activityMetrics } from './metrics';
 
 /** Absolute path of the workflow bundle's entry point. */
 export const WORKFLOWS_PATH = require.resolve('../workflows');
@@ -29,15 +30,28 @@ let runtimeInstalled = false;
 
 /**
  * Installs the SDK Runtime once per process: logs at ROOST_WORKER_LOG_LEVEL (default WARN, so the demo and
- * the stack are not drowned in per-activity lines) and no SDK signal handlers (our entry points own
- * SIGINT/SIGTERM and shut workers down gracefully). A Runtime installed earlier by the host is kept.
+ * the stack are not drowned in per-activity lines), no SDK signal handlers (our entry points own
+ * SIGINT/SIGTERM and shut workers down gracefully) and, with `cfg.ROOST_TEMPORAL_METRICS_ADDRESS`, the
+ * SDK's own Prometheus exporter on that address (docs/observability.md "Worker"). A Runtime installed
+ * earlier by the host is kept; the first call decides.
  */
-export function installRuntime(): void {
+export function installRuntime(cfg?: Pick<Config, 'ROOST_TEMPORAL_METRICS_ADDRESS'>): void {
   if (runtimeInstalled) return;
   runtimeInstalled = true;
   const level = (process.env.ROOST_WORKER_LOG_LEVEL ?? 'WARN').toUpperCase() as LogLevel;
+  const address = cfg?.ROOST_TEMPORAL_METRICS_ADDRESS;
   try {
-    Runtime.install({ logger: new DefaultLogger(level), shutdownSignals: [] });
+    Runtime.install({
+      logger: new DefaultLogger(level),
+      shutdownSignals: [],
+      ...(address
+        ? {
+            telemetryOptions: {
+              metrics: { prometheus: { bindAddress: address, countersTotalSuffix: true, useSecondsForDurations: true } },
+            },
+          }
+        : {}),
+    });
   } catch {
     /* already installed (e.g. by a test): keep it */
   }
@@ -56,8 +70,8 @@ export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
 const connections = new Map<string, Promise<NativeConnection>>();
 
 /** The process's shared NativeConnection to `cfg.temporalAddress` (connects on first use). */
-export function workerConnection(cfg: Pick<Config, 'temporalAddress'>): Promise<NativeConnection> {
-  installRuntime();
+export function workerConnection(cfg: Pick<Config, 'temporalAddress' | 'ROOST_TEMPORAL_METRICS_ADDRESS'>): Promise<NativeConnection> {
+  installRuntime(cfg);
   let c = connections.get(cfg.temporalAddress);
   if (!c) {
     c = NativeConnection.connect({ address: cfg.temporalAddress });
@@ -98,6 +112,8 @@ export async function createWorker(cfg: Config, deps: ActivityDeps, opts: Create
     identity: opts.identity ?? `roost-worker@${process.pid}`,
     workflowBundle: workflowBundleCode,
     activities: createActivities(deps),
+    // Activity latency, failures and business counters by activity type (worker/metrics.ts).
+    interceptors: { activity: [activityMetrics] },
     shutdownGraceTime: opts.shutdownGraceTime ?? '5 seconds',
   });
 }

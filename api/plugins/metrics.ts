@@ -2,7 +2,7 @@
  * Request metrics of the API (docs/observability.md "API"): per route template, method and status class a
  * request counter and a latency histogram; 429 refusals by the bucket or capability that refused; replays
  * of the idempotency store; and, for as long as the app is open, its PostgreSQL pool (connections and
- * 40001 retries) and its event-stream connections. Everything is hook-based: routes and other plugins do
+ * 40001 retries), its event-stream connections and the rollouts by stage and state (read at scrape). Everything is hook-based: routes and other plugins do
  * not know about it. The series live in the process registry (telemetry/metrics.ts).
  */
 import fp from 'fastify-plugin';
@@ -13,9 +13,11 @@ import {
   httpRequests,
   idempotencyReplays,
   observePool,
+  observeRollouts,
   observeStreamConnections,
   rateLimitRefusals,
 } from '../../telemetry/metrics';
+import { rolloutCounts } from '../../services/observability';
 import { eventHubOf } from '../routes/events';
 
 /** Label of a request without a matched route (404s, refused request heads): never the raw URL. */
@@ -52,6 +54,7 @@ export default fp(async function metricsPlugin(app: FastifyInstance) {
   const stops: (() => void)[] = [];
   app.addHook('onReady', async () => {
     stops.push(observePool(app.deps.db, 'api'));
+    stops.push(observeRollouts(() => rolloutCounts(app.deps)));
     const hub = eventHubOf(app.deps);
     if (hub) stops.push(observeStreamConnections(() => (hub.closed ? 0 : hub.clientCount)));
   });

@@ -29,13 +29,30 @@ export function registerStack(program: Command): void {
     .description('start PostgreSQL, Azurite, the Temporal dev server, the API and a worker in the foreground')
     .option('--json', 'print the ready line as JSON')
     .option('--no-worker', 'run without the in-process worker (run worker/main.ts separately)')
-    .action(async (opts: { json?: boolean; worker: boolean }) => {
+    .option(
+      '--observability',
+      'serve Prometheus metrics: ROOST_METRICS_PORT (default 9464) and the Temporal SDK exporter on ROOST_TEMPORAL_METRICS_ADDRESS (default 127.0.0.1:9465)',
+    )
+    .action(async (opts: { json?: boolean; worker: boolean; observability?: boolean }) => {
       installMissing();
-      const cfg = loadConfig();
+      let cfg = loadConfig();
+      if (opts.observability) {
+        cfg = {
+          ...cfg,
+          ROOST_METRICS_PORT: cfg.ROOST_METRICS_PORT ?? 9464,
+          ROOST_TEMPORAL_METRICS_ADDRESS: cfg.ROOST_TEMPORAL_METRICS_ADDRESS ?? '127.0.0.1:9465',
+        };
+      }
       const stack = await startStack(cfg, { worker: opts.worker, log: (l) => process.stderr.write(`[stack] ${l}\n`) });
       const urls = stack.urls;
       if (opts.json) process.stdout.write(JSON.stringify({ ready: true, ...urls }) + '\n');
-      else process.stdout.write(`roost stack ready: api ${urls.api}  reference ${urls.reference}  temporal-ui ${urls.temporalUi}\n`);
+      else {
+        const metrics = urls.metrics ? `  metrics ${urls.metrics}` : '';
+        const sdk = urls.temporalMetrics ? `  temporal-metrics ${urls.temporalMetrics}` : '';
+        process.stdout.write(
+          `roost stack ready: api ${urls.api}  reference ${urls.reference}  temporal-ui ${urls.temporalUi}${metrics}${sdk}\n`,
+        );
+      }
       await new Promise<void>((resolve) => {
         let stopping = false;
         const stop = (sig: string) => {

@@ -1,0 +1,165 @@
+/**
+ * Worker and business metrics after a real rollout to real agents, a real webhook delivery and a real
+ * sweep (docs/observability.md "Worker", "Business"; worker/metrics.ts, services/observability.ts): the
+ * activity histogram and failures by type, machine reports per site, chunk bytes uploaded and served,
+ * rollouts by stage and state, webhook attempts and deliveries by outcome, sweep results; and the Temporal
+ * SDK's own Prometheus exporter (ROOST_TEMPORAL_METRICS_ADDRESS) serving its runtime metrics.
+ */
+import http from 'node:http';
+import net from 'node:net';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { startFleet } from '../../agent/fleet';
+import { installRuntime } from '../../worker/worker';
+import { ensureEventRelay, eventRelayWorkflowId } from '../../worker/background';
+import { type Harness } from '../support/harness';
+import { parseMetrics, type Exposition } from '../support/metrics';
+import { closeRolloutSuite, deployRoute, openRolloutSuite, seedRoost, type TestWorker } from './rollout-fixtures';
+
+const TOKEN = 'worker-metrics-token-0123456789';
+let h: Harness;
+let w: TestWorker;
+let tmpRoot: string;
+let temporalMetrics: string;
+let receiver: http.Server;
+let receiverBase: string;
+const workflows: string[] = [];
+
+/** A free loopback port (bound and released). */
+async function freePort(): Promise<number> {
+  const s = net.createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as net.AddressInfo).port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+async function until<T>(what: string, fn: () => Promise<T | undefined | null | false>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function scrape(): Promise<Exposition> {
+  const res = await h.request({ method: 'GET', url: '/metrics', key: null, headers: { authorization: `Bearer ${TOKEN}` } });
+  expect(res.statusCode).toBe(200);
+  return parseMetrics(res.body);
+}
+
+beforeAll(async () => {
+  temporalMetrics = `127.0.0.1:${await freePort()}`;
+  process.env.ROOST_TEMPORAL_METRICS_ADDRESS = temporalMetrics;
+  process.env.ROOST_METRICS_TOKEN = TOKEN;
+  process.env.ROOST_WEBHOOK_ALLOW_PRIVATE = 'true';
+  process.env.ROOST_WEBHOOK_MAX_ATTEMPTS = '1';
+  process.env.ROOST_WEBHOOK_RELAY_POLL_MS = '50';
+  process.env.ROOST_WORKER_LOG_LEVEL = 'ERROR';
+  // The first Runtime of the process decides its telemetry: install it from this configuration.
+  installRuntime({ ROOST_TEMPORAL_METRICS_ADDRESS: temporalMetrics });
+  ({ h, w, tmpRoot } = await openRolloutSuite('worker-metrics'));
+  receiver = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(req.url === '/broken' ? 500 : 200).end());
+  });
+  await new Promise<void>((r) => receiver.listen(0, '127.0.0.1', r));
+  receiverBase = `http://127.0.0.1:${(receiver.address() as net.AddressInfo).port}`;
+  workflows.push(await ensureEventRelay(h.deps.temporal, h.deps.cfg));
+});
+
+afterAll(async () => {
+  for (const k of [
+    'ROOST_TEMPORAL_METRICS_ADDRESS',
+    'ROOST_METRICS_TOKEN',
+    'ROOST_WEBHOOK_ALLOW_PRIVATE',
+    'ROOST_WEBHOOK_MAX_ATTEMPTS',
+    'ROOST_WEBHOOK_RELAY_POLL_MS',
+    'ROOST_WORKER_LOG_LEVEL',
+  ])
+    delete process.env[k];
+  await closeRolloutSuite({ h, w, tmpRoot }, [...workflows, eventRelayWorkflowId(h?.deps.cfg.ROOST_TASK_QUEUE ?? '')]);
+  await new Promise((r) => receiver?.close(r));
+});
+
+it('counts a real rollout, its agents, a webhook delivery and a sweep; the SDK exporter serves its runtime metrics', async () => {
+  const before = await scrape();
+  for (const p of ['/ok', '/broken']) {
+    const res = await h.request({
+      method: 'POST',
+      url: `/api/sites/${h.siteId}/webhooks`,
+      body: { url: `${receiverBase}${p}`, name: `metrics ${p}`, events: ['deployment.completed'] },
+      idempotencyKey: true,
+    });
+    expect(res.statusCode).toBe(201);
+  }
+
+  const fleet = await startFleet({
+    baseUrl: await h.listen(),
+    siteId: h.siteId,
+    enrolmentSecret: await h.enrolmentSecret(),
+    count: 2,
+    rootDir: path.join(tmpRoot, 'fleet'),
+    pollWaitSeconds: 5,
+    heartbeatMs: 0,
+  });
+  try {
+    const roost = await seedRoost(h, { targets: fleet.machineIds, extractPath: 'apps/metrics' });
+    const deployed = await deployRoute(h, roost.roostId);
+    workflows.push(deployed.workflowId);
+    const out = await h.deps.temporal.workflow.getHandle(deployed.workflowId).result();
+    expect(out).toMatchObject({ stage: 'completed', succeeded: 2, failed: 0 });
+  } finally {
+    await fleet.stop();
+  }
+
+  // A sweep over the shared database that changes nothing another test relies on: chunk verification.
+  const sweep = await h.deps.temporal.workflow.execute('chunkVerifySweepWorkflow', {
+    taskQueue: h.deps.cfg.ROOST_TASK_QUEUE,
+    workflowId: `metrics-sweep-${randomBytes(4).toString('hex')}`,
+    args: [{ batchSize: 4, maxBatches: 1 }],
+  });
+  expect((sweep as { processed: number }).processed).toBeGreaterThan(0);
+
+  const m = await until('both webhook deliveries to end', async () => {
+    const s = await scrape();
+    const done = (o: string) =>
+      s.value('roost_webhook_deliveries_total', { outcome: o }) - before.value('roost_webhook_deliveries_total', { outcome: o });
+    return done('delivered') >= 1 && done('failed') >= 1 && s;
+  });
+  const delta = (name: string, labels?: Record<string, string>) => m.value(name, labels) - before.value(name, labels);
+
+  // Activities by type and outcome.
+  expect(m.types.get('roost_activity_duration_seconds')).toBe('histogram');
+  for (const activity of ['loadRollout', 'dispatchWave', 'watchWave', 'attemptWebhookDelivery', 'verifyChunkSample'])
+    expect(delta('roost_activity_duration_seconds_count', { activity, outcome: 'completed' })).toBeGreaterThanOrEqual(1);
+  expect(delta('roost_activity_duration_seconds_count', { activity: 'attemptWebhookDelivery', outcome: 'failed' })).toBe(1);
+  expect(delta('roost_activity_failures_total', { activity: 'attemptWebhookDelivery', failure: 'delivery_attempt_failed' })).toBe(1);
+
+  // Business counters.
+  expect(delta('roost_machine_reports_total', { site: h.siteId, status: 'committed' })).toBe(2);
+  expect(delta('roost_chunk_bytes_total', { direction: 'uploaded' })).toBeGreaterThan(0);
+  expect(delta('roost_chunk_bytes_total', { direction: 'served' })).toBeGreaterThan(0);
+  expect(m.value('roost_rollouts', { stage: 'completed', state: 'completed' })).toBeGreaterThanOrEqual(1);
+  expect(m.types.get('roost_rollouts')).toBe('gauge');
+  expect(delta('roost_webhook_attempts_total', { outcome: 'succeeded' })).toBe(1);
+  expect(delta('roost_webhook_attempts_total', { outcome: 'failed' })).toBe(1);
+  expect(delta('roost_webhook_deliveries_total', { outcome: 'delivered' })).toBe(1);
+  expect(delta('roost_webhook_deliveries_total', { outcome: 'failed' })).toBe(1);
+  expect(delta('roost_sweep_items_total', { sweep: 'chunk-verify', result: 'processed' })).toBe((sweep as { processed: number }).processed);
+
+  // The Temporal SDK's own exporter: runtime metrics by activity and workflow type.
+  const res = await fetch(`http://${temporalMetrics}/metrics`);
+  expect(res.status).toBe(200);
+  const sdk = parseMetrics(await res.text());
+  const names = new Set(sdk.samples.map((s) => s.name));
+  expect([...names].every((n) => n.startsWith('temporal_'))).toBe(true);
+  expect(
+    sdk.samples.some((s) => s.name.startsWith('temporal_activity_execution_latency') && s.labels.activity_type === 'dispatchWave'),
+  ).toBe(true);
+  expect(sdk.samples.some((s) => s.name.startsWith('temporal_workflow_completed') && s.labels.workflow_type === 'rolloutWorkflow')).toBe(
+    true,
+  );
+});
