@@ -9,6 +9,7 @@ import { Context } from '@temporalio/activity';
 import type { ActivityDeps } from './deps';
 import { chunkBlobName } from '../storage/blob';
 import type { ChunkCursor } from '../domain/sweeps';
+import { verifyChunk } from './verify';
 import {
   announceKeyExpiry,
   chunksToVerify,
@@ -18,7 +19,6 @@ import {
   findStaleMachines,
   finishReclaim,
   markMachineOffline,
-  recordVerifyResult,
   scanCollectableChunks,
   unannouncedExpiredKeys,
 } from '../db/sweeps';
@@ -133,15 +133,15 @@ export function createSweepActivities({ db, blob, cfg }: ActivityDeps) {
 
     /**
      * Chunk verification: re-hashes (streaming) up to `batchSize` chunks not verified since the run
-     * started, oldest verification first, recording `chunk.verify_failed` once per bad bytes.
+     * started, oldest verification first, recording `chunk.verify_failed` once per bad bytes and
+     * quarantining them (activities/verify.ts verifyChunk).
      */
     async verifyChunkSample(input: VerifyInput): Promise<BatchResult> {
       const size = clamp(input.batchSize);
       const chunks = await chunksToVerify(db, input.notVerifiedSince, size);
       let emitted = 0;
       for (const c of chunks) {
-        const stored = await blob.chunkDigest(c.siteId, c.hash);
-        if (await recordVerifyResult(db, c.siteId, c.hash, stored ? stored.digest : null)) emitted++;
+        if ((await verifyChunk({ db, blob }, c.siteId, c.hash)).emitted) emitted++;
         heartbeat(emitted);
       }
       return { processed: chunks.length, emitted, more: chunks.length === size };

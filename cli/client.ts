@@ -24,6 +24,11 @@ export const DEFAULT_MAX_ATTEMPTS = 6;
 export const DEFAULT_TIMEOUT_MS = 60_000;
 /** Longest Retry-After the client is willing to sleep through (ms); longer waits surface the 429. */
 export const MAX_RETRY_AFTER_MS = 10 * 60_000;
+/**
+ * Storage error code of a PUT through a create-only chunk upload URL to a blob that exists (Azure Storage
+ * and Azurite): the chunk is stored and its bytes cannot be overwritten.
+ */
+export const BLOB_EXISTS_CODE = 'AuthorizationPermissionMismatch';
 
 /** A failed request: the problem+json body of the API (or a synthesized one for network failures). */
 export class ClientError extends Error {
@@ -339,13 +344,16 @@ export class RoostClient {
 
   /**
    * PUTs bytes to a signed blob URL (no API credential is sent; the URL carries its own SAS) as a
-   * BlockBlob with `Content-Type: application/octet-stream`. Writing the same bytes again is harmless,
-   * so 429/5xx/network failures are always retried. `signal` abandons the upload (in flight or between
-   * retries): the promise then rejects with the signal's reason.
-   * @throws ClientError code `upload_forbidden` (403, e.g. an expired URL), `upload_failed` (other statuses)
-   *   or `network_error`; the abort reason when `signal` aborts.
+   * BlockBlob with `Content-Type: application/octet-stream`. Chunk upload URLs are create-only: storage
+   * refuses a PUT to a blob that exists with 403 `AuthorizationPermissionMismatch`, which this answers as
+   * `'exists'` (the chunk is stored already, say by an earlier attempt of this very PUT whose answer was
+   * lost); a created blob answers `'created'`. So 429/5xx/network failures are always retried.
+   * `signal` abandons the upload (in flight or between retries): the promise then rejects with the
+   * signal's reason.
+   * @throws ClientError code `upload_forbidden` (other 403s, e.g. an expired URL), `upload_failed` (other
+   *   statuses) or `network_error`; the abort reason when `signal` aborts.
    */
-  async putBlob(url: string, bytes: Buffer, opts: { signal?: AbortSignal } = {}): Promise<void> {
+  async putBlob(url: string, bytes: Buffer, opts: { signal?: AbortSignal } = {}): Promise<'created' | 'exists'> {
     const display = url.split('?')[0];
     const { signal } = opts;
     for (let attempt = 0; ; attempt++) {
@@ -379,7 +387,7 @@ export class RoostClient {
         });
       }
       const text = await res.text();
-      if (res.ok) return;
+      if (res.ok) return 'created';
       if (!last && isRetryable(res.status, true)) {
         const after = res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined;
         await this.pause(
@@ -393,6 +401,7 @@ export class RoostClient {
         continue;
       }
       const storageCode = /<Code>([^<]+)<\/Code>/.exec(text)?.[1] ?? res.headers.get('x-ms-error-code') ?? undefined;
+      if (res.status === 403 && storageCode === BLOB_EXISTS_CODE) return 'exists';
       throw new ClientError({
         code: res.status === 403 ? 'upload_forbidden' : 'upload_failed',
         status: res.status,

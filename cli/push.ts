@@ -160,7 +160,8 @@ export interface UploadTally {
 
 /**
  * Upload stage: signed URLs per batch of at most 1000, then one PUT per chunk with bounded concurrency,
- * its bytes re-read from the file (and re-verified). A 403 from storage re-signs that URL once.
+ * its bytes re-read from the file (and re-verified). A 403 from storage re-signs that URL once; a chunk
+ * storage already holds (the create-only URL is refused) counts as stored, not uploaded.
  * Adds to `tally`. @throws ClientError, ChunkerError (a file changed since hashing)
  */
 export async function uploadChunks(
@@ -184,17 +185,21 @@ export async function uploadChunks(
     const url = urls?.[hash];
     if (!url) throw new Error(`the server issued no upload URL for chunk ${hash}`);
     const bytes = await readChunk(loc, hash);
+    let put: 'created' | 'exists';
     try {
-      await client.putBlob(url, bytes, { signal: stop.signal });
+      put = await client.putBlob(url, bytes, { signal: stop.signal });
     } catch (err) {
       if (!(err instanceof ClientError) || err.code !== 'upload_forbidden') throw err;
       const fresh = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: [hash] }, { retrySafe: true });
       const again = fresh.urls?.[hash];
       if (!again) throw err;
-      await client.putBlob(again, bytes, { signal: stop.signal });
+      put = await client.putBlob(again, bytes, { signal: stop.signal });
     }
-    tally.uploaded.add(hash);
-    tally.bytes += loc.size;
+    // 'exists': storage holds the chunk already (create-only URL); publish checks it like any other.
+    if (put === 'created') {
+      tally.uploaded.add(hash);
+      tally.bytes += loc.size;
+    }
     done += loc.size;
     chunksDone += 1;
     progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });

@@ -33,17 +33,21 @@ export async function chunkHeld(db: Queryable, siteId: string, hash: string): Pr
   return rows.length > 0;
 }
 
-/** A recorded chunk: size in bytes and, when the verification sweep found its bytes wrong, the digest it saw. */
+/**
+ * A recorded chunk: size in bytes, when its bytes were last re-hashed (null: never) and, when
+ * verification found its bytes wrong, the digest it saw.
+ */
 export interface ChunkRow {
   hash: string;
   size: number;
+  verified_at: Date | null;
   verify_failed_digest: string | null;
 }
 
 /** The `chunks` rows of the site among `hashes` (any verification state). */
 export async function chunkRows(db: Queryable, siteId: string, hashes: string[]): Promise<ChunkRow[]> {
   const { rows } = await db.query<ChunkRow>(
-    'SELECT hash, size, verify_failed_digest FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])',
+    'SELECT hash, size, verified_at, verify_failed_digest FROM chunks WHERE site_id = $1 AND hash = ANY($2::text[])',
     [siteId, hashes],
   );
   return rows;

@@ -276,7 +276,9 @@ export const MISSING_BLOB = 'missing';
  * when the blob is missing). A match sets verified_at and clears any failure mark. A mismatch sets
  * verified_at and, when these bad bytes were not reported yet (the stored failure digest differs),
  * marks the chunk and records `chunk.verify_failed` (siteId, hash, expectedDigest, actualDigest: hex, or
- * null for a missing blob) in the same transaction. A chunk row that vanished (collected) changes nothing.
+ * null for a missing blob) in the same transaction. A missing blob of a chunk already marked is not a new
+ * failure: its bad bytes were quarantined (storage/blob.ts quarantineChunk) and await a fresh upload.
+ * A chunk row that vanished (collected) changes nothing.
  * @returns true when this call recorded the event.
  */
 export async function recordVerifyResult(pool: Pool, siteId: string, hash: string, actualDigest: string | null): Promise<boolean> {
@@ -291,7 +293,8 @@ export async function recordVerifyResult(pool: Pool, siteId: string, hash: strin
     const mark = actualDigest ?? MISSING_BLOB;
     const { rows } = await tx.query<{ hash: string }>(
       `UPDATE chunks SET verified_at = now(), verify_failed_digest = $3, verify_failed_at = now()
-        WHERE site_id = $1 AND hash = $2 AND (verify_failed_digest IS NULL OR verify_failed_digest <> $3)
+        WHERE site_id = $1 AND hash = $2
+          AND (verify_failed_digest IS NULL OR (verify_failed_digest <> $3 AND $3 <> '${MISSING_BLOB}'))
         RETURNING hash`,
       [siteId, hash, mark],
     );

@@ -6,12 +6,57 @@
 import pLimit from 'p-limit';
 import type { ReferrerEntry, ReferrerPosition } from '../domain/chunks';
 import type { ChunkRef } from '../domain/version';
-import { chunkHeld, chunkRows, clearVerifyFailed, countChunks, heldHashes, insertChunks, listReferrers, mountChunk } from '../db/chunks';
+import type { Pool } from 'pg';
+import {
+  chunkHeld,
+  type ChunkRow,
+  chunkRows,
+  clearVerifyFailed,
+  countChunks,
+  heldHashes,
+  insertChunks,
+  listReferrers,
+  mountChunk,
+} from '../db/chunks';
 import type { Queryable } from '../db/pool';
-import { quotaTiers, reserveUploads } from '../db/quota';
+import { recordVerifyResult } from '../db/sweeps';
+import { quotaTiers, recordChunks, reservedHashes, reserveUploads } from '../db/quota';
 import { ApiError } from '../domain/errors';
-import { type BlobStore, DOWNLOAD_URL_TTL_MS, type SignedUrl, UPLOAD_URL_TTL_MS } from '../storage/blob';
+import { CHUNK_SIZE } from '../domain/version';
+import { type BlobStore, DOWNLOAD_URL_TTL_MS, type SignedUrl, type StoredBlob, UPLOAD_URL_TTL_MS } from '../storage/blob';
 import type { ServiceDeps } from './deps';
+
+// ---------------------------------------------------------------------------------------------------
+// Re-hashing recorded chunks
+
+/**
+ * Re-hashes the stored bytes of recorded chunks (`rows`: those marked bad by verification, whose client
+ * was told to upload them again, or otherwise suspect): sound bytes clear any mark (and set verified_at);
+ * bad bytes are recorded (`chunk.verify_failed` when not reported before, db/sweeps.ts
+ * recordVerifyResult) and quarantined so a fresh create-only upload can replace them. Returns the hashes
+ * unsound (bad bytes, or no blob).
+ */
+export async function rehashChunks(db: Pool, blob: BlobStore, siteId: string, suspect: ChunkRow[]): Promise<Set<string>> {
+  const unsound = new Set<string>();
+  if (suspect.length === 0) return unsound;
+  const limit = pLimit(BLOB_CHECK_CONCURRENCY);
+  await Promise.all(
+    suspect.map((r) =>
+      limit(async () => {
+        const stored = await blob.chunkDigest(siteId, r.hash);
+        if (stored?.digest === r.hash) {
+          await clearVerifyFailed(db, siteId, [r.hash]);
+          return;
+        }
+        unsound.add(r.hash);
+        if (!stored) return; // quarantined already: waits for a fresh upload
+        await recordVerifyResult(db, siteId, r.hash, stored.digest);
+        if (stored.digest !== r.hash) await blob.quarantineChunk(siteId, r.hash, stored.etag, stored.digest);
+      }),
+    ),
+  );
+  return unsound;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Chunk presence at publish
@@ -42,15 +87,18 @@ export async function listingIsCheaper(db: Queryable, siteId: string, unknownCou
  * recorded size differs from the referenced size (`conflicts`: hash → recorded size in bytes).
  * `record` writes the rows of the chunks found in storage (default: a plain insert; publish passes the
  * quota-checked `recordChunks` of db/quota.ts, which may throw 402 quota_exceeded).
- * A recorded chunk whose bytes the verification sweep found wrong is re-hashed from storage: sound bytes
- * (re-uploaded since) clear its mark, anything else counts as missing.
+ * A recorded chunk whose bytes verification found wrong, or a never-verified one whose recorded size
+ * conflicts with the reference, is re-hashed from storage (`rehashChunks`): sound bytes (re-uploaded
+ * since) clear its mark, bad ones are quarantined and count as missing. An unrecorded blob of another
+ * size than the reference is settled the same way (`settleStoredBlob`): sound bytes are a conflict,
+ * bad ones are quarantined and missing.
  * `opts.strategy`: how unrecorded chunks are looked up in storage: `head` (one property read each, 32 in
  * flight), `list` (list the site's chunk prefix), or `auto` (default: list when that is cheaper,
  * `listingIsCheaper`). Both give the same answer.
  * @throws whatever `record` throws; blob storage errors other than 404.
  */
 export async function findMissingChunks(
-  db: Queryable,
+  db: Pool,
   blob: BlobStore,
   siteId: string,
   refs: ChunkRef[],
@@ -68,32 +116,61 @@ export async function findMissingChunks(
     if (size === undefined) unknown.push(r);
     else if (size !== r.size) conflicts.set(r.hash, size);
   }
-  // Chunks whose stored bytes the verification sweep found wrong: re-hash what is stored now (the client
-  // was told to upload them again); sound bytes clear the mark, anything else is missing.
-  const unsound = new Set<string>();
-  const suspect = rows.filter((r) => r.verify_failed_digest !== null && !conflicts.has(r.hash));
-  if (suspect.length) {
-    const limit = pLimit(BLOB_CHECK_CONCURRENCY);
-    const digests = await Promise.all(suspect.map((r) => limit(() => blob.chunkDigest(siteId, r.hash))));
-    const healed = suspect.filter((r, i) => digests[i]?.digest === r.hash && digests[i]?.size === r.size).map((r) => r.hash);
-    for (const r of suspect) if (!healed.includes(r.hash)) unsound.add(r.hash);
-    if (healed.length) await clearVerifyFailed(db, siteId, healed);
-  }
-  let stored: (number | null)[];
+  // A conflict on bytes never verified may be bad bytes rather than a wrong reference: re-hash those too.
+  const suspect = rows.filter((r) => r.verify_failed_digest !== null || (conflicts.has(r.hash) && r.verified_at === null));
+  const unsound = await rehashChunks(db, blob, siteId, suspect);
+  for (const h of unsound) conflicts.delete(h);
   const strategy = opts.strategy ?? 'auto';
-  if (strategy === 'list' || (strategy === 'auto' && (await listingIsCheaper(db, siteId, unknown.length)))) {
-    const sizes = await blob.chunkSizesByListing(siteId, new Set(unknown.map((r) => r.hash)));
-    stored = unknown.map((r) => sizes.get(r.hash) ?? null);
-  } else {
-    const limit = pLimit(BLOB_CHECK_CONCURRENCY);
-    stored = await Promise.all(unknown.map((r) => limit(() => blob.chunkSize(siteId, r.hash))));
-  }
+  const useList = strategy === 'list' || (strategy === 'auto' && (await listingIsCheaper(db, siteId, unknown.length)));
+  const stored = await lookUpBlobs(blob, siteId, unknown, useList);
   const found: ChunkRef[] = [];
   const missing = new Set<string>();
-  unknown.forEach((r, i) => (stored[i] === r.size ? found.push(r) : missing.add(r.hash)));
+  const limit = pLimit(BLOB_CHECK_CONCURRENCY);
+  await Promise.all(
+    unknown.map((r, i) =>
+      limit(async () => {
+        const b = stored[i];
+        if (b === null) missing.add(r.hash);
+        else if (b.size === r.size) found.push(r);
+        else {
+          // Stored with another size: the reference is wrong (bytes sound: a conflict), or the bytes are.
+          const sound = await settleStoredBlob(blob, siteId, r.hash, b);
+          if (sound) conflicts.set(r.hash, b.size);
+          else missing.add(r.hash);
+        }
+      }),
+    ),
+  );
   if (found.length && record) await record(found);
   else if (found.length) await insertChunks(db, siteId, found);
   return { missing: hashes.filter((h) => missing.has(h) || unsound.has(h)), conflicts };
+}
+
+/** Looks up the blobs of `refs` by listing the site's chunk prefix or one property read each (32 in flight). */
+async function lookUpBlobs(blob: BlobStore, siteId: string, refs: { hash: string }[], useList: boolean): Promise<(StoredBlob | null)[]> {
+  if (useList) {
+    const blobs = await blob.chunkBlobsByListing(siteId, new Set(refs.map((r) => r.hash)));
+    return refs.map((r) => blobs.get(r.hash) ?? null);
+  }
+  const limit = pLimit(BLOB_CHECK_CONCURRENCY);
+  return Promise.all(refs.map((r) => limit(() => blob.chunkBlob(siteId, r.hash))));
+}
+
+/**
+ * Decides about an unrecorded chunk blob whose size is not the expected one: a size no chunk can have
+ * (0, or over CHUNK_SIZE) is quarantined unread; otherwise the bytes are hashed (at most 4 MiB) and
+ * quarantined unless they hash to `hash`. Returns true when the stored bytes are sound.
+ */
+export async function settleStoredBlob(blob: BlobStore, siteId: string, hash: string, stored: StoredBlob): Promise<boolean> {
+  if (stored.size === 0 || stored.size > CHUNK_SIZE) {
+    await blob.quarantineChunk(siteId, hash, stored.etag, `size-${stored.size}`);
+    return false;
+  }
+  const digest = await blob.chunkDigest(siteId, hash);
+  if (!digest) return false;
+  if (digest.digest === hash) return true;
+  await blob.quarantineChunk(siteId, hash, digest.etag, digest.digest);
+  return false;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -124,15 +201,71 @@ async function signAll(hashes: string[], ttlMs: number, sign: (hash: string) => 
 
 /**
  * `POST /api/chunks/check`: the digests among `hashes` the site does not hold with sound bytes, in
- * request order, each once. Does not check access.
+ * request order, each once. A chunk is held when its `chunks` row exists and is not marked bad, or, with
+ * no row yet, when upload URLs were issued for it (an upload reservation) and its blob is in storage
+ * with a size a chunk can have: such chunks are recorded now (quota-checked, db/quota.ts recordChunks),
+ * so a push interrupted between upload and publish resumes without uploading them again and the next
+ * check is SQL only. Chunks marked bad are re-hashed (`rehashChunks`: sound bytes heal). Hashes never
+ * reserved cost no storage call, so a check of chunks nobody uploaded is two indexed queries.
+ * `access` (the caller's authorisation, run alongside the queries) is awaited before any storage call
+ * or write: a refused caller changes nothing.
+ * @throws whatever `access` rejects with; blob storage errors other than 404.
  */
 export async function checkChunks(
-  deps: Pick<ServiceDeps, 'db'>,
-  input: { siteId: string; hashes: string[] },
+  deps: Pick<ServiceDeps, 'db' | 'blob' | 'cfg'>,
+  input: { siteId: string; hashes: string[]; access?: Promise<unknown> },
 ): Promise<{ missing: string[] }> {
+  const { siteId } = input;
   const wanted = distinct(input.hashes);
-  const held = await heldHashes(deps.db, input.siteId, wanted);
-  return { missing: held.size === wanted.length ? [] : wanted.filter((h) => !held.has(h)) };
+  const [rows, reserved] = await Promise.all([chunkRows(deps.db, siteId, wanted), reservedHashes(deps.db, siteId, wanted), input.access]);
+  const recorded = new Set(rows.map((r) => r.hash));
+  const unsound = await rehashChunks(
+    deps.db,
+    deps.blob,
+    siteId,
+    rows.filter((r) => r.verify_failed_digest !== null),
+  );
+  const uploaded = await uploadedUnrecorded(
+    deps,
+    siteId,
+    reserved.filter((h) => !recorded.has(h)),
+  );
+  if (recorded.size - unsound.size + uploaded.size === wanted.length) return { missing: [] };
+  return { missing: wanted.filter((h) => (recorded.has(h) ? unsound.has(h) : !uploaded.has(h))) };
+}
+
+/**
+ * Which of `hashes` (no `chunks` row, upload URLs issued) are in blob storage with a size a chunk can
+ * have (1..CHUNK_SIZE bytes); records them. Blobs of impossible sizes are quarantined. Returns the
+ * hashes found.
+ */
+async function uploadedUnrecorded(deps: Pick<ServiceDeps, 'db' | 'blob' | 'cfg'>, siteId: string, hashes: string[]): Promise<Set<string>> {
+  const found = new Set<string>();
+  if (hashes.length === 0) return found;
+  const stored = await lookUpBlobs(
+    deps.blob,
+    siteId,
+    hashes.map((hash) => ({ hash })),
+    await listingIsCheaper(deps.db, siteId, hashes.length),
+  );
+  const refs: ChunkRef[] = [];
+  await Promise.all(
+    hashes.map(async (hash, i) => {
+      const b = stored[i];
+      if (!b) return;
+      if (b.size > 0 && b.size <= CHUNK_SIZE) {
+        refs.push({ hash, size: b.size });
+        found.add(hash);
+      } else await deps.blob.quarantineChunk(siteId, hash, b.etag, `size-${b.size}`);
+    }),
+  );
+  try {
+    await recordChunks(deps.db, siteId, refs, quotaTiers(deps.cfg));
+  } catch (err) {
+    // Over quota: the bytes are stored all the same; publish records them (and answers 402) later.
+    if (!(err instanceof ApiError && err.code === 'quota_exceeded')) throw err;
+  }
+  return found;
 }
 
 /**

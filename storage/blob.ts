@@ -1,8 +1,10 @@
 /**
  * Azure Blob access: chunks per site under `sites/{siteId}/chunks/{hash}` in the
  * `chunks` container, version bodies in `versions`, screenshots and installers in their own containers.
- * SAS URLs are per blob and least privilege: upload URLs may only create/write that one blob (60 min),
- * download URLs may only read it (15 min). Shared-key signing is used with a connection string (Azurite,
+ * SAS URLs are per blob and least privilege: upload URLs may only create that one blob (60 min; the store
+ * refuses a PUT to a blob that exists, so stored chunk bytes cannot be overwritten through anything the API
+ * hands out: docs/decisions/chunk-integrity.md), download URLs may only read it (15 min). Bytes found wrong
+ * are moved aside (`quarantineChunk`) so a fresh upload can create the blob again. Shared-key signing is used with a connection string (Azurite,
  * or an account key); with Entra ID (`AZURE_STORAGE_ACCOUNT_URL` + DefaultAzureCredential) URLs are signed
  * with a user delegation key.
  */
@@ -29,9 +31,29 @@ export const DOWNLOAD_URL_TTL_MS = 15 * 60 * 1000;
 export function chunkBlobName(siteId: string, hash: string): string {
   return `sites/${siteId}/chunks/${hash}`;
 }
+/**
+ * Blob name where the bad bytes of a site's chunk are kept once quarantined (`actualDigest`: SHA-256 hex of
+ * those bytes): outside the chunk prefix, so listings, upload and download URLs never reach it.
+ */
+export function quarantineBlobName(siteId: string, hash: string, actualDigest: string): string {
+  return `sites/${siteId}/quarantine/${hash}/${actualDigest}`;
+}
 /** Blob name of a version body (its canonical JSON) in the `versions` container. */
 export function versionBlobName(siteId: string, roostId: string, versionId: string): string {
   return `sites/${siteId}/roosts/${roostId}/versions/${versionId}.json`;
+}
+
+/** What re-hashing a stored chunk found: SHA-256 hex and size in bytes of the stored bytes, and the blob's ETag. */
+export interface ChunkDigest {
+  digest: string;
+  size: number;
+  etag: string;
+}
+
+/** A stored blob's size in bytes and ETag. */
+export interface StoredBlob {
+  size: number;
+  etag: string;
 }
 
 /** A signed URL and its expiry (epoch ms). */
@@ -115,9 +137,13 @@ export class BlobStore {
     return key;
   }
 
-  /** Signed PUT URL for one chunk: create+write only, 60 minutes. */
+  /**
+   * Signed PUT URL for one chunk: create only, 60 minutes. Azure Storage (and Azurite) refuse a PUT
+   * through it when the blob exists (403 AuthorizationPermissionMismatch), and it allows no staged
+   * blocks, so it can store a chunk once and never overwrite it.
+   */
   chunkUploadUrl(siteId: string, hash: string): Promise<SignedUrl> {
-    return this.sign(this.containerName('chunks'), chunkBlobName(siteId, hash), 'cw', UPLOAD_URL_TTL_MS);
+    return this.sign(this.containerName('chunks'), chunkBlobName(siteId, hash), 'c', UPLOAD_URL_TTL_MS);
   }
 
   /** Signed GET URL for one chunk: read only, 15 minutes. */
@@ -137,9 +163,14 @@ export class BlobStore {
 
   /** Stored size in bytes of a site's chunk, or null when no blob exists. */
   async chunkSize(siteId: string, hash: string): Promise<number | null> {
+    return (await this.chunkBlob(siteId, hash))?.size ?? null;
+  }
+
+  /** Size in bytes and ETag of a site's chunk blob (one property read), or null when no blob exists. */
+  async chunkBlob(siteId: string, hash: string): Promise<StoredBlob | null> {
     try {
       const props = await this.container('chunks').getBlobClient(chunkBlobName(siteId, hash)).getProperties();
-      return props.contentLength ?? null;
+      return { size: props.contentLength ?? 0, etag: props.etag ?? '' };
     } catch (err) {
       if ((err as { statusCode?: number }).statusCode === 404) return null;
       throw err;
@@ -147,31 +178,35 @@ export class BlobStore {
   }
 
   /**
-   * Stored sizes of the site's chunk blobs among `wanted` (hash → bytes), by listing the site's chunk
-   * prefix (5,000 blobs a page) instead of one HEAD per chunk: for a large set of new chunks a few list
-   * pages cost far less than thousands of property reads. Hashes absent from the map have no blob.
+   * Sizes (bytes) and ETags of the site's chunk blobs among `wanted` (hash → blob), by listing the site's
+   * chunk prefix (5,000 blobs a page) instead of one HEAD per chunk: for a large set of new chunks a few
+   * list pages cost far less than thousands of property reads. Hashes absent from the map have no blob.
    */
-  async chunkSizesByListing(siteId: string, wanted: ReadonlySet<string>): Promise<Map<string, number>> {
+  async chunkBlobsByListing(siteId: string, wanted: ReadonlySet<string>): Promise<Map<string, StoredBlob>> {
     const prefix = chunkBlobName(siteId, '');
-    const sizes = new Map<string, number>();
+    const found = new Map<string, StoredBlob>();
     for await (const page of this.container('chunks').listBlobsFlat({ prefix }).byPage({ maxPageSize: 5000 })) {
       for (const b of page.segment.blobItems) {
         const hash = b.name.slice(prefix.length);
-        if (wanted.has(hash)) sizes.set(hash, b.properties.contentLength ?? 0);
+        if (wanted.has(hash)) found.set(hash, { size: b.properties.contentLength ?? 0, etag: b.properties.etag ?? '' });
       }
-      if (sizes.size === wanted.size) break;
+      if (found.size === wanted.size) break;
     }
-    return sizes;
+    return found;
   }
 
   /**
-   * SHA-256 hex and byte count of a site's stored chunk, streamed (never buffered whole), or null when no
-   * blob exists. Used by the chunk verification sweep (activities/sweeps.ts).
+   * SHA-256 hex, byte count and ETag of a site's stored chunk, streamed (never buffered whole), or null
+   * when no blob exists. Used by the chunk verification sweep and version verification (activities/) and
+   * by chunk presence checks of chunks marked bad (services/chunks.ts).
    */
-  async chunkDigest(siteId: string, hash: string): Promise<{ digest: string; size: number } | null> {
+  async chunkDigest(siteId: string, hash: string): Promise<ChunkDigest | null> {
     let body: NodeJS.ReadableStream | undefined;
+    let etag = '';
     try {
-      body = (await this.container('chunks').getBlobClient(chunkBlobName(siteId, hash)).download()).readableStreamBody;
+      const res = await this.container('chunks').getBlobClient(chunkBlobName(siteId, hash)).download();
+      body = res.readableStreamBody;
+      etag = res.etag ?? '';
     } catch (err) {
       if ((err as { statusCode?: number }).statusCode === 404) return null;
       throw err;
@@ -185,7 +220,33 @@ export class BlobStore {
         digest.update(buf);
       }
     }
-    return { digest: digest.digest('hex'), size };
+    return { digest: digest.digest('hex'), size, etag };
+  }
+
+  /**
+   * Quarantines a site's chunk blob whose bytes do not hash to its name: copies it (server side) to
+   * `quarantineBlobName(siteId, hash, actualDigest)`, then deletes it, both only while its ETag is still
+   * `etag` (the bytes that were hashed), so a fresh upload that replaced them meanwhile is never touched.
+   * Afterwards a create-only upload URL can store the chunk again. Returns false when the blob is gone or
+   * changed (nothing done). @throws blob storage errors other than 404/412.
+   */
+  async quarantineChunk(siteId: string, hash: string, etag: string, actualDigest: string): Promise<boolean> {
+    const chunks = this.container('chunks');
+    const source = chunks.getBlobClient(chunkBlobName(siteId, hash));
+    const conditions = { ifMatch: etag };
+    try {
+      const readable = await this.readUrl('chunks', chunkBlobName(siteId, hash), 5 * 60 * 1000);
+      const copy = await chunks
+        .getBlobClient(quarantineBlobName(siteId, hash, actualDigest))
+        .beginCopyFromURL(readable.url, { sourceConditions: conditions });
+      await copy.pollUntilDone();
+      await source.delete({ conditions });
+      return true;
+    } catch (err) {
+      const status = (err as { statusCode?: number }).statusCode;
+      if (status === 404 || status === 412) return false;
+      throw err;
+    }
   }
 
   /** Uploads bytes to a blob (overwrites). */

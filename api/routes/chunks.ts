@@ -140,13 +140,9 @@ const chunkRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request): Promise<CheckResponse> => {
       const { siteId, hashes } = request.body;
-      // The membership check and the lookup run side by side; the lookup's answer is used only once the
-      // check passed (Promise.all rejects with the authorisation error otherwise).
-      const [, checked] = await Promise.all([
-        authorizeSite(request, siteId, siteNeeds(siteId, 'write')),
-        checkChunks(deps, { siteId, hashes }),
-      ]);
-      return checked;
+      // The membership check and the lookup's queries run side by side; the service awaits the check
+      // before it touches storage or records anything, and rejects with its error.
+      return checkChunks(deps, { siteId, hashes, access: authorizeSite(request, siteId, siteNeeds(siteId, 'write')) });
     },
   );
 

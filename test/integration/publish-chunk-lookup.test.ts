@@ -11,7 +11,7 @@ import { createHarness, type Harness, idemKey } from '../support/harness';
 import { findMissingChunks, listingIsCheaper, LIST_MIN_UNKNOWN } from '../../services/chunks';
 import { sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
-import { chunkBlobName } from '../../storage/blob';
+import { chunkBlobName, quarantineBlobName } from '../../storage/blob';
 
 let h: Harness;
 
@@ -49,8 +49,21 @@ it('finds the same present, missing and wrong-size chunks by listing as by prope
   const recordNothing = async () => undefined; // leave no rows, so both lookups start from the same state
   const byHead = await findMissingChunks(h.deps.db, h.deps.blob, h.siteId, refs, recordNothing, { strategy: 'head' });
   const byList = await findMissingChunks(h.deps.db, h.deps.blob, h.siteId, refs, recordNothing, { strategy: 'list' });
-  expect(byHead.missing).toEqual([absent.hash, wrongSize.hash, foreign.hash]);
+  expect(byHead.missing).toEqual([absent.hash, foreign.hash]);
+  // Stored bytes that hash to their name, referenced with another size: the reference is wrong.
+  expect(byHead.conflicts).toEqual(new Map([[wrongSize.hash, wrongSize.size]]));
   expect(byList).toEqual(byHead);
+});
+
+it('quarantines an unrecorded blob whose bytes are wrong and whose size is not the referenced one (it is missing)', async () => {
+  const good = randomBytes(40);
+  const hash = sha256Hex(good);
+  const bad = randomBytes(41);
+  await h.deps.blob.put('chunks', chunkBlobName(h.siteId, hash), bad, 'application/octet-stream');
+  const { missing, conflicts } = await findMissingChunks(h.deps.db, h.deps.blob, h.siteId, [{ hash, size: 40 }], async () => undefined);
+  expect([missing, conflicts.size]).toEqual([[hash], 0]);
+  expect(await h.deps.blob.get('chunks', chunkBlobName(h.siteId, hash))).toBeNull();
+  expect(await h.deps.blob.get('chunks', quarantineBlobName(h.siteId, hash, sha256Hex(bad)))).toEqual(bad);
 });
 
 it(`publishes a version of ${LIST_MIN_UNKNOWN + 44} new chunks through the listing path, and refuses one whose chunk is absent`, async () => {

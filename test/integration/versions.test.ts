@@ -286,6 +286,7 @@ describe('POST /api/roosts/{roostId}/versions', () => {
     it('rejects a reference whose size contradicts the recorded chunk size', async () => {
       const roostId = await newRoost();
       const f = file('sized', `size ${randomBytes(4).toString('hex')}`);
+      await upload(f.content); // stored bytes that hash to their name: the reference is what is wrong
       await present([f]);
       const version = { ...body([]), files: [{ path: 'sized', size: 3, chunks: [{ hash: sha256Hex(f.content), size: 3 }] }] };
       const res = await publishReq(roostId, { version });
