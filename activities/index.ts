@@ -11,6 +11,7 @@ import { createSweepActivities } from './sweeps';
 import { createEventActivities } from './events';
 import { createWebhookActivities } from './webhooks';
 import { createClassicDeploymentActivities } from './classic-deployment';
+import { createUserActivities } from './users';
 
 /** All activities keyed by name. */
 export function createActivities(deps: ActivityDeps) {
@@ -20,6 +21,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createEventActivities(deps),
     ...createWebhookActivities(deps),
     ...createClassicDeploymentActivities(deps),
+    ...createUserActivities(deps),
   };
 }
 

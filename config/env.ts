@@ -120,6 +120,11 @@ export const EnvSchema = Type.Object({
   ROOST_OIDC_JWKS_URL: Type.Optional(Type.String({ minLength: 1 })),
   /** Audience (`aud`) ID tokens must carry. Default `roost`. */
   ROOST_OIDC_AUDIENCE: Type.String({ minLength: 1, default: 'roost' }),
+  /**
+   * The active-superadmin floor: `POST /api/users/{uid}/demote` and `DELETE /api/users/{uid}` refuse
+   * (409 last_superadmin) to leave fewer active superadmins than this. Default 1.
+   */
+  ROOST_SUPERADMIN_FLOOR: Type.Integer({ minimum: 0, maximum: 100, default: 1 }),
   /** Lifetime of a first-party session (`sst_`) in minutes, from its creation (not sliding). Default 12 hours. */
   ROOST_SESSION_TTL_MINUTES: Type.Integer({ minimum: 1, maximum: 43200, default: 720 }),
   /**

@@ -288,3 +288,14 @@ export async function accessibleResources(
   }
   return out;
 }
+
+/**
+ * Revokes every key of `uid` that is not revoked yet (active and rotated alike), in the caller's
+ * transaction; returns how many it revoked (0 when run again). The user-delete cascade's step.
+ */
+export async function revokeUserKeys(tx: Queryable, uid: string): Promise<number> {
+  const { rowCount } = await tx.query(`UPDATE api_keys SET status = 'revoked', revoked_at = now() WHERE uid = $1 AND status <> 'revoked'`, [
+    uid,
+  ]);
+  return rowCount ?? 0;
+}

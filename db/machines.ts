@@ -576,3 +576,19 @@ export async function machineDeployments(db: Queryable, siteId: string, machineI
   );
   return rows;
 }
+
+/**
+ * Cancels the pending commands `uid` queued itself (not those a rollout queued on its behalf: the
+ * rollout workflow owns them) on `siteIds`, or on every site when `siteIds` is null, in the caller's
+ * transaction. Returns how many it cancelled. Used when a user leaves sites (`POST
+ * /api/users/{uid}/remove-sites`) and by the user-delete cascade.
+ */
+export async function cancelUserCommands(tx: Queryable, uid: string, siteIds: string[] | null, reason: string): Promise<number> {
+  if (siteIds && siteIds.length === 0) return 0;
+  const { rowCount } = await tx.query(
+    `UPDATE commands SET status = 'cancelled', result = 'cancelled', error = $3, completed_at = now(), updated_at = now()
+      WHERE created_by = $1 AND status = 'pending' AND rollout_id IS NULL AND ($2::text[] IS NULL OR site_id = ANY($2::text[]))`,
+    [uid, siteIds, truncateError(reason)],
+  );
+  return rowCount ?? 0;
+}

@@ -97,3 +97,9 @@ export async function sessionForAuth(db: Queryable, digest: string): Promise<Aut
 export async function touchSession(db: Queryable, sessionId: string, at: number): Promise<void> {
   await db.query('UPDATE sessions SET last_used_at = $2 WHERE session_id = $1', [sessionId, at]);
 }
+
+/** Signs out every live session of `uid` (in the caller's transaction); returns how many (0 when run again). */
+export async function revokeUserSessions(tx: Queryable, uid: string, at = Date.now()): Promise<number> {
+  const { rowCount } = await tx.query('UPDATE sessions SET revoked_at = $2 WHERE uid = $1 AND revoked_at IS NULL', [uid, at]);
+  return rowCount ?? 0;
+}

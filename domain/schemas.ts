@@ -20,7 +20,11 @@ export const MACHINE_ID_RE = /^[A-Za-z0-9._-]{1,64}$/;
 /** Command ids (`cmd_<hex>`): 1..64 of [A-Za-z0-9_-]. */
 export const COMMAND_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
+/** User ids (`usr_<hex>` as the service makes them): 1..64 of [A-Za-z0-9_-]. */
+export const USER_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
+
 export const SiteId = Type.String({ pattern: SITE_ID_RE.source, description: 'site id' });
+export const UserId = Type.String({ pattern: USER_ID_RE.source, description: 'user id (usr_…)' });
 export const RoostId = Type.String({ pattern: ROOST_ID_RE.source, description: 'roost id (rst_…)' });
 export const MachineId = Type.String({ pattern: MACHINE_ID_RE.source, description: '1..64 chars of [A-Za-z0-9._-]' });
 export const CommandId = Type.String({ pattern: COMMAND_ID_RE.source, description: 'command id (cmd_…)' });

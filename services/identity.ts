@@ -19,9 +19,10 @@ import { machineForAgentToken } from '../db/agent-tokens';
 import { keyForAuth, touchKey } from '../db/keys';
 import { sessionForAuth, touchSession } from '../db/sessions';
 import { accessibleSiteIds, canActOnSite, pingDatabase, siteEnvironment } from '../db/sites';
-import { userForIdTokenClaims } from '../db/users';
+import { createSignInUser, linkIdentity, userForIdTokenClaims } from '../db/users';
 import { ApiError } from '../domain/errors';
 import { hexEqual, sha256Hex } from '../domain/hex';
+import { EMAIL_RE } from '../domain/users';
 import { API_KEY_RE, keyMayActOnSiteEnvironment, keyRejection } from '../domain/keys';
 import type { AgentPrincipal, Principal, UserPrincipal, UserRole } from '../domain/principal';
 import type { ServiceDeps } from './deps';
@@ -191,21 +192,48 @@ export async function verifyIdToken(cfg: Config, raw: string): Promise<JWTPayloa
   }
 }
 
+/** Longest name claim kept, characters. */
+const MAX_NAME_CLAIM = 200;
+
+function nameClaim(v: unknown): string | null {
+  return typeof v === 'string' && v.trim() !== '' ? v.trim().slice(0, MAX_NAME_CLAIM) : null;
+}
+
 /**
- * The Roost user an ID token's claims name: `sub` equal to a uid, else its `email` (unless
- * `email_verified` is false), compared case-insensitively.
- * @throws ApiError unauthorized (401) for an unknown or deleted user
+ * The Roost user an ID token's claims name, made on first sign-in (docs/decisions/user-sign-in.md):
+ * the user linked to the token's (iss, sub), else the user whose uid is `sub`, else the user whose email
+ * is the token's `email` (unless `email_verified` is false), compared case-insensitively; a match by uid
+ * or email links (iss, sub) to it. When none matches and the token carries a usable email, a `member`
+ * with no sites is created with the names of `given_name`, `family_name` and `name`.
+ * @throws ApiError unauthorized (401) for a deleted user, or an unknown user whose token has no usable email
  */
 export async function userForIdToken(
   deps: Pick<ServiceDeps, 'db'>,
   claims: JWTPayload,
-): Promise<{ uid: string; email: string; role: UserRole }> {
+): Promise<{ uid: string; email: string; role: UserRole; created: boolean }> {
+  const issuer = typeof claims.iss === 'string' ? claims.iss : '';
   const sub = typeof claims.sub === 'string' ? claims.sub : '';
-  const email = typeof claims.email === 'string' && claims.email_verified !== false ? claims.email : null;
-  const u = await userForIdTokenClaims(deps.db, sub, email);
-  if (!u) throw new ApiError('unauthorized', 'no Roost user matches this ID token');
+  const email = typeof claims.email === 'string' && claims.email_verified !== false ? claims.email.trim() : null;
+  let created = false;
+  let u = await userForIdTokenClaims(deps.db, { issuer, sub, email });
+  if (u && !u.linked && !u.deleted && issuer && sub) await linkIdentity(deps.db, issuer, sub, u.uid);
+  if (!u) {
+    if (!email || !EMAIL_RE.test(email) || !issuer || !sub) {
+      throw new ApiError('unauthorized', 'no Roost user matches this ID token, and it carries no verified email to sign up with');
+    }
+    const made = await createSignInUser(deps.db, {
+      issuer,
+      subject: sub,
+      email,
+      firstName: nameClaim(claims.given_name),
+      lastName: nameClaim(claims.family_name),
+      displayName: nameClaim(claims.name),
+    });
+    u = { ...made, linked: true };
+    created = true;
+  }
   if (u.deleted) throw new ApiError('unauthorized', 'the user of this ID token was deleted');
-  return { uid: u.uid, email: u.email, role: u.role };
+  return { uid: u.uid, email: u.email, role: u.role, created };
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -38,13 +38,15 @@ import {
 import {
   ROOST_SEARCH_ATTRIBUTES,
   ROOST_SEARCH_ATTRIBUTE_KEYS,
+  RoostUserId,
   classicDeploymentSearchAttributes,
   rolloutSearchAttributes,
 } from './search-attributes';
+import { type UserDeleteOutcome, userDeleteWorkflow } from './user-delete';
 
 export { classicDeploymentWorkflowId, rollbackWorkflowId, rolloutWorkflowId, ROOST_SEARCH_ATTRIBUTES, ROOST_SEARCH_ATTRIBUTE_KEYS };
 export type { ClassicAction, ClassicActionResult, ClassicControlArgs };
-export type { ControlArgs, ControlResult, RolloutRuntime };
+export type { ControlArgs, ControlResult, RolloutRuntime, UserDeleteOutcome };
 
 /** Temporal Web UI page of a workflow run (history view); the latest run when `runId` is omitted. */
 export function workflowUiUrl(cfg: Pick<Config, 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>, workflowId: string, runId?: string): string {
@@ -272,4 +274,34 @@ export async function controlClassicDeployment(
       throw err;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The user-delete cascade (workflows/user-delete.ts)
+
+/** Workflow id of the delete cascade of `uid`. */
+export function userDeleteWorkflowId(uid: string): string {
+  return `user-delete:${uid}`;
+}
+
+/**
+ * Starts `userDeleteWorkflow` for `uid` (search attribute RoostUserId) with WorkflowIdConflictPolicy
+ * USE_EXISTING: a second start while it runs attaches to it, a start after it finished runs it again
+ * (every step finds its result recorded and does nothing).
+ * @throws Temporal client errors when the service is unavailable.
+ */
+export async function startUserDeleteWorkflow(
+  client: Client,
+  cfg: Pick<Config, 'ROOST_TASK_QUEUE' | 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>,
+  uid: string,
+): Promise<StartedWorkflow> {
+  const workflowId = userDeleteWorkflowId(uid);
+  const handle = await client.workflow.start(userDeleteWorkflow, {
+    taskQueue: cfg.ROOST_TASK_QUEUE,
+    workflowId,
+    args: [{ uid }],
+    workflowIdConflictPolicy: 'USE_EXISTING',
+    typedSearchAttributes: [{ key: RoostUserId, value: uid }],
+  });
+  return { workflowId, runId: handle.firstExecutionRunId, url: workflowUiUrl(cfg, workflowId, handle.firstExecutionRunId) };
 }

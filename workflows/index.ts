@@ -7,3 +7,4 @@ export { heartbeatStalenessSweepWorkflow, chunkGcSweepWorkflow, chunkVerifySweep
 export { eventRelayWorkflow } from './events';
 export { webhookDeliveryWorkflow } from './webhooks';
 export { classicDeploymentWorkflow } from './classic-deployment';
+export { userDeleteWorkflow } from './user-delete';

@@ -21,6 +21,9 @@ export const RoostDeploymentId = defineSearchAttributeKey('RoostDeploymentId', S
 /** A classic deployment's status (pending, in_progress, completed, failed, partial, cancelled, uninstalled). */
 export const RoostDeploymentStatus = defineSearchAttributeKey('RoostDeploymentStatus', SearchAttributeType.KEYWORD);
 
+/** The user a user-delete cascade works on (workflows/user-delete.ts). */
+export const RoostUserId = defineSearchAttributeKey('RoostUserId', SearchAttributeType.KEYWORD);
+
 /** Every search attribute above: what a namespace must have registered (test servers take the keys). */
 export const ROOST_SEARCH_ATTRIBUTE_KEYS = [
   RoostSiteId,
@@ -29,6 +32,7 @@ export const ROOST_SEARCH_ATTRIBUTE_KEYS = [
   RoostStage,
   RoostDeploymentId,
   RoostDeploymentStatus,
+  RoostUserId,
 ] as const;
 
 /** Names of every search attribute above (each of type Keyword), for `temporal server start-dev --search-attribute <name>=Keyword`. */

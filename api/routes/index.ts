@@ -18,6 +18,7 @@ import webhooks from './webhooks';
 import observability from './observability';
 import classicDeployments from './classic-deployments';
 import installerTemplates from './installer-templates';
+import users from './users';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -38,4 +39,5 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(observability);
   await app.register(classicDeployments);
   await app.register(installerTemplates);
+  await app.register(users);
 }

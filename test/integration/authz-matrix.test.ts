@@ -48,7 +48,9 @@ type Kind =
   /** the caller's own identity: (a) 401, (b) and (c) 200 */
   | { kind: 'self' }
   /** key lifecycle or session routes: (a) 401, API keys (b) (c) 403 forbidden */
-  | { kind: 'interactive' };
+  | { kind: 'interactive' }
+  /** platform routes (users, installer catalog): superadmins only, so (a) 401, (b) (c) 403 forbidden, (d) 401 */
+  | { kind: 'platform' };
 
 interface Row {
   /** `METHOD /fastify/:url` exactly as registered. */
@@ -390,6 +392,26 @@ const MATRIX: Row[] = [
     what: { kind: 'site', needs: site('write') },
     req: (s) => ({ url: `/api/sites/${s}/installer-templates/${TEMPLATE}` }),
   },
+  // ---- platform: users
+  { route: 'GET /api/users', what: { kind: 'platform' }, req: () => ({ url: '/api/users' }) },
+  { route: 'GET /api/users/:uid', what: { kind: 'platform' }, req: () => ({ url: `/api/users/${member.uid}` }) },
+  {
+    route: 'POST /api/users/:uid/promote',
+    what: { kind: 'platform' },
+    req: () => ({ url: `/api/users/${member.uid}/promote`, body: { role: 'superadmin' } }),
+  },
+  { route: 'POST /api/users/:uid/demote', what: { kind: 'platform' }, req: () => ({ url: `/api/users/${h.userId}/demote` }) },
+  {
+    route: 'POST /api/users/:uid/assign-sites',
+    what: { kind: 'platform' },
+    req: (s) => ({ url: `/api/users/${other.userId}/assign-sites`, body: { siteIds: [s] } }),
+  },
+  {
+    route: 'POST /api/users/:uid/remove-sites',
+    what: { kind: 'platform' },
+    req: (s) => ({ url: `/api/users/${member.uid}/remove-sites`, body: { siteIds: [s] } }),
+  },
+  { route: 'DELETE /api/users/:uid', what: { kind: 'platform' }, req: () => ({ url: `/api/users/${member.uid}` }) },
   // ---- agent protocol
   { route: 'POST /api/agent/heartbeat', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/heartbeat', body: {} }) },
   { route: 'GET /api/agent/commands', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/commands' }) },
@@ -580,7 +602,7 @@ describe('authorisation matrix', () => {
           ? { status: 404, code: 'not_found' }
           : w.kind === 'agent'
             ? { status: 401, code: 'unauthorized' }
-            : w.kind === 'interactive'
+            : w.kind === 'interactive' || w.kind === 'platform'
               ? { status: 403, code: 'forbidden' }
               : { status: 200, code: undefined };
 
@@ -592,7 +614,7 @@ describe('authorisation matrix', () => {
           ? { status: 403, code: 'scope_insufficient' }
           : w.kind === 'agent'
             ? { status: 401, code: 'unauthorized' }
-            : w.kind === 'interactive'
+            : w.kind === 'interactive' || w.kind === 'platform'
               ? { status: 403, code: 'forbidden' }
               : { status: 200, code: undefined };
       if (w.kind === 'site') {

@@ -93,8 +93,9 @@ describe('ID tokens from the local issuer', () => {
     expectProblem(await whoami(`${head}.${otherPayload}.${sig}`), 401, 'unauthorized');
   });
 
-  it('are unauthorized for unknown and deleted users', async () => {
-    expectProblem(await whoami(await idTokenFor(h, { uid: 'usr_nobody', email: 'nobody@example.test' })), 401, 'unauthorized');
+  it('sign up an unknown email as a member (test/integration/users.test.ts) and are unauthorized for deleted users', async () => {
+    const fresh = await whoami(await idTokenFor(h, { uid: 'usr_nobody', email: `nobody-${Date.now()}@example.test` }));
+    expect(fresh.json()).toMatchObject({ role: 'member', primarySiteId: null });
     const gone = await makeUser(h.deps.db);
     const token = await idTokenFor(h, gone);
     expect((await whoami(token)).statusCode).toBe(200);
@@ -180,8 +181,9 @@ describe('an external issuer configured by URL (production path)', () => {
     const unverified = await issuerApp.inject({
       method: 'GET',
       url: '/api/whoami',
-      headers: { authorization: `Bearer ${await sign({ sub: 'ext|42', email: member.email, email_verified: false })}` },
+      headers: { authorization: `Bearer ${await sign({ sub: 'ext|43', email: member.email, email_verified: false })}` },
     });
+    // Another subject whose email is not verified matches no one and signs nobody up ('ext|42' is linked now).
     expect(unverified.statusCode).toBe(401);
     const wrongAud = await issuerApp.inject({
       method: 'GET',
@@ -372,9 +374,24 @@ describe('roost admin token', () => {
     expect(key.statusCode).toBe(201);
   });
 
-  it('fails with a usage error for an unknown email', () => {
-    const unknown = run('--email', 'nobody-at-all@example.test');
-    expect(unknown.status).toBe(2);
-    expect(unknown.stderr).toMatch(/no user/);
+  it('prints a token for a new email whose first use signs the person up as a member with no sites', async () => {
+    const email = `cli-new-${Date.now()}@example.test`;
+    const r = run('--email', email, '--json');
+    expect(r.stderr).toBe('');
+    const out = JSON.parse(r.stdout);
+    expect(out).toMatchObject({ userId: null, email, subject: expect.stringMatching(/^local:[0-9a-f]{32}$/) });
+    expect((await h.deps.db.query('SELECT count(*)::int AS n FROM users WHERE email = $1', [email])).rows[0].n).toBe(0);
+    const session = await h.request({ method: 'POST', url: '/api/auth/session', key: null, body: { idToken: out.idToken } });
+    expect(session.statusCode).toBe(201);
+    const who = await whoami(session.json().sessionToken);
+    expect(who.json()).toMatchObject({ email, role: 'member', primarySiteId: null });
+    // The next token for that email names the user that now exists.
+    expect(JSON.parse(run('--email', email, '--json').stdout).userId).toBe(who.json().userId);
+  });
+
+  it('fails with a usage error for a malformed email', () => {
+    const bad = run('--email', 'not-an-email');
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toMatch(/not an email/);
   });
 });
