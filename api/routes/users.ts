@@ -30,11 +30,10 @@ import {
   listUsers,
   promoteUser,
   removeSites,
-  type UserPosition,
   type UserRow,
 } from '../../services/users';
 import type { UserPrincipal } from '../context';
-import { pageTokens, parsePaging } from '../pagination';
+import { parsePaging } from '../pagination';
 import { requireScopes, requireSuperadmin, requireUser } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import type { Capability } from '../ratelimit/buckets';
@@ -172,7 +171,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       authorizePlatform(request, 'user', '*', 'read');
-      const paging = parsePaging<UserPosition>(request.query, { ...USER_PAGE, accept: isUserPosition });
+      const paging = parsePaging(request, { ...USER_PAGE, accept: isUserPosition });
       const { role, siteId, includeDeleted } = request.query;
       const { rows, next } = await listUsers(app.deps, {
         role,
@@ -181,7 +180,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
         after: paging.after,
         pageSize: paging.pageSize,
       });
-      return { users: rows.map((u) => userView(u)), ...pageTokens(next) };
+      return { users: rows.map((u) => userView(u)), ...paging.tokens(next) };
     },
   );
 

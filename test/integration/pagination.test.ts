@@ -11,7 +11,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { PAGE_TOKEN_KEY_PURPOSE } from '../../api/pagination';
 import { type PageBinding, signPageToken } from '../../domain/paging';
 import { createHarness, type Harness, idemKey } from '../support/harness';
-import { idTokenFor, insertKey, makeUser } from '../support/identity';
+import { addMember, idTokenFor, insertKey, makeUser } from '../support/identity';
 import { withTx } from '../../db/pool';
 import { insertRollout } from '../../db/rollouts';
 import { insertDeployment } from '../../db/classic-deployments';
@@ -109,6 +109,23 @@ async function insertHook(siteId: string, name: string): Promise<string> {
 }
 
 const FIXTURES: ListFixture[] = [
+  {
+    route: 'GET /api/users',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'users',
+    id: (u) => u.uid,
+    seed: async () => {
+      // The members (and owner) of a fresh site: the list is filtered by siteId so other files' users stay out.
+      const site = await h.other();
+      for (let i = 0; i < 23; i++) await addMember(h.deps.db, site.siteId, (await makeUser(h.deps.db)).uid);
+      const { rows } = await h.deps.db.query<{ uid: string }>(
+        `SELECT u.uid FROM users u WHERE EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = $1 AND m.uid = u.uid) ORDER BY u.created_at, u.uid`,
+        [site.siteId],
+      );
+      return { url: `/api/users?siteId=${site.siteId}`, key: h.apiKey, expected: rows.map((r) => r.uid) };
+    },
+  },
   {
     route: 'GET /api/roosts',
     defaultSize: 20,
