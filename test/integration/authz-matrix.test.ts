@@ -5,6 +5,8 @@
  *   (b) a full-access key of ANOTHER site (a member)     → 404 not_found (the site stays hidden),
  *   (c) a key of this site lacking the exact permission  → 403 scope_insufficient with `required`,
  *   (d) an agent token on a user route                   → 401 unauthorized,
+ *   (f) a full-access key of a member removed from the site → 404 (membership is read on every request),
+ *   (g) a full-access key of a deleted member            → 401 unauthorized,
  *   (e) a full-access svk_test_ key of a member on this live site → 403 forbidden (test keys act on
  *       sandbox sites only: docs/decisions/test-keys.md),
  * and nothing changes in the database (row hashes of every site-scoped table for the two sites, and of
@@ -26,6 +28,8 @@ let member: { uid: string; email: string };
 let agentToken: string;
 let otherAgentToken: string;
 let testKey: string;
+let removedKey: string;
+let deletedKey: string;
 
 const HASH = 'a'.repeat(64);
 const VERSION_ID = 'b'.repeat(64);
@@ -534,6 +538,21 @@ beforeAll(async () => {
   otherAgentToken = await agentFor(other.siteId);
   testKey = (await insertKey(h.deps.db, { uid: member.uid, scopes: fullAccessScopes(), environment: 'test', name: 'full test key' })).raw;
   mainKeyId = (await h.deps.db.query<{ key_id: string }>('SELECT key_id FROM api_keys WHERE uid = $1', [h.userId])).rows[0].key_id;
+  // A member removed from the site through the Users route, and a member whose user was deleted.
+  const removed = await makeUser(h.deps.db);
+  await addMember(h.deps.db, h.siteId, removed.uid);
+  removedKey = (await insertKey(h.deps.db, { uid: removed.uid, scopes: fullAccessScopes(), name: 'removed member' })).raw;
+  const removal = await h.request({
+    method: 'POST',
+    url: `/api/users/${removed.uid}/remove-sites`,
+    body: { siteIds: [h.siteId] },
+    idempotencyKey: true,
+  });
+  expect(removal.json()).toMatchObject({ removedSiteIds: [h.siteId] });
+  const gone = await makeUser(h.deps.db);
+  await addMember(h.deps.db, h.siteId, gone.uid);
+  deletedKey = (await insertKey(h.deps.db, { uid: gone.uid, scopes: fullAccessScopes(), name: 'deleted member' })).raw;
+  await h.deps.db.query('UPDATE users SET deleted = true, deleted_at = now() WHERE uid = $1', [gone.uid]);
 });
 afterAll(async () => h.close());
 
@@ -625,11 +644,27 @@ describe('authorisation matrix', () => {
       // (e) a test key with every scope, of a member of this live site
       got.testKey = answer(await send(row, testKey));
       want.testKey =
-        w.kind === 'site' || w.kind === 'interactive'
+        w.kind === 'site' || w.kind === 'interactive' || w.kind === 'platform'
           ? { status: 403, code: 'forbidden' }
           : w.kind === 'agent'
             ? { status: 401, code: 'unauthorized' }
             : { status: 200, code: undefined };
+
+      // (f) a full-access key of a user removed from this site (POST /api/users/{uid}/remove-sites): the site
+      // is hidden again from the next request on, whatever its wildcard scopes say
+      got.removed = answer(await send(row, removedKey));
+      want.removed =
+        w.kind === 'site'
+          ? { status: 404, code: 'not_found' }
+          : w.kind === 'agent'
+            ? { status: 401, code: 'unauthorized' }
+            : w.kind === 'interactive' || w.kind === 'platform'
+              ? { status: 403, code: 'forbidden' }
+              : { status: 200, code: undefined };
+
+      // (g) a full-access key of a deleted member: 401 everywhere
+      got.deletedUser = answer(await send(row, deletedKey));
+      want.deletedUser = { status: 401, code: 'unauthorized' };
 
       // (d) agent tokens: on user routes 401; on routes agents may use, another site's agent gets 404
       if (w.kind !== 'agent') {
