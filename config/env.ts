@@ -177,6 +177,32 @@ export const EnvSchema = Type.Object({
   ROOST_STREAM_CLIENT_BUFFER_BYTES: Type.Integer({ minimum: 1024, default: 1048576 }),
   /** Event stream: a client whose unsent bytes stay above ROOST_STREAM_CLIENT_BUFFER_BYTES this long (ms) is dropped; it resumes with Last-Event-ID. */
   ROOST_STREAM_STALL_MS: Type.Integer({ minimum: 100, default: 30000 }),
+  /**
+   * Fleet assistant (`/api/cortex/conversations`; docs/decisions/cortex.md): which model answers sends.
+   * `local` (default): the built-in retrieval assistant, which answers from the fleet tools' results without a
+   * language model; `openai-compatible`: an OpenAI-compatible chat completions endpoint (llama.cpp's
+   * llama-server, vLLM, Ollama, Azure OpenAI's /openai/v1) at ROOST_CORTEX_BASE_URL; `none`: sends answer 503
+   * cortex_unavailable (everything else of the conversations works).
+   */
+  ROOST_CORTEX_PROVIDER: Type.Union([Type.Literal('local'), Type.Literal('openai-compatible'), Type.Literal('none')], {
+    default: 'local',
+  }),
+  /** Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8081/v1 (required with `openai-compatible`). */
+  ROOST_CORTEX_BASE_URL: Type.Optional(Type.String({ minLength: 1 })),
+  /** Model id sent to the endpoint (an Azure OpenAI deployment name there); required with `openai-compatible`. */
+  ROOST_CORTEX_MODEL: Type.Optional(Type.String({ minLength: 1 })),
+  /** API key of the endpoint (optional for local servers). */
+  ROOST_CORTEX_API_KEY: Type.Optional(Type.String({ minLength: 1 })),
+  /** Header carrying ROOST_CORTEX_API_KEY: `authorization` (Bearer, the default) or `api-key` (Azure OpenAI). */
+  ROOST_CORTEX_API_KEY_HEADER: Type.Union([Type.Literal('authorization'), Type.Literal('api-key')], { default: 'authorization' }),
+  /** Most model steps (tool-call rounds plus the answer) of one reply. */
+  ROOST_CORTEX_MAX_STEPS: Type.Integer({ minimum: 1, maximum: 20, default: 6 }),
+  /** Milliseconds one reply may take before it is ended with a `3:` error frame (stored as failed). */
+  ROOST_CORTEX_REPLY_TIMEOUT_MS: Type.Integer({ minimum: 1000, maximum: 600000, default: 120000 }),
+  /** docs/contract.md Limits: seconds a deleted conversation stays recoverable before the purge sweep removes it. Default 30 days. */
+  ROOST_CONVERSATION_RECOVERY_SECONDS: Type.Integer({ minimum: 0, default: 2592000 }),
+  /** Seconds between conversation purge sweep runs. */
+  ROOST_SWEEP_CONVERSATION_PURGE_INTERVAL_SECONDS: Type.Integer({ minimum: 1, default: 3600 }),
 });
 
 export type Env = Static<typeof EnvSchema>;

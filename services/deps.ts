@@ -5,6 +5,7 @@
  */
 import { Client, Connection } from '@temporalio/client';
 import type { Pool } from 'pg';
+import type { LanguageModelV3 } from '@ai-sdk/provider';
 import type { Config } from '../config/env';
 import { createPool } from '../db/pool';
 import { BlobStore } from '../storage/blob';
@@ -14,6 +15,8 @@ export interface ServiceDeps {
   db: Pool;
   blob: BlobStore;
   temporal: Client;
+  /** The model answering conversation sends instead of the configured one (services/cortex-model.ts; tests, embedders). */
+  cortexModel?: LanguageModelV3;
 }
 
 /**

@@ -100,6 +100,7 @@ const RESULT_ID_FIELDS = [
   'processId',
   'affected',
   'alreadyDeleted',
+  'conversationId',
 ];
 
 /** Largest response body parsed for ids or URL counts. */

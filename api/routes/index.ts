@@ -19,6 +19,7 @@ import observability from './observability';
 import classicDeployments from './classic-deployments';
 import installerTemplates from './installer-templates';
 import users from './users';
+import conversations from './conversations';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -40,4 +41,5 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(classicDeployments);
   await app.register(installerTemplates);
   await app.register(users);
+  await app.register(conversations);
 }

@@ -40,6 +40,8 @@ const WEBHOOK = `wh_${'c'.repeat(24)}`;
 const DELIVERY = `dlv_${'d'.repeat(24)}`;
 const DEPLOYMENT = `dep_${'e'.repeat(24)}`;
 const TEMPLATE = `itp_${'f'.repeat(24)}`;
+/** A site-wide conversation of the harness site (seeded in beforeAll; by-id routes find it, then authorise). */
+const CONVERSATION = `cnv_${'e'.repeat(24)}`;
 
 /** What a route is, for the matrix. */
 type Kind =
@@ -416,6 +418,35 @@ const MATRIX: Row[] = [
     req: (s) => ({ url: `/api/users/${member.uid}/remove-sites`, body: { siteIds: [s] } }),
   },
   { route: 'DELETE /api/users/:uid', what: { kind: 'platform' }, req: () => ({ url: `/api/users/${member.uid}` }) },
+  // ---- conversations (api/routes/conversations.ts): chat read to list and read back, chat write for the rest; the
+  // /api/chat alias runs the same handlers
+  ...['/api/cortex/conversations', '/api/chat'].flatMap((base): Row[] => {
+    const chat =
+      (permission: Requirement['permission']) =>
+      (s: string): Requirement[] => [{ resource: 'chat', id: s, permission }];
+    const one = `${base}/${CONVERSATION}`;
+    return [
+      { route: `POST ${base}`, what: { kind: 'site', needs: chat('write') }, req: (s) => ({ url: base, body: { siteId: s } }) },
+      { route: `GET ${base}`, what: { kind: 'site', needs: chat('read') }, req: (s) => ({ url: `${base}?siteId=${s}` }) },
+      { route: `GET ${base}/:conversationId`, what: { kind: 'site', needs: chat('read') }, req: () => ({ url: one }) },
+      {
+        route: `POST ${base}/:conversationId`,
+        what: { kind: 'site', needs: chat('write') },
+        req: () => ({ url: one, body: { message: 'hi' } }),
+      },
+      {
+        route: `PATCH ${base}/:conversationId`,
+        what: { kind: 'site', needs: chat('write') },
+        req: () => ({ url: one, body: { title: 't' } }),
+      },
+      { route: `DELETE ${base}/:conversationId`, what: { kind: 'site', needs: chat('write') }, req: () => ({ url: one }) },
+      {
+        route: `POST ${base}/:conversationId/restore`,
+        what: { kind: 'site', needs: chat('write') },
+        req: () => ({ url: `${one}/restore` }),
+      },
+    ];
+  }),
   // ---- agent protocol
   { route: 'POST /api/agent/heartbeat', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/heartbeat', body: {} }) },
   { route: 'GET /api/agent/commands', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/commands' }) },
@@ -553,6 +584,11 @@ beforeAll(async () => {
   await addMember(h.deps.db, h.siteId, gone.uid);
   deletedKey = (await insertKey(h.deps.db, { uid: gone.uid, scopes: fullAccessScopes(), name: 'deleted member' })).raw;
   await h.deps.db.query('UPDATE users SET deleted = true, deleted_at = now() WHERE uid = $1', [gone.uid]);
+  await h.deps.db.query('INSERT INTO conversations (site_id, conversation_id, created_by) VALUES ($1, $2, $3)', [
+    h.siteId,
+    CONVERSATION,
+    h.userId,
+  ]);
 });
 afterAll(async () => h.close());
 
