@@ -12,6 +12,7 @@ import { createEventActivities } from './events';
 import { createWebhookActivities } from './webhooks';
 import { createClassicDeploymentActivities } from './classic-deployment';
 import { createUserActivities } from './users';
+import { createConversationActivities } from './conversations';
 
 /** All activities keyed by name. */
 export function createActivities(deps: ActivityDeps) {
@@ -22,6 +23,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createWebhookActivities(deps),
     ...createClassicDeploymentActivities(deps),
     ...createUserActivities(deps),
+    ...createConversationActivities(deps),
   };
 }
 

@@ -22,7 +22,7 @@ export interface BackgroundOptions {
 
 /** One sweep schedule: its name, workflow type, interval (seconds) and run input. */
 export interface SweepScheduleSpec {
-  name: 'heartbeat-staleness' | 'chunk-gc' | 'chunk-verify' | 'key-expiry';
+  name: 'heartbeat-staleness' | 'chunk-gc' | 'chunk-verify' | 'key-expiry' | 'conversation-purge';
   workflowType: string;
   everySeconds: number;
   input: SweepInput;
@@ -59,6 +59,12 @@ export function sweepSchedules(cfg: Config): SweepScheduleSpec[] {
       name: 'key-expiry',
       workflowType: 'keyExpirySweepWorkflow',
       everySeconds: cfg.ROOST_SWEEP_KEY_EXPIRY_INTERVAL_SECONDS,
+      input: { batchSize: 100, maxBatches: 50 },
+    },
+    {
+      name: 'conversation-purge',
+      workflowType: 'conversationPurgeSweepWorkflow',
+      everySeconds: cfg.ROOST_SWEEP_CONVERSATION_PURGE_INTERVAL_SECONDS,
       input: { batchSize: 100, maxBatches: 50 },
     },
   ];

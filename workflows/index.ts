@@ -8,3 +8,4 @@ export { eventRelayWorkflow } from './events';
 export { webhookDeliveryWorkflow } from './webhooks';
 export { classicDeploymentWorkflow } from './classic-deployment';
 export { userDeleteWorkflow } from './user-delete';
+export { conversationPurgeSweepWorkflow } from './conversation-purge';

@@ -18,6 +18,8 @@ const EXPECTED: Record<string, string> = {
   'sweep-chunk-gc.json': 'chunkGcSweepWorkflow',
   'sweep-chunk-verify.json': 'chunkVerifySweepWorkflow',
   'sweep-key-expiry.json': 'keyExpirySweepWorkflow',
+  // Recorded by test/integration/conversations.test.ts (the conversation purge sweep).
+  'sweep-conversation-purge.json': 'conversationPurgeSweepWorkflow',
 };
 const files = Object.keys(EXPECTED);
 
