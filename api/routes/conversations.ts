@@ -49,7 +49,7 @@ import {
   startReply,
 } from '../../services/conversations';
 import { authorizeSite } from '../plugins/auth';
-import { pageTokens, parsePaging } from '../pagination';
+import { parsePaging } from '../pagination';
 import type { UserPrincipal } from '../context';
 
 /** The canonical base and its compatibility alias (docs/contract.md Versioning: developer-preview compatibility). */
@@ -215,14 +215,21 @@ function callerOf(user: UserPrincipal): Caller {
 const authorizer = (request: FastifyRequest, permission: Permission) => async (t: ConversationTarget) =>
   callerOf(await authorizeSite(request, t.siteId, chat(t, permission)));
 
-/** Page size clamped or defaulted (never 400), then the shared token rules of api/pagination.ts. */
-function conversationPaging(query: Record<string, unknown>) {
+/**
+ * Page size clamped or defaulted (never 400): the request's size is rewritten to the clamped value before
+ * the shared token rules of api/pagination.ts read it. Tokens name one list for both bases, so a token of
+ * `/api/chat` pages `/api/cortex/conversations` too.
+ */
+function conversationPaging(request: FastifyRequest) {
+  const query = request.query as Record<string, unknown>;
   const present = (v: unknown) => v !== undefined && v !== null && v !== '';
   const size = conversationPageSize(present(query.page_size) ? query.page_size : present(query.limit) ? query.limit : undefined);
-  return parsePaging<ConversationPosition>(
-    { ...query, page_size: String(size), limit: undefined },
-    { ...CONVERSATION_PAGE, accept: isConversationPosition },
-  );
+  request.query = { ...query, page_size: String(size), limit: undefined };
+  return parsePaging<ConversationPosition>(request, {
+    ...CONVERSATION_PAGE,
+    accept: isConversationPosition,
+    list: `GET ${CONVERSATION_BASES[0]}`,
+  });
 }
 
 /** Line-prefixed frames of a reply, as bytes for the response. */
@@ -276,7 +283,7 @@ function routesAt(base: (typeof CONVERSATION_BASES)[number]): FastifyPluginAsync
       async (request) => {
         const q = request.query;
         const caller = await authorizer(request, 'read')({ siteId: q.siteId, machineId: null });
-        const paging = conversationPaging(q);
+        const paging = conversationPaging(request);
         const page = await listConversationPage(app.deps, {
           siteId: q.siteId,
           caller,
@@ -285,7 +292,7 @@ function routesAt(base: (typeof CONVERSATION_BASES)[number]): FastifyPluginAsync
           includeDeleted: q.includeDeleted === true,
           machineId: q.machineId,
         });
-        return { data: { conversations: page.conversations.map((c) => conversationView(c, recovery)), ...pageTokens(page.next) } };
+        return { data: { conversations: page.conversations.map((c) => conversationView(c, recovery)), ...paging.tokens(page.next) } };
       },
     );
 

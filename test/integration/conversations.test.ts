@@ -370,6 +370,11 @@ describe('list', () => {
     const b = await list('&page_size=2', key, ALIAS);
     expect(b.statusCode).toBe(200);
     expect(b.json().data.conversations).toEqual(a.json().data.conversations);
+    // One list at two addresses: a token of the alias pages the canonical route, but not with other filters.
+    const token = b.json().data.next_page_token;
+    const rest = await list(`&page_size=2&page_token=${token}`);
+    expect(rest.json().data.conversations.map((c: { conversationId: string }) => c.conversationId)).toEqual([ids[0]]);
+    expect((await list(`&page_size=2&includeDeleted=true&page_token=${token}`)).statusCode).toBe(400);
   });
 });
 

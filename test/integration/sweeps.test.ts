@@ -336,7 +336,7 @@ describe('ensureBackgroundWorkflows', () => {
     try {
       await ensureBackgroundWorkflows(client, h.deps.cfg, { taskQueue });
       await expect(ensureBackgroundWorkflows(client, h.deps.cfg, { taskQueue })).resolves.toBeUndefined();
-      expect(new Set(ids).size).toBe(4);
+      expect(new Set(ids).size).toBe(5);
       for (const [i, id] of ids.entries()) {
         const d = await client.schedule.getHandle(id).describe();
         expect(d.action).toMatchObject({ type: 'startWorkflow', workflowType: sweepSchedules(h.deps.cfg)[i].workflowType, taskQueue });
