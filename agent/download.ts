@@ -13,8 +13,8 @@ import pLimit from 'p-limit';
 import type { SyncCounters } from '../domain/target-state';
 import { SyncCancelled, SyncFailure, errMessage } from './errors';
 import type { FaultInjector } from './faults';
-import { HttpError, fetchBytes, sleep } from './http';
-import type { DownloadUrls } from './transport';
+import { HttpError, fetchBytes, isTransient, sleep } from './http';
+import { type DownloadUrls, RETRY_BACKOFF_CAP_MS, SYNC_RETRY_WINDOW_MS } from './transport';
 
 /** Hashes per download-urls call (the route's limit). */
 export const DOWNLOAD_URL_BATCH = 1000;
@@ -143,6 +143,8 @@ async function downloadChunk(ctx: DownloadContext, hash: string, size: number, u
   const { signal } = ctx;
   const corruptFirst = ctx.faults.corruptsFirstDownload();
   let lastError = '';
+  let unreachable = 0;
+  let unreachableSince = 0;
   for (let attempt = 1; attempt <= CHUNK_TRIES; attempt++) {
     const url = await urls.get(hash); // SyncFailure when the site lacks the chunk; API errors were retried already
     let data: Buffer;
@@ -151,10 +153,23 @@ async function downloadChunk(ctx: DownloadContext, hash: string, size: number, u
     } catch (err) {
       if (signal.aborted) throw err;
       lastError = errMessage(err);
-      if (err instanceof HttpError && err.status === 403) urls.refresh(); // SAS expired
+      if (err instanceof HttpError && err.status === 403)
+        urls.refresh(); // SAS expired
+      else if (isTransient(err)) {
+        // Blob storage unreachable or failing (network, 5xx): not a try of the chunk's bytes. Wait with
+        // backoff for as long as a sync retries its API calls, then give up.
+        unreachableSince ||= Date.now();
+        if (Date.now() - unreachableSince < SYNC_RETRY_WINDOW_MS) {
+          attempt--;
+          unreachable++;
+          await sleep(Math.min(RETRY_BACKOFF_CAP_MS, 100 * 2 ** Math.min(unreachable, 16)), signal);
+          continue;
+        }
+      }
       await sleep(100 * attempt, signal);
       continue;
     }
+    unreachableSince = 0;
     counters.bytes_fetched += data.length;
     if (attempt === 1 && corruptFirst) ctx.faults.corrupt(data);
     const actual = createHash('sha256').update(data).digest('hex');

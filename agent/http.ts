@@ -11,13 +11,30 @@ export class HttpError extends Error {
     readonly code: string | undefined,
     message: string,
     readonly problem?: Record<string, unknown>,
+    /** The answer's Retry-After in ms (delta-seconds or an HTTP date), when it had a usable one. */
+    readonly retryAfterMs?: number,
   ) {
     super(message);
     this.name = 'HttpError';
   }
 }
 
-/** True for failures worth retrying later: network errors, 408, 409 idempotency_key_in_use, 429, 5xx. */
+/**
+ * Retry-After as ms: delta-seconds or an HTTP date (RFC 9110 §10.2.3); undefined when absent or unusable.
+ * A 503 `service_unavailable` (a dependency of the API is down) and a 429 carry one.
+ */
+export function parseRetryAfter(header: string | null | undefined, now: number = Date.now()): number | undefined {
+  if (!header) return undefined;
+  const t = header.trim();
+  if (/^\d+$/.test(t)) return Number(t) * 1000;
+  const at = Date.parse(t);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - now);
+}
+
+/**
+ * True for failures worth retrying later: network errors, 408, 409 idempotency_key_in_use, 429, 5xx (503
+ * `service_unavailable` is what the API answers while its database, blob storage or Temporal is down).
+ */
 export function isTransient(err: unknown): boolean {
   if (err instanceof HttpError)
     return err.status === 408 || err.status === 429 || err.status >= 500 || err.code === 'idempotency_key_in_use';
@@ -83,7 +100,13 @@ export class ApiClient {
       const problem = parsed !== null && typeof parsed === 'object' ? (parsed as Record<string, unknown>) : undefined;
       const code = typeof problem?.code === 'string' ? problem.code : undefined;
       const detail = typeof problem?.detail === 'string' ? problem.detail : text.slice(0, 200);
-      throw new HttpError(res.status, code, `${method} ${path} → ${res.status}${code ? ` ${code}` : ''}: ${detail}`, problem);
+      throw new HttpError(
+        res.status,
+        code,
+        `${method} ${path} → ${res.status}${code ? ` ${code}` : ''}: ${detail}`,
+        problem,
+        parseRetryAfter(res.headers.get('retry-after')),
+      );
     }
     return parsed as T;
   }

@@ -14,6 +14,17 @@ import type { KeyRing } from './trust';
 /** The agentVersion the reference agent reports unless told otherwise. */
 export const AGENT_VERSION = '0.1.0-reference';
 
+/** Longest pause between two retries of one call (ms). */
+export const RETRY_BACKOFF_CAP_MS = 5000;
+/** Longest Retry-After the agent honours (ms); a longer one is cut to this. */
+export const MAX_RETRY_AFTER_MS = 60_000;
+/**
+ * How long a sync keeps retrying one of its calls (version answer, download URLs, signing keys) before the
+ * sync fails (ms): 15 minutes, longer than the outages of the database, the API or blob storage the
+ * rollout loop is to survive (docs/decisions/outages.md).
+ */
+export const SYNC_RETRY_WINDOW_MS = 15 * 60 * 1000;
+
 /** Who the agent is and how it enrols. */
 export interface AgentIdentity {
   baseUrl: string;
@@ -72,6 +83,7 @@ export class AgentTransport {
    * @param stopSignal the agent's current stop signal (a restarted agent has a new one): retries end and
    *        no re-enrolment starts once it aborts
    * @param random jitter source of the retry backoff
+   * @param retryBaseMs first retry pause before jitter (ms; doubles per attempt up to RETRY_BACKOFF_CAP_MS)
    */
   constructor(
     private readonly id: AgentIdentity,
@@ -79,6 +91,7 @@ export class AgentTransport {
     private readonly keys: KeyRing,
     private readonly stopSignal: () => AbortSignal,
     private readonly random: () => number,
+    private readonly retryBaseMs = 100,
   ) {
     this.client = new ApiClient(id.baseUrl);
   }
@@ -88,15 +101,28 @@ export class AgentTransport {
     return this.client.token;
   }
 
-  /** Runs `fn`, retrying transient failures (network, 429, 5xx) up to `tries` times with jittered backoff. */
-  async retrying<T>(fn: () => Promise<T>, tries = 5): Promise<T> {
+  /**
+   * Runs `fn`, retrying transient failures (network, 408, 429, 5xx, idempotency_key_in_use) with jittered
+   * backoff (`retryBaseMs` doubling, at most RETRY_BACKOFF_CAP_MS) and never sooner than the answer's Retry-After:
+   * up to `tries` attempts (a number), or for `{ forMs }` since the first attempt, or `'untilStopped'`: until
+   * it lands or the agent stops (what a report needs: it is never dropped). Throws the last error, or at
+   * once a non-transient one.
+   */
+  async retrying<T>(fn: () => Promise<T>, tries: number | { forMs: number } | 'untilStopped' = 5): Promise<T> {
+    const started = Date.now();
     for (let attempt = 1; ; attempt++) {
       try {
         return await fn();
       } catch (err) {
         const signal = this.stopSignal();
-        if (attempt >= tries || !isTransient(err) || signal.aborted) throw err;
-        await sleep(Math.min(5000, 200 * 2 ** attempt) * (0.5 + this.random() / 2), signal);
+        if (!isTransient(err) || signal.aborted) throw err;
+        const backoff = Math.min(RETRY_BACKOFF_CAP_MS, this.retryBaseMs * 2 ** Math.min(attempt, 16)) * (0.5 + this.random() / 2);
+        const after = err instanceof HttpError && err.retryAfterMs !== undefined ? Math.min(err.retryAfterMs, MAX_RETRY_AFTER_MS) : 0;
+        const delay = Math.max(backoff, after);
+        if (typeof tries === 'number' ? attempt >= tries : tries !== 'untilStopped' && Date.now() + delay - started > tries.forMs)
+          throw err;
+        await sleep(delay, signal);
+        if (signal.aborted) throw err;
       }
     }
   }
@@ -114,8 +140,16 @@ export class AgentTransport {
     }
   }
 
-  /** Like `call`, retrying transient failures (network, 429, 5xx) up to `tries` times with backoff. */
-  callRetrying<T = unknown>(method: string, p: string, opts: RequestOptions = {}, tries = 4): Promise<T> {
+  /**
+   * Like `call`, retrying transient failures (network, 429, 5xx) with backoff as `retrying` does; by default
+   * for SYNC_RETRY_WINDOW_MS, so a sync outlives an outage of the API or its dependencies of several minutes.
+   */
+  callRetrying<T = unknown>(
+    method: string,
+    p: string,
+    opts: RequestOptions = {},
+    tries: number | { forMs: number } | 'untilStopped' = { forMs: SYNC_RETRY_WINDOW_MS },
+  ): Promise<T> {
     return this.retrying(() => this.call<T>(method, p, opts), tries);
   }
 
@@ -196,9 +230,12 @@ export class AgentTransport {
     return this.call('GET', '/api/agent/commands', { query: { wait }, signal });
   }
 
-  /** Reports a command status; returns the server's view (`applied` false when it was already closed). */
+  /**
+   * Reports a command status; returns the server's view (`applied` false when it was already closed).
+   * Retried until it lands or the agent stops: a report is never dropped for an outage.
+   */
   reportCommand(commandId: string, body: CommandReport): Promise<{ status: string; applied: boolean }> {
-    return this.callRetrying('POST', `/api/agent/commands/${encodeURIComponent(commandId)}`, { body });
+    return this.callRetrying('POST', `/api/agent/commands/${encodeURIComponent(commandId)}`, { body }, 'untilStopped');
   }
 
   /** PUT /api/agent/commands/{commandId}/screenshot with a PNG. */
@@ -209,11 +246,17 @@ export class AgentTransport {
     });
   }
 
-  /** PUT /api/agent/roosts/{roostId}/state: the machine's target state of a roost, with the sync's counters. */
+  /**
+   * PUT /api/agent/roosts/{roostId}/state: the machine's target state of a roost, with the sync's counters.
+   * Retried until it lands or the agent stops, like `reportCommand`.
+   */
   async reportState(roostId: string, versionId: string, status: TargetStatus, counters: SyncCounters, error?: string): Promise<void> {
-    await this.callRetrying('PUT', `/api/agent/roosts/${encodeURIComponent(roostId)}/state`, {
-      body: { reportedVersionId: versionId, status, ...counters, ...(error ? { error } : {}) },
-    });
+    await this.callRetrying(
+      'PUT',
+      `/api/agent/roosts/${encodeURIComponent(roostId)}/state`,
+      { body: { reportedVersionId: versionId, status, ...counters, ...(error ? { error } : {}) } },
+      'untilStopped',
+    );
   }
 
   /** GET /api/agent/roosts/{roostId}/versions/{versionId}: the signed body URL and signature of a version. */

@@ -7,8 +7,9 @@
  *   (status 0) once retries are spent.
  * - Retries (docs/contract.md Errors, "Retry with backoff"): 429 always, honouring Retry-After; 500, 502, 503,
  *   504, network failures and timeouts only for GET/HEAD, for read-only POSTs marked `retrySafe`, and
- *   for mutations that carry an Idempotency-Key. Fallback delay min(60000, 500 * 2^attempt) ms times
- *   a random factor in 0.5..1.0; at most 6 attempts. Nothing else is retried (400, 401, 403, 404, 409,
+ *   for mutations that carry an Idempotency-Key. 503 honours Retry-After too. Fallback delay
+ *   min(60000, 500 * 2^attempt) ms times a random factor in 0.5..1.0; at most 6 attempts, except that an
+ *   outage (503, no answer) is retried for up to 5 minutes from the first attempt (DEFAULT_OUTAGE_WINDOW_MS). Nothing else is retried (400, 401, 403, 404, 409,
  *   412, 422, 402 surface at once). docs/decisions/cli-http-retries.md says why no retry library.
  * - `idempotencyKey: true` generates one key per logical call; every retry of that call reuses it
  *   with the identical method, path, query and body bytes.
@@ -29,6 +30,12 @@ export const MAX_RETRY_AFTER_MS = 10 * 60_000;
  * and Azurite): the chunk is stored and its bytes cannot be overwritten.
  */
 export const BLOB_EXISTS_CODE = 'AuthorizationPermissionMismatch';
+/**
+ * How long a replayable call keeps retrying through an outage (ms, from its first attempt): while the answer
+ * is 503 (the API's database, blob storage or Temporal is down; it says when to come back in Retry-After) or
+ * no answer comes at all, attempts go on past `maxAttempts` for this long (docs/decisions/outages.md).
+ */
+export const DEFAULT_OUTAGE_WINDOW_MS = 5 * 60_000;
 
 /** A failed request: the problem+json body of the API (or a synthesized one for network failures). */
 export class ClientError extends Error {
@@ -84,6 +91,8 @@ export interface ClientOptions {
   /** Raw API key (`svk_…`) or agent token; omitted for unauthenticated calls. */
   apiKey?: string;
   maxAttempts?: number;
+  /** How long outage answers (503, no answer) keep being retried past `maxAttempts` (ms; default DEFAULT_OUTAGE_WINDOW_MS). */
+  outageWindowMs?: number;
   timeoutMs?: number;
   onRetry?: (info: RetryInfo) => void;
   /** Sleep used between attempts (default: a real timer). */
@@ -204,6 +213,7 @@ export class RoostClient {
   readonly baseUrl: string;
   private readonly apiKey?: string;
   private readonly maxAttempts: number;
+  private readonly outageWindowMs: number;
   private readonly timeoutMs: number;
   private readonly sleep: (ms: number) => Promise<void>;
   private readonly random: () => number;
@@ -213,6 +223,7 @@ export class RoostClient {
     this.baseUrl = opts.baseUrl.replace(/\/+$/, '');
     this.apiKey = opts.apiKey;
     this.maxAttempts = Math.max(1, opts.maxAttempts ?? DEFAULT_MAX_ATTEMPTS);
+    this.outageWindowMs = opts.outageWindowMs ?? DEFAULT_OUTAGE_WINDOW_MS;
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.sleep = opts.sleep ?? defaultSleep;
     this.random = opts.random ?? Math.random;
@@ -241,15 +252,23 @@ export class RoostClient {
     }
     const replayable = m === 'GET' || m === 'HEAD' || opts.retrySafe === true || idempotencyKey !== undefined;
 
+    const started = Date.now();
+    /** Sum of the retry pauses so far (ms): the outage window counts them even where the clock does not move (tests). */
+    let waited = 0;
     for (let attempt = 0; ; attempt++) {
-      const last = attempt + 1 >= this.maxAttempts;
+      const spent = attempt + 1 >= this.maxAttempts;
+      /** Out of attempts, unless this failure is an outage and the outage window (ms) has room for `delayMs` more. */
+      const lastFor = (outage: boolean, delayMs: number) =>
+        spent && !(outage && Math.max(Date.now() - started, waited) + delayMs <= this.outageWindowMs);
       let res: Response;
       try {
         res = await fetch(url, { method: m, headers, body: payload, signal: AbortSignal.timeout(opts.timeoutMs ?? this.timeoutMs) });
       } catch (err) {
         const reason = describeNetworkError(err);
-        if (!last && isRetryable(undefined, replayable)) {
-          await this.pause(m, url, attempt, backoffDelayMs(attempt, this.random), reason);
+        const delay = backoffDelayMs(attempt, this.random);
+        if (!lastFor(true, delay) && isRetryable(undefined, replayable)) {
+          waited += delay;
+          await this.pause(m, url, attempt, delay, reason);
           continue;
         }
         throw new ClientError({
@@ -276,10 +295,16 @@ export class RoostClient {
         };
       }
       const problem = body && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
-      if (!last && isRetryable(res.status, replayable, typeof problem.code === 'string' ? problem.code : undefined)) {
-        const after = res.status === 429 || res.status === 409 ? retryAfterMs(res.headers.get('retry-after'), problem) : undefined;
+      const after =
+        res.status === 429 || res.status === 409 || res.status === 503 ? retryAfterMs(res.headers.get('retry-after'), problem) : undefined;
+      const delay = after ?? backoffDelayMs(attempt, this.random);
+      if (
+        !lastFor(res.status === 503, delay) &&
+        isRetryable(res.status, replayable, typeof problem.code === 'string' ? problem.code : undefined)
+      ) {
         if (after === undefined || after <= MAX_RETRY_AFTER_MS) {
-          await this.pause(m, url, attempt, after ?? backoffDelayMs(attempt, this.random), `HTTP ${res.status}`);
+          waited += delay;
+          await this.pause(m, url, attempt, delay, `HTTP ${res.status}${typeof problem.code === 'string' ? ` ${problem.code}` : ''}`);
           continue;
         }
       }

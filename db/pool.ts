@@ -12,12 +12,52 @@ export interface Queryable {
 
 export type Db = Pool;
 
-/** Creates the pool. BIGINT columns (epoch ms, byte counts) are parsed as JS numbers (safe below 2^53). */
-export function createPool(connectionString: string, max = 10): Pool {
-  const pool = new Pool({ connectionString, max, idleTimeoutMillis: 10_000 });
+/**
+ * Marks `err` as a lost or refused database connection when it is one: pg reports those without a SQLSTATE
+ * ("Connection terminated unexpectedly", "Client has encountered a connection error and is not queryable",
+ * "timeout exceeded when trying to connect", a socket error), while every answer of the server itself is a
+ * `DatabaseError` with `severity` and a SQLSTATE `code`. Programming errors (TypeError, RangeError) are not
+ * marked. A marked error carries `dependency: 'database'`, which domain/outage.ts reads: the API answers 503
+ * service_unavailable with Retry-After instead of 500 (docs/decisions/outages.md). Returns `err`.
+ */
+export function tagConnectionError(err: unknown): unknown {
+  if (!(err instanceof Error) || err instanceof TypeError || err instanceof RangeError || err instanceof SyntaxError) return err;
+  const o = err as Error & { severity?: unknown; dependency?: unknown };
+  if (o.severity === undefined && o.dependency === undefined) o.dependency = 'database';
+  return err;
+}
+
+type AnyFn = (...args: unknown[]) => unknown;
+
+/** Wraps a promise-returning method so its rejections pass through `tagConnectionError` (callback calls untouched). */
+function tagRejections(target: object, method: 'query' | 'connect'): void {
+  const t = target as Record<string, AnyFn>;
+  const raw = t[method].bind(target);
+  t[method] = (...args: unknown[]) => {
+    if (typeof args[args.length - 1] === 'function') return raw(...args);
+    const r = raw(...args);
+    return r instanceof Promise
+      ? r.catch((err: unknown) => {
+          throw tagConnectionError(err);
+        })
+      : r;
+  };
+}
+
+/**
+ * Creates the pool. BIGINT columns (epoch ms, byte counts) are parsed as JS numbers (safe below 2^53).
+ * Connection-level failures of `pool.query`, `pool.connect` and a checked-out client's `query` are marked by
+ * `tagConnectionError`; a connection attempt gives up after `connectTimeoutMs` (default 10000) instead of
+ * waiting for an unreachable server forever.
+ */
+export function createPool(connectionString: string, max = 10, connectTimeoutMs = 10_000): Pool {
+  const pool = new Pool({ connectionString, max, idleTimeoutMillis: 10_000, connectionTimeoutMillis: connectTimeoutMs });
   pool.on('error', () => {
     /* idle client errors are reported on next use; keep the process alive */
   });
+  pool.on('connect', (client) => tagRejections(client, 'query'));
+  tagRejections(pool, 'query');
+  tagRejections(pool, 'connect');
   return pool;
 }
 

@@ -2,7 +2,8 @@
  * Which failures mean "a dependency is down" rather than "a bug" (docs/decisions/outages.md): a client then gets
  * 503 `service_unavailable` with `Retry-After`, which the CLI and the agent retry, instead of 500.
  *
- * Pure: classifies by the error's own fields (error codes and SQLSTATE classes), never by message text.
+ * Pure: classifies by the error's own fields (error codes, SQLSTATE classes, the `dependency` mark db/pool.ts puts on
+ * connection failures that carry no SQLSTATE), never by message text.
  */
 
 /** Network error codes of Node's sockets and DNS that mean the other side could not be reached or went away. */
@@ -36,7 +37,17 @@ export function unavailableDependency(err: unknown): 'database' | 'blob storage'
   let e: unknown = err;
   while (e !== null && typeof e === 'object' && !seen.has(e)) {
     seen.add(e);
-    const o = e as { code?: unknown; name?: unknown; severity?: unknown; routine?: unknown; statusCode?: unknown; cause?: unknown };
+    const o = e as {
+      code?: unknown;
+      name?: unknown;
+      severity?: unknown;
+      routine?: unknown;
+      statusCode?: unknown;
+      cause?: unknown;
+      dependency?: unknown;
+    };
+    // Marked where the failure happened (db/pool.ts tagConnectionError: a connection lost without a SQLSTATE).
+    if (o.dependency === 'database') return 'database';
     const code = typeof o.code === 'string' ? o.code : undefined;
     if (code && /^[0-9A-Z]{5}$/.test(code) && (o.severity !== undefined || o.routine !== undefined) && isUnavailableSqlState(code))
       return 'database';

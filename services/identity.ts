@@ -25,6 +25,7 @@ import { hexEqual, sha256Hex } from '../domain/hex';
 import { EMAIL_RE } from '../domain/users';
 import { API_KEY_RE, keyMayActOnSiteEnvironment, keyRejection } from '../domain/keys';
 import type { AgentPrincipal, Principal, UserPrincipal, UserRole } from '../domain/principal';
+import { pingTemporal } from '../workflows/client';
 import type { ServiceDeps } from './deps';
 import { type QuotaSnapshot, siteQuota } from './quota';
 
@@ -280,7 +281,55 @@ export async function whoamiFacts(deps: Pick<ServiceDeps, 'db' | 'cfg'>, user: U
   return { primarySiteId, quota };
 }
 
-/** Resolves when the database answers (`GET /healthz`); throws the driver's error when it does not. */
-export function checkHealth(deps: Pick<ServiceDeps, 'db'>): Promise<void> {
-  return pingDatabase(deps.db);
+/** Each dependency of the API and whether it answered (`GET /healthz`). */
+export interface DependencyHealth {
+  database: 'up' | 'down';
+  blobStorage: 'up' | 'down';
+  temporal: 'up' | 'down';
 }
+
+/** How long `GET /healthz` waits for each dependency (ms). */
+export const HEALTH_TIMEOUT_MS = 3000;
+
+/** Rejects after `ms` unless `p` settles first. */
+function within<T>(p: Promise<T>, ms: number): Promise<T> {
+  let t: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => (t = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  return Promise.race([p, timeout]).finally(() => clearTimeout(t));
+}
+
+/**
+ * Asks the database (`SELECT 1`), blob storage (the chunk container's properties) and Temporal
+ * (`GetSystemInfo`) at once, each within HEALTH_TIMEOUT_MS (`GET /healthz`).
+ * @returns every dependency's state
+ * @throws ApiError service_unavailable (503, Retry-After) naming the dependencies that did not answer, with
+ *   `dependencies` (the same map) in the problem
+ */
+export async function checkHealth(deps: Pick<ServiceDeps, 'db' | 'blob' | 'temporal'>): Promise<DependencyHealth> {
+  const probe = async (p: () => Promise<unknown>): Promise<'up' | 'down'> => {
+    try {
+      await within(p(), HEALTH_TIMEOUT_MS);
+      return 'up';
+    } catch {
+      return 'down';
+    }
+  };
+  const [database, blobStorage, temporal] = await Promise.all([
+    probe(() => pingDatabase(deps.db)),
+    probe(() => deps.blob.ping(HEALTH_TIMEOUT_MS)),
+    probe(() => pingTemporal(deps.temporal, HEALTH_TIMEOUT_MS)),
+  ]);
+  const health: DependencyHealth = { database, blobStorage, temporal };
+  const names = { database: 'the database', blobStorage: 'blob storage', temporal: 'Temporal' } as const;
+  const down = (Object.keys(health) as (keyof DependencyHealth)[]).filter((k) => health[k] === 'down');
+  if (down.length > 0) {
+    throw new ApiError('service_unavailable', `unavailable: ${down.map((k) => names[k]).join(', ')}; retry shortly`, {
+      headers: { 'Retry-After': String(HEALTH_RETRY_AFTER_SECONDS) },
+      extras: { retryAfter: HEALTH_RETRY_AFTER_SECONDS, dependencies: health },
+    });
+  }
+  return health;
+}
+
+/** Retry-After of an unhealthy `GET /healthz` (seconds). */
+const HEALTH_RETRY_AFTER_SECONDS = 5;

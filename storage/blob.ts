@@ -95,6 +95,14 @@ export class BlobStore {
     return this.service.getContainerClient(this.containerName(name));
   }
 
+  /**
+   * Resolves when the blob service answers a read of the chunk container's properties within `timeoutMs`
+   * (`GET /healthz`). @throws the SDK's error (or an AbortError) when it does not.
+   */
+  async ping(timeoutMs: number): Promise<void> {
+    await this.container('chunks').exists({ abortSignal: AbortSignal.timeout(timeoutMs) });
+  }
+
   /** Creates the containers if missing (private access). */
   async ensureContainers(): Promise<void> {
     await Promise.all((Object.keys(CONTAINERS) as (keyof typeof CONTAINERS)[]).map((c) => this.container(c).createIfNotExists()));

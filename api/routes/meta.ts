@@ -1,9 +1,11 @@
 /**
- * Identity and service metadata: `GET /api/version` (unauthenticated), `GET /api/openapi.json`, `GET /healthz`,
+ * Identity and service metadata: `GET /api/version` (unauthenticated), `GET /api/openapi.json`, `GET /healthz`
+ * (readiness of the database, blob storage and Temporal),
  * `GET /api/whoami` (services/identity.ts; docs/decisions/whoami.md).
  */
 import { rateLimitHint } from '../ratelimit/limits';
 import { Type } from '@sinclair/typebox';
+import { Problem } from '../../domain/schemas';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { checkHealth, whoamiFacts } from '../../services/identity';
 import { CURRENT_API_VERSION, SUPPORTED_API_VERSIONS } from '../plugins/api-version';
@@ -47,11 +49,28 @@ const metaRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/healthz',
     {
       config: { auth: 'none' },
-      schema: { tags: ['meta'], summary: 'Liveness and database reachability', response: { 200: Type.Object({ ok: Type.Literal(true) }) } },
+      schema: {
+        tags: ['meta'],
+        summary: 'Readiness: whether the database, blob storage and Temporal answer (503 service_unavailable names those that do not)',
+        response: {
+          200: Type.Object({
+            ok: Type.Literal(true),
+            dependencies: Type.Object(
+              {
+                database: Type.Literal('up'),
+                blobStorage: Type.Literal('up'),
+                temporal: Type.Literal('up'),
+              },
+              { description: 'each dependency of the API; a 503 problem carries the same map with `down` entries' },
+            ),
+          }),
+          503: Problem,
+        },
+      },
     },
     async () => {
       await checkHealth(app.deps);
-      return { ok: true as const };
+      return { ok: true as const, dependencies: { database: 'up' as const, blobStorage: 'up' as const, temporal: 'up' as const } };
     },
   );
 

@@ -11,13 +11,16 @@ let h: Harness;
 let proxy: net.Server;
 let port = 0;
 const sockets = new Set<net.Socket>();
+/** While set, what clients send is held back and the first held bytes call it (a query is in flight). */
+let frozen: (() => void) | undefined;
 
 function openProxy(): Promise<void> {
   const pg = testConfig().ROOST_PG_PORT;
   proxy = net.createServer((client) => {
     const upstream = net.connect(pg, '127.0.0.1');
     sockets.add(client).add(upstream);
-    client.pipe(upstream).pipe(client);
+    client.on('data', (d: Buffer) => (frozen ? frozen() : upstream.write(d)));
+    upstream.pipe(client);
     const end = () => (client.destroy(), upstream.destroy());
     client.on('error', end).on('close', end);
     upstream.on('error', end).on('close', end);
@@ -54,6 +57,14 @@ test('reads and writes during the outage are 503 with Retry-After; they work aga
     expect(Number(res.headers['retry-after'])).toBeGreaterThan(0);
     expect(res.json().detail).toMatch(/unavailable; retry shortly/);
   }
+  const health = await h.request({ method: 'GET', url: '/healthz' });
+  expect([health.statusCode, health.json().code, health.json().dependencies]).toEqual([
+    503,
+    'service_unavailable',
+    { database: 'down', blobStorage: 'up', temporal: 'up' },
+  ]);
+  expect(health.json().detail).toMatch(/unavailable: the database; retry shortly/);
+  expect(Number(health.headers['retry-after'])).toBeGreaterThan(0);
   await openProxy();
   let res = await list();
   for (let i = 0; i < 20 && res.statusCode !== 200; i++) {
@@ -62,4 +73,24 @@ test('reads and writes during the outage are 503 with Retry-After; they work aga
   }
   expect(res.statusCode).toBe(200);
   expect(res.json().roosts.map((r: { name: string }) => r.name)).not.toContain('during outage');
+});
+
+test('a connection lost in the middle of a query (no SQLSTATE: "Connection terminated unexpectedly") is 503 too', async () => {
+  expect((await h.request({ method: 'GET', url: '/healthz' })).json()).toEqual({
+    ok: true,
+    dependencies: { database: 'up', blobStorage: 'up', temporal: 'up' },
+  });
+  const held = new Promise<void>((resolve) => (frozen = resolve));
+  const pending = h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` });
+  await held; // the request's query reached the proxy and waits there
+  for (const s of sockets) s.destroy();
+  sockets.clear();
+  frozen = undefined;
+  const res = await pending;
+  expect([res.statusCode, res.json().code]).toEqual([503, 'service_unavailable']);
+  expect(Number(res.headers['retry-after'])).toBeGreaterThan(0);
+  let again = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` });
+  for (let i = 0; i < 20 && again.statusCode !== 200; i++)
+    again = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` });
+  expect(again.statusCode).toBe(200);
 });

@@ -116,12 +116,28 @@ describe('retries', () => {
   });
 
   it('gives up after 6 attempts with the last problem', async () => {
-    script = Array.from({ length: 8 }, () => problem(503, 'service_unavailable'));
+    script = Array.from({ length: 8 }, () => problem(502, 'bad_gateway'));
     const delays: number[] = [];
-    await expect(client(delays, () => 0.999999).get('/api/x')).rejects.toMatchObject({ code: 'service_unavailable', attempts: 6 });
+    await expect(client(delays, () => 0.999999).get('/api/x')).rejects.toMatchObject({ code: 'bad_gateway', attempts: 6 });
     expect(seen).toHaveLength(6);
     expect(delays).toHaveLength(5);
     delays.forEach((d, i) => expect(d).toBeCloseTo(500 * 2 ** i, -1));
+  });
+
+  it('rides out an outage: 503 with Retry-After is retried past 6 attempts for the outage window, waiting as told', async () => {
+    const outage = { ...problem(503, 'service_unavailable'), headers: { 'retry-after': '2' } };
+    script = [...Array.from({ length: 9 }, () => outage), { status: 201, body: { ok: true } }];
+    const delays: number[] = [];
+    const c = new RoostClient({ baseUrl: base, sleep: async (ms) => void delays.push(ms), outageWindowMs: 20_000 });
+    const res = await c.request('POST', '/api/x', { body: {}, idempotencyKey: true });
+    expect([res.status, res.attempts]).toEqual([201, 10]);
+    expect(delays).toEqual(Array.from({ length: 9 }, () => 2000));
+    // Past the window the outage surfaces.
+    script = Array.from({ length: 12 }, () => outage);
+    await expect(c.request('POST', '/api/x', { body: {}, idempotencyKey: true })).rejects.toMatchObject({
+      code: 'service_unavailable',
+      attempts: 11,
+    });
   });
 
   it('does not retry a 5xx on a mutation without an Idempotency-Key', async () => {
