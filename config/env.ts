@@ -133,6 +133,12 @@ export const EnvSchema = Type.Object({
    */
   ROOST_AUDIT_KEY_USE_SAMPLE_SECONDS: Type.Integer({ minimum: 1, default: 3600 }),
   /**
+   * Idempotency-Key reservations (docs/decisions/idempotency-concurrency.md): a keyed request holds its key
+   * for this many milliseconds and renews the lease every third of it while it runs, so the key of a request
+   * whose process died is free again this long after its last renewal. Default 10 seconds.
+   */
+  ROOST_IDEMPOTENCY_LEASE_MS: Type.Integer({ minimum: 300, maximum: 600000, default: 10000 }),
+  /**
    * Webhooks (docs/decisions/webhook-urls.md): allow delivery URLs that resolve to loopback, private,
    * link-local or other non-public addresses, and plain http. Off in production; tests and local
    * development turn it on.

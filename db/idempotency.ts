@@ -2,19 +2,21 @@
  * Idempotency-Key reservations and stored responses (`idempotency_keys`; api/plugins/idempotency.ts and
  * services/idempotency.ts hold the rules; docs/decisions/idempotency-concurrency.md,
  * docs/decisions/idempotency-expiry.md). Rows are keyed by the scope hash; `created_at` as text is the
- * reservation token, so a request only finishes or releases the reservation it made.
+ * reservation token, so a request only finishes, renews or releases the reservation it made.
+ *
+ * `expires_at` is a lease while the row is `in_progress` (now + the lease, pushed forward by `renewIdempotencyKey`
+ * while the request runs) and the end of the replay window once it is `done`; a row past it no longer counts.
  */
 import type { Queryable } from './pool';
 
 /** Stored responses replay for this long (ms): 24 h. */
 export const REPLAY_WINDOW_MS = 24 * 60 * 60 * 1000;
-/** An `in_progress` reservation older than this (ms) is taken as abandoned (its process died). */
-export const ABANDONED_AFTER_MS = 5 * 60 * 1000;
-
 const REPLAY_WINDOW_SQL = `INTERVAL '${REPLAY_WINDOW_MS / 1000} seconds'`;
-const ABANDONED_SQL = `INTERVAL '${ABANDONED_AFTER_MS / 1000} seconds'`;
 
-/** A row as a second request with the same scope reads it. `stale`: expired or abandoned, no longer counts. */
+/**
+ * A row as a second request with the same scope reads it. `stale`: expired or abandoned (an `in_progress`
+ * row whose lease was not renewed: its request's process died), no longer counts.
+ */
 export interface StoredIdempotencyRow {
   request_hash: string;
   state: string;
@@ -24,34 +26,52 @@ export interface StoredIdempotencyRow {
   stale: boolean;
 }
 
-/** Reserves `keyHash` for a request with `fingerprint`; returns the reservation token, or undefined when a row exists. */
-export async function reserveIdempotencyKey(db: Queryable, keyHash: string, fingerprint: string): Promise<string | undefined> {
+/**
+ * Reserves `keyHash` for a request with `fingerprint` under a lease of `leaseMs`; returns the reservation
+ * token, or undefined when a row exists.
+ */
+export async function reserveIdempotencyKey(
+  db: Queryable,
+  keyHash: string,
+  fingerprint: string,
+  leaseMs: number,
+): Promise<string | undefined> {
   const { rows } = await db.query<{ token: string }>(
-    `INSERT INTO idempotency_keys (key_hash, request_hash, state, expires_at) VALUES ($1, $2, 'in_progress', now() + ${REPLAY_WINDOW_SQL})
+    `INSERT INTO idempotency_keys (key_hash, request_hash, state, expires_at)
+     VALUES ($1, $2, 'in_progress', now() + $3::float8 * INTERVAL '1 millisecond')
      ON CONFLICT (key_hash) DO NOTHING RETURNING CAST(created_at AS TEXT) AS token`,
-    [keyHash, fingerprint],
+    [keyHash, fingerprint, leaseMs],
   );
   return rows[0]?.token;
+}
+
+/**
+ * Extends the lease of the reservation `token` of `keyHash` to now + `leaseMs`. Returns false when the
+ * reservation is no longer this request's (finished, released, or taken over after it lapsed).
+ */
+export async function renewIdempotencyKey(db: Queryable, keyHash: string, token: string, leaseMs: number): Promise<boolean> {
+  const r = await db.query(
+    `UPDATE idempotency_keys SET expires_at = now() + $3::float8 * INTERVAL '1 millisecond'
+      WHERE key_hash = $1 AND CAST(created_at AS TEXT) = $2 AND state = 'in_progress'`,
+    [keyHash, token, leaseMs],
+  );
+  return (r.rowCount ?? 0) > 0;
 }
 
 /** The row of `keyHash`, or undefined. */
 export async function findIdempotencyKey(db: Queryable, keyHash: string): Promise<StoredIdempotencyRow | undefined> {
   const { rows } = await db.query<StoredIdempotencyRow>(
     `SELECT request_hash, state, response_status, response_headers, response_body,
-            (expires_at < now() OR (state = 'in_progress' AND created_at < now() - ${ABANDONED_SQL})) AS stale
+            expires_at < now() AS stale
        FROM idempotency_keys WHERE key_hash = $1`,
     [keyHash],
   );
   return rows[0];
 }
 
-/** Deletes the row of `keyHash` if it is (still) expired or abandoned. */
+/** Deletes the row of `keyHash` if it is (still) expired or abandoned (its lease lapsed). */
 export async function deleteStaleIdempotencyKey(db: Queryable, keyHash: string): Promise<void> {
-  await db.query(
-    `DELETE FROM idempotency_keys WHERE key_hash = $1
-       AND (expires_at < now() OR (state = 'in_progress' AND created_at < now() - ${ABANDONED_SQL}))`,
-    [keyHash],
-  );
+  await db.query(`DELETE FROM idempotency_keys WHERE key_hash = $1 AND expires_at < now()`, [keyHash]);
 }
 
 /** Releases a reservation (only the one with this `token`). */
@@ -59,7 +79,7 @@ export async function releaseIdempotencyKey(db: Queryable, keyHash: string, toke
   await db.query('DELETE FROM idempotency_keys WHERE key_hash = $1 AND CAST(created_at AS TEXT) = $2', [keyHash, token]);
 }
 
-/** Marks the reservation `token` of `keyHash` done with its response (`body` already sealed). */
+/** Marks the reservation `token` of `keyHash` done with its response (`body` already sealed), replayable for REPLAY_WINDOW_MS. */
 export async function storeIdempotentResponse(
   db: Queryable,
   keyHash: string,
@@ -67,7 +87,8 @@ export async function storeIdempotentResponse(
   response: { status: number; headers: Record<string, string>; body: string },
 ): Promise<void> {
   await db.query(
-    `UPDATE idempotency_keys SET state = 'done', response_status = $3, response_headers = $4, response_body = $5
+    `UPDATE idempotency_keys SET state = 'done', response_status = $3, response_headers = $4, response_body = $5,
+            expires_at = now() + ${REPLAY_WINDOW_SQL}
       WHERE key_hash = $1 AND CAST(created_at AS TEXT) = $2`,
     [keyHash, token, response.status, JSON.stringify(response.headers), response.body],
   );

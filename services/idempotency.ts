@@ -12,6 +12,7 @@ import {
   findIdempotencyKey,
   purgeExpiredIdempotencyKeys,
   releaseIdempotencyKey,
+  renewIdempotencyKey,
   reserveIdempotencyKey,
   storeIdempotentResponse,
 } from '../db/idempotency';
@@ -19,7 +20,7 @@ import { ApiError } from '../domain/errors';
 import { sha256Hex } from '../domain/hex';
 import type { ServiceDeps } from './deps';
 
-export { ABANDONED_AFTER_MS, purgeExpiredIdempotencyKeys, REPLAY_WINDOW_MS } from '../db/idempotency';
+export { purgeExpiredIdempotencyKeys, REPLAY_WINDOW_MS } from '../db/idempotency';
 
 /** The parts of an idempotency scope: user, key environment, key, method, path and the Idempotency-Key. */
 export interface IdempotencyScope {
@@ -83,19 +84,20 @@ const inUse = (detail: string) =>
   new ApiError('idempotency_key_in_use', detail, { headers: { 'Retry-After': '1' }, extras: { param: 'Idempotency-Key' } });
 
 /**
- * Reserves the scope of a keyed request, or answers it: the stored response of a finished request with
- * the same fingerprint (`replay`); expired or abandoned rows are cleared and the reservation retried.
+ * Reserves the scope of a keyed request under a lease of ROOST_IDEMPOTENCY_LEASE_MS (the caller renews it with
+ * `renewIdempotent` while the request runs), or answers it: the stored response of a finished request with
+ * the same fingerprint (`replay`); expired rows and lapsed leases are cleared and the reservation retried.
  * @throws ApiError idempotency_key_mismatch (422: another fingerprint), idempotency_key_in_use (409, Retry-After 1:
  *   the first request still runs, or the reservation could not be taken in 3 tries)
  */
 export async function beginIdempotent(
-  deps: Pick<ServiceDeps, 'db'>,
+  deps: Pick<ServiceDeps, 'db' | 'cfg'>,
   input: { scope: IdempotencyScope; fingerprint: string },
 ): Promise<IdempotencyStart> {
   const key = input.scope.idempotencyKey;
   const keyHash = idempotencyScopeHash(input.scope);
   for (let attempt = 0; attempt < 3; attempt++) {
-    const token = await reserveIdempotencyKey(deps.db, keyHash, input.fingerprint);
+    const token = await reserveIdempotencyKey(deps.db, keyHash, input.fingerprint, deps.cfg.ROOST_IDEMPOTENCY_LEASE_MS);
     if (token !== undefined) return { kind: 'reserved', reservation: { keyHash, token, key } };
     const row = await findIdempotencyKey(deps.db, keyHash);
     if (!row) continue; // released between our insert and select
@@ -127,6 +129,14 @@ export async function finishIdempotent(
     headers: response.headers,
     body: sealResponseBody(response.body, reservation.key, reservation.keyHash),
   });
+}
+
+/**
+ * Extends the reservation's lease by ROOST_IDEMPOTENCY_LEASE_MS from now (the request is still running).
+ * @returns false when the reservation is no longer this request's
+ */
+export function renewIdempotent(deps: Pick<ServiceDeps, 'db' | 'cfg'>, reservation: IdempotencyReservation): Promise<boolean> {
+  return renewIdempotencyKey(deps.db, reservation.keyHash, reservation.token, deps.cfg.ROOST_IDEMPOTENCY_LEASE_MS);
 }
 
 /** Gives a reservation back (only the one this request made), so a corrected request with the same key runs. */

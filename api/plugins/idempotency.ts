@@ -18,8 +18,11 @@
  * - Stored bodies are sealed (AES-256-GCM) under a key derived from the Idempotency-Key itself, which
  *   the server never stores: only a request presenting the same key can read the replay, so responses
  *   carrying a secret (the enrolment secret) are not kept in clear text (docs/decisions/idempotency-scope.md).
- * - Expired rows (24 h) and reservations abandoned by a dead process (older than 5 minutes) no longer
- *   count: the key is usable again. Each process purges expired rows of one slice of the key space at
+ * - The reservation is a lease tied to the live request (ROOST_IDEMPOTENCY_LEASE_MS, default 10 s): the
+ *   request renews it every third of the lease until its response is stored or the key released. A process
+ *   that dies mid-request stops renewing, so a retry with the same key runs a few seconds later instead
+ *   of answering 409 for minutes. Expired rows (24 h) and lapsed leases no longer count: the key is usable
+ *   again. Each process purges expired rows of one slice of the key space at
  *   most once a minute, after a keyed response has been sent (docs/decisions/idempotency-expiry.md).
  */
 import fp from 'fastify-plugin';
@@ -27,9 +30,17 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError } from '../../domain/errors';
 import { sha256Hex } from '../../domain/hex';
 import { canonicalJson } from '../../domain/version';
-import { beginIdempotent, finishIdempotent, type IdempotencyScope, purgeExpiredSlice, releaseIdempotent } from '../../services/idempotency';
+import {
+  beginIdempotent,
+  finishIdempotent,
+  type IdempotencyReservation,
+  type IdempotencyScope,
+  purgeExpiredSlice,
+  releaseIdempotent,
+  renewIdempotent,
+} from '../../services/idempotency';
 
-export { ABANDONED_AFTER_MS, idempotencyScopeHash, REPLAY_WINDOW_MS } from '../../services/idempotency';
+export { idempotencyScopeHash, REPLAY_WINDOW_MS } from '../../services/idempotency';
 export type { IdempotencyScope } from '../../services/idempotency';
 
 /** Longest Idempotency-Key accepted, characters. */
@@ -79,6 +90,7 @@ async function begin(app: FastifyInstance, request: FastifyRequest, reply: Fasti
   switch (start.kind) {
     case 'reserved':
       request.idempotency = start.reservation;
+      holdLease(app, request, start.reservation);
       return;
     case 'unreadable':
       request.log.error({ keyHash: start.keyHash }, 'stored idempotent response does not open');
@@ -88,6 +100,33 @@ async function begin(app: FastifyInstance, request: FastifyRequest, reply: Fasti
       reply.header('Idempotent-Replayed', 'true');
       return reply.code(start.status).send(start.body);
   }
+}
+
+/** The lease renewal timer of each request holding a reservation. */
+const renewals = new WeakMap<FastifyRequest, NodeJS.Timeout>();
+
+/** Renews the reservation's lease every third of ROOST_IDEMPOTENCY_LEASE_MS until `dropLease`. */
+function holdLease(app: FastifyInstance, request: FastifyRequest, reservation: IdempotencyReservation): void {
+  const every = Math.max(100, Math.floor(app.deps.cfg.ROOST_IDEMPOTENCY_LEASE_MS / 3));
+  const timer = setInterval(() => {
+    renewIdempotent(app.deps, reservation)
+      .then((held) => {
+        if (!held) {
+          clearInterval(timer);
+          if (request.idempotency === reservation) request.log.warn('the Idempotency-Key reservation of this request was lost');
+        }
+      })
+      .catch((err: unknown) => request.log.warn({ err }, 'could not renew an Idempotency-Key lease'));
+  }, every);
+  timer.unref();
+  renewals.set(request, timer);
+}
+
+/** Stops renewing the request's lease (its response is stored, or the key released). */
+function dropLease(request: FastifyRequest): void {
+  const timer = renewals.get(request);
+  if (timer) clearInterval(timer);
+  renewals.delete(request);
 }
 
 export default fp(async function idempotencyPlugin(app: FastifyInstance) {
@@ -123,6 +162,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance) {
     const idem = request.idempotency;
     if (!idem) return payload;
     request.idempotency = undefined;
+    dropLease(request);
     const status = reply.statusCode;
     const storable = typeof payload === 'string' || Buffer.isBuffer(payload) || payload === null || payload === undefined;
     if (status >= 200 && status < 300 && storable) {
@@ -138,8 +178,8 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance) {
           body: payload === null || payload === undefined ? '' : payload.toString(),
         });
       } catch (err) {
-        // The mutation happened; the client gets its answer. The reservation stays in progress until it is
-        // taken as abandoned, so a retry meanwhile gets 409 rather than running the mutation again.
+        // The mutation happened; the client gets its answer. The reservation stays in progress until its
+        // lease lapses, so a retry meanwhile gets 409 rather than running the mutation again.
         request.log.error({ err }, 'could not store the idempotent response');
       }
     } else {
@@ -151,6 +191,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance) {
   app.addHook('onResponse', async (request) => {
     // A request that ended before onSend (aborted connection) must not leave the key reserved.
     const idem = request.idempotency;
+    dropLease(request);
     if (idem) {
       request.idempotency = undefined;
       await releaseIdempotent(app.deps, idem).catch((err) => request.log.error({ err }, 'could not release an Idempotency-Key'));
