@@ -47,11 +47,11 @@ function tagRejections(target: object, method: 'query' | 'connect'): void {
 /**
  * Creates the pool. BIGINT columns (epoch ms, byte counts) are parsed as JS numbers (safe below 2^53).
  * Connection-level failures of `pool.query`, `pool.connect` and a checked-out client's `query` are marked by
- * `tagConnectionError`; a connection attempt gives up after `connectTimeoutMs` (default 10000) instead of
- * waiting for an unreachable server forever.
+ * `tagConnectionError`. No `connectionTimeoutMillis`: in pg it also bounds the wait for a free client, so under
+ * load (a fleet enrolling at once) it would turn a busy pool into 503s; a stopped server refuses at once.
  */
-export function createPool(connectionString: string, max = 10, connectTimeoutMs = 10_000): Pool {
-  const pool = new Pool({ connectionString, max, idleTimeoutMillis: 10_000, connectionTimeoutMillis: connectTimeoutMs });
+export function createPool(connectionString: string, max = 10): Pool {
+  const pool = new Pool({ connectionString, max, idleTimeoutMillis: 10_000 });
   pool.on('error', () => {
     /* idle client errors are reported on next use; keep the process alive */
   });
