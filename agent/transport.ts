@@ -103,7 +103,7 @@ export class AgentTransport {
 
   /**
    * Runs `fn`, retrying transient failures (network, 408, 429, 5xx, idempotency_key_in_use) with jittered
-   * backoff (`retryBaseMs` doubling, at most RETRY_BACKOFF_CAP_MS) and never sooner than the answer's Retry-After:
+   * backoff (`retryBaseMs` doubling, at most RETRY_BACKOFF_CAP_MS) and never sooner than a 503's Retry-After:
    * up to `tries` attempts (a number), or for `{ forMs }` since the first attempt, or `'untilStopped'`: until
    * it lands or the agent stops (what a report needs: it is never dropped). Throws the last error, or at
    * once a non-transient one.
@@ -117,7 +117,12 @@ export class AgentTransport {
         const signal = this.stopSignal();
         if (!isTransient(err) || signal.aborted) throw err;
         const backoff = Math.min(RETRY_BACKOFF_CAP_MS, this.retryBaseMs * 2 ** Math.min(attempt, 16)) * (0.5 + this.random() / 2);
-        const after = err instanceof HttpError && err.retryAfterMs !== undefined ? Math.min(err.retryAfterMs, MAX_RETRY_AFTER_MS) : 0;
+        // A 503 (the API's database, blob storage or Temporal is down) says when to come back; a 429's
+        // Retry-After is the rate limit's, which the agent's own backoff already spreads.
+        const after =
+          err instanceof HttpError && err.status === 503 && err.retryAfterMs !== undefined
+            ? Math.min(err.retryAfterMs, MAX_RETRY_AFTER_MS)
+            : 0;
         const delay = Math.max(backoff, after);
         if (typeof tries === 'number' ? attempt >= tries : tries !== 'untilStopped' && Date.now() + delay - started > tries.forMs)
           throw err;
