@@ -6,7 +6,7 @@
  *   agent/trust.ts         pinned site signing keys, version signature check
  *   agent/sync.ts          sync_pull and roost_activate: the reporting protocol of a sync
  *   agent/download.ts      local chunk store, chunk download and verification
- *   agent/assembly.ts      file planning, atomic assembly, commit, staging, activation switch
+ *   agent/assembly.ts      file planning, atomic assembly, commit, staging, journalled activation switch
  *   agent/machine-root.ts  the machine root's layout, path confinement, manifests
  *   agent/commands.ts      simulated non-sync commands, command outcomes
  *   agent/faults.ts        fault injection (tests, benchmarks, agent/fleet.ts)
@@ -24,7 +24,8 @@ import { errMessage } from './errors';
 import { type AgentFaults, FaultInjector } from './faults';
 import { type ApiClient, sleep } from './http';
 import { MachineRoot, type Manifest } from './machine-root';
-import { NOT_STAGED, type SyncContext, runActivate, runSyncPull } from './sync';
+import { recoverActivations } from './assembly';
+import { NOT_STAGED, type SyncContext, reportRecoveredActivation, runActivate, runSyncPull } from './sync';
 import { AGENT_VERSION, type AgentCommand, type AgentIdentity, AgentTransport, type DownloadUrls } from './transport';
 import { KeyRing, SIGNATURE_INVALID } from './trust';
 import { type AgentOs, hostOs } from './os';
@@ -154,14 +155,17 @@ export class Agent extends EventEmitter {
   }
 
   /**
-   * Enrols (or proves a persisted token with a heartbeat), then heartbeats every `heartbeatMs` and
-   * long-polls commands until stop(). Transient API failures are retried; a refused enrolment throws.
+   * Finishes any activation a crash interrupted (its journal; the trees become wholly the new version),
+   * enrols (or proves a persisted token with a heartbeat), reports those activations, then heartbeats every
+   * `heartbeatMs` and long-polls commands until stop(). Transient API failures are retried; a refused
+   * enrolment throws.
    */
   async start(): Promise<void> {
     if (this.pollLoop) return;
     if (this.abort.signal.aborted) this.abort = Agent.stopController();
     await fs.mkdir(this.root.stateDir, { recursive: true });
     await fs.mkdir(this.root.chunkDir, { recursive: true });
+    const recovered = await recoverActivations(this.root);
     if (!this.transport.token && this.opts.persistToken !== false) await this.transport.loadState();
     const every = this.opts.heartbeatMs ?? 30_000;
     if (this.transport.token) {
@@ -175,6 +179,13 @@ export class Agent extends EventEmitter {
       this.scheduleHeartbeats(every, Math.floor(every * this.random()));
     }
     this.pollLoop = this.runPollLoop();
+    for (const j of recovered) this.track(reportRecoveredActivation({ transport: this.transport, warn: (m) => this.warn(m) }, j));
+  }
+
+  /** Keeps `p` among the work stop() waits for. */
+  private track(p: Promise<void>): void {
+    this.inflight.add(p);
+    void p.finally(() => this.inflight.delete(p));
   }
 
   private scheduleHeartbeats(every: number, firstIn: number): void {
@@ -287,11 +298,11 @@ export class Agent extends EventEmitter {
         if (this.roostChains.get(roostId) === p) this.roostChains.delete(roostId);
       });
     } else p = run();
-    const tracked = p.catch((err) => {
-      this.warn(`command ${cmd.commandId} crashed: ${errMessage(err)}`);
-    });
-    this.inflight.add(tracked);
-    void tracked.finally(() => this.inflight.delete(tracked));
+    this.track(
+      p.catch((err) => {
+        this.warn(`command ${cmd.commandId} crashed: ${errMessage(err)}`);
+      }),
+    );
   }
 
   /** Resolves with the outcome of `commandId` once handled (rejects after `timeoutMs`). */

@@ -3,7 +3,8 @@
  * activation"; docs/decisions/agent-sync.md, docs/decisions/stage-activate.md): which files of a version
  * need writing, building files atomically from the local chunk store (temp file in the target folder,
  * fsync, rename), committing a tree into its extract root, staging a complete tree beside it, and
- * switching a staged tree in. Downloads nothing; every path is confined to its tree.
+ * switching a staged tree in under a journal replayed after a crash. Downloads nothing; every path is
+ * confined to its tree.
  */
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
@@ -230,26 +231,119 @@ export async function completeStagedTree(root: MachineRoot, roostId: string, ver
 }
 
 /**
- * Activation: removes the previous commit's files the staged version lacks, renames every staged file
- * into `extractDir`, and writes the roost's manifest. @returns the committed manifest.
- * @throws SyncFailure when a non-file is in the way.
+ * The journal of one activation (`<rootDir>/state/<roostId>.activation.json`), written atomically before the
+ * live tree is touched and removed after the new manifest is written. Everything it names is redone
+ * idempotently by `replayActivation`, so a crash anywhere in between rolls forward to the new tree.
  */
-export async function switchStagedTree(root: MachineRoot, staged: StagedManifest, extractDir: string): Promise<Manifest> {
+export interface ActivationJournal {
+  staged: StagedManifest;
+  /** Live extract directory relative to the root (forward slashes). */
+  extractDir: string;
+  /** Files of the previous commit to remove, each with the extract directory (relative) it lives in. */
+  drop: { dir: string; path: string }[];
+  /** The roost_activate command being run, when known (reported completed after a replay). */
+  commandId?: string;
+}
+
+/** Steps of an activation a test may hook into (a crash there is what the journal exists for). */
+export interface ActivationHooks {
+  /** Runs after each staged file is switched in (`done` counts them). */
+  afterFile?: (done: number) => void;
+}
+
+/**
+ * Activation, crash-safe (docs/decisions/crash-safe-activation.md): writes the activation journal, removes the
+ * previous commit's files the staged version lacks, renames every staged file into `extractDir`, writes the
+ * roost's manifest, then removes the journal. A crash in between leaves the journal, which the agent replays
+ * on start (`recoverActivations`): the tree ends wholly new. @returns the committed manifest.
+ * @throws SyncFailure when a non-file is in the way (the journal is removed: nothing was switched yet).
+ */
+export async function switchStagedTree(
+  root: MachineRoot,
+  staged: StagedManifest,
+  extractDir: string,
+  opts: { commandId?: string; hooks?: ActivationHooks } = {},
+): Promise<Manifest> {
   const { roostId, versionId } = staged;
   const stageDir = root.stagingDir(roostId, versionId);
   const extractRel = root.relative(extractDir);
   const prev = await root.readManifest(roostId);
   const sameRoot = !!prev && prev.extractDir === extractRel;
-  await removeDropped(root, prev, extractDir, sameRoot ? new Set(staged.files.map((f) => f.path)) : new Set<string>());
+  // A non-file in the way refuses the activation before anything changes.
+  for (const f of staged.files) {
+    confined(stageDir, f.path);
+    const st = await fs.lstat(confined(extractDir, f.path)).catch(() => null);
+    if (st && !st.isFile()) throw new SyncFailure(`${f.path}: a non-file is in the way`);
+  }
+  const keep = sameRoot ? new Set(staged.files.map((f) => f.path)) : new Set<string>();
+  const prevDir = prev ? prev.extractDir || extractRel : extractRel;
+  const journal: ActivationJournal = {
+    staged,
+    extractDir: extractRel,
+    drop: (prev?.files ?? []).filter((f) => !keep.has(f.path)).map((f) => ({ dir: prevDir, path: f.path })),
+    ...(opts.commandId ? { commandId: opts.commandId } : {}),
+  };
+  await fs.mkdir(root.stateDir, { recursive: true });
+  await writeAtomic(root.activationJournalPath(roostId), JSON.stringify(journal));
+  return replayActivation(root, journal, opts.hooks);
+}
+
+/**
+ * Carries out (or finishes) the activation a journal describes; every step may already have happened:
+ * removals ignore missing files, a staged file already moved is left alone. Ends with the manifest written
+ * and the journal removed. @returns the committed manifest.
+ */
+export async function replayActivation(root: MachineRoot, journal: ActivationJournal, hooks: ActivationHooks = {}): Promise<Manifest> {
+  const { staged } = journal;
+  const stageDir = root.stagingDir(staged.roostId, staged.versionId);
+  const extractDir = root.absolute(journal.extractDir);
+  for (const d of journal.drop) await removeFile(root.absolute(d.dir), d.path);
+  let done = 0;
   for (const f of staged.files) {
     const from = confined(stageDir, f.path);
     const target = confined(extractDir, f.path);
     await fs.mkdir(path.dirname(target), { recursive: true });
-    const st = await fs.lstat(target).catch(() => null);
-    if (st && !st.isFile()) throw new SyncFailure(`${f.path}: a non-file is in the way`);
-    await fs.rename(from, target);
+    try {
+      await fs.rename(from, target);
+    } catch (err) {
+      // Moved before a crash: the staged file is gone and the live one is in place.
+      const st = await fs.lstat(target).catch(() => null);
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || !st || !st.isFile() || st.size !== f.size) throw err;
+    }
+    hooks.afterFile?.(++done);
   }
-  const manifest: Manifest = { roostId, versionId, extractDir: extractRel, committedAt: new Date().toISOString(), files: staged.files };
+  const manifest: Manifest = {
+    roostId: staged.roostId,
+    versionId: staged.versionId,
+    extractDir: journal.extractDir,
+    committedAt: new Date().toISOString(),
+    files: staged.files,
+  };
   await root.writeManifest(manifest);
+  await fs.rm(root.activationJournalPath(staged.roostId), { force: true });
   return manifest;
+}
+
+/**
+ * Finishes every activation a crash interrupted (run by the agent on start, before it takes commands):
+ * replays each journal left under `<rootDir>/state/`. A journal that does not parse is removed (it was
+ * never complete: `writeAtomic` renames a whole file into place, so the live tree was not touched).
+ * @returns the journals replayed (their trees are now wholly the new version)
+ */
+export async function recoverActivations(root: MachineRoot): Promise<ActivationJournal[]> {
+  const out: ActivationJournal[] = [];
+  for (const roostId of await root.journalledRoosts()) {
+    const file = root.activationJournalPath(roostId);
+    let journal: ActivationJournal;
+    try {
+      journal = JSON.parse(await fs.readFile(file, 'utf8')) as ActivationJournal;
+    } catch {
+      await fs.rm(file, { force: true });
+      continue;
+    }
+    await replayActivation(root, journal);
+    await root.clearStaging(roostId).catch(() => undefined);
+    out.push(journal);
+  }
+  return out;
 }

@@ -1,7 +1,8 @@
 /**
  * Fault injection of the reference agent, for tests, benchmarks and the fleet simulator (agent/fleet.ts):
  * corrupted first downloads (proves the chunk refetch of agent/download.ts), failing syncs, failing
- * stagings (docs/agent-protocol.md "Staged sync and activation") and delayed syncs. Off unless asked for.
+ * stagings (docs/agent-protocol.md "Staged sync and activation"), delayed syncs and a crash in the middle of an
+ * activation. Off unless asked for.
  */
 import { SyncFailure } from './errors';
 
@@ -17,6 +18,11 @@ export interface AgentFaults {
   failStageMachines?: string[];
   /** Delay before each sync starts (ms). */
   syncDelayMs?: number;
+  /**
+   * Kills the agent's own process (SIGKILL) once this many files of an activation are switched in: a crash in
+   * the middle of activation. Only for an agent that is a process of its own (crash tests); never in a fleet.
+   */
+  crashActivationAfterFiles?: number;
 }
 
 /** The faults of one machine, drawn from its random source. */
@@ -48,6 +54,11 @@ export class FaultInjector {
   /** Flips one byte in the middle of `data` (in place). */
   corrupt(data: Buffer): void {
     if (data.length > 0) data[data.length >> 1] ^= 0xff;
+  }
+
+  /** Called after the `done`-th file of an activation is switched in; dies there under `crashActivationAfterFiles`. */
+  afterActivatedFile(done: number): void {
+    if (this.faults.crashActivationAfterFiles === done) process.kill(process.pid, 'SIGKILL');
   }
 
   /** Whether this machine's stagings fail (checked once per staging). */

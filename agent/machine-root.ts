@@ -3,6 +3,7 @@
  *
  *   <rootDir>/state/agent.json                       agent token and pinned signing keys
  *   <rootDir>/state/<roostId>.json                   manifest of the roost's last committed version
+ *   <rootDir>/state/<roostId>.activation.json        journal of an activation under way (agent/assembly.ts)
  *   <rootDir>/chunks/<hash>                          local chunk store (agent/download.ts)
  *   <rootDir>/staging/<roostId>/<versionId>/         a staged tree, and `<versionId>.json` its manifest
  *   <rootDir>/<extractRoot>/…                        the live trees
@@ -109,6 +110,17 @@ export class MachineRoot {
   /** The committed manifest of a roost. */
   manifestPath(roostId: string): string {
     return path.join(this.stateDir, `${encodeURIComponent(roostId)}.json`);
+  }
+
+  /** The journal of a roost's activation under way (present only between its start and its end). */
+  activationJournalPath(roostId: string): string {
+    return path.join(this.stateDir, `${encodeURIComponent(roostId)}.activation.json`);
+  }
+
+  /** The roost ids that have an activation journal (an activation a crash interrupted, on start). */
+  async journalledRoosts(): Promise<string[]> {
+    const names = await fs.readdir(this.stateDir).catch(() => [] as string[]);
+    return names.filter((n) => n.endsWith('.activation.json')).map((n) => decodeURIComponent(n.slice(0, -'.activation.json'.length)));
   }
 
   /** `<rootDir>/staging/<roostId>`: every staged tree of a roost. */

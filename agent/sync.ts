@@ -23,6 +23,7 @@ import type { SyncCounters, TargetStatus } from '../domain/target-state';
 import { computeVersionId, validateVersionBody, type VersionBody } from '../domain/version';
 import { isSha256Hex } from '../domain/hex';
 import {
+  type ActivationJournal,
   type AssemblyContext,
   commitTree,
   completeStagedTree,
@@ -40,6 +41,23 @@ import { fetchBytes, sleep } from './http';
 import { type MachineRoot, type Manifest, type StagedManifest, resolveExtractDir } from './machine-root';
 import type { AgentCommand } from './transport';
 import { type KeyRing, verifySignature } from './trust';
+
+/**
+ * Reports an activation the agent finished on start from its journal (agent/assembly.ts recoverActivations):
+ * target state `committed` with the staging run's counters, and its roost_activate command completed. Never
+ * throws (a failure is a warning).
+ */
+export async function reportRecoveredActivation(ctx: Pick<SyncContext, 'transport' | 'warn'>, journal: ActivationJournal): Promise<void> {
+  const { roostId, versionId, counters } = journal.staged;
+  await ctx.transport
+    .reportState(roostId, versionId, 'committed', counters)
+    .catch((err) => ctx.warn(`could not report the recovered activation of ${roostId}: ${errMessage(err)}`));
+  if (journal.commandId)
+    await ctx.transport
+      .reportCommand(journal.commandId, { status: 'completed', result: 'success', progress: 100 })
+      .then(() => undefined)
+      .catch((err) => ctx.warn(`could not complete ${journal.commandId} after recovery: ${errMessage(err)}`));
+}
 
 /** Error of a roost_activate for a version that has no complete staged tree. */
 export const NOT_STAGED = 'not_staged';
@@ -314,7 +332,10 @@ export async function runActivate(ctx: SyncContext, cmd: AgentCommand): Promise<
   const sendState = (status: TargetStatus, error?: string) => ctx.transport.reportState(roostId, versionId, status, counters, error);
   try {
     const extractRoot = typeof p.extractRoot === 'string' && p.extractRoot ? p.extractRoot : staged.extractDir;
-    await switchStagedTree(ctx.root, staged, resolveExtractDir(ctx.root.dir, extractRoot));
+    await switchStagedTree(ctx.root, staged, resolveExtractDir(ctx.root.dir, extractRoot), {
+      commandId: cmd.commandId,
+      hooks: { afterFile: (n) => ctx.faults.afterActivatedFile(n) },
+    });
     await sendState('committed');
     await ctx.transport.reportCommand(cmd.commandId, { status: 'completed', result: 'success', progress: 100 });
     ctx.stats.syncsCommitted++;
