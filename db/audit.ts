@@ -230,3 +230,39 @@ export async function noteKeyUse(tx: Queryable, siteId: string, keyId: string, i
   ]);
   return { firstUse: false, sample: true, lastSampledAt: now };
 }
+
+/** An audit record waiting in `audit_outbox` for its place in the site's chain (migration 014f). */
+export interface AuditOutboxRow {
+  outboxId: string;
+  siteId: string;
+  kind: string;
+  actor: string;
+  attributes: Record<string, unknown>;
+}
+
+/** Inserts a record into the outbox inside the caller's transaction (the mutation's); a second insert of the same id is ignored. */
+export async function insertAuditOutbox(tx: Queryable, row: AuditOutboxRow): Promise<void> {
+  await tx.query(
+    `INSERT INTO audit_outbox (outbox_id, site_id, kind, actor, attributes) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (outbox_id) DO NOTHING`,
+    [row.outboxId, row.siteId, row.kind, row.actor, JSON.stringify(storable(row.attributes))],
+  );
+}
+
+/** Deletes an outbox row inside the caller's transaction and returns it; null when another linker took it first. */
+export async function takeAuditOutbox(tx: Queryable, outboxId: string): Promise<AuditOutboxRow | null> {
+  const { rows } = await tx.query<{ outbox_id: string; site_id: string; kind: string; actor: string; attributes: Record<string, unknown> }>(
+    'DELETE FROM audit_outbox WHERE outbox_id = $1 RETURNING outbox_id, site_id, kind, actor, attributes',
+    [outboxId],
+  );
+  const r = rows[0];
+  return r ? { outboxId: r.outbox_id, siteId: r.site_id, kind: r.kind, actor: r.actor, attributes: r.attributes } : null;
+}
+
+/** Ids of outbox rows older than `olderThanMs` (their request should have linked them long ago), oldest first. */
+export async function staleAuditOutbox(q: Queryable, olderThanMs: number, limit = 500): Promise<string[]> {
+  const { rows } = await q.query<{ outbox_id: string }>(
+    `SELECT outbox_id FROM audit_outbox WHERE created_at <= now() - $1::float8 * INTERVAL '1 millisecond' ORDER BY created_at LIMIT $2`,
+    [olderThanMs, limit],
+  );
+  return rows.map((r) => r.outbox_id);
+}

@@ -1,5 +1,6 @@
 /**
- * Applies db/migrations/NNN_name.sql in order, once each, recording them in schema_migrations.
+ * Applies db/migrations/NNN_name.sql (or NNNx_name.sql: a lower-case letter after the number sorts the file
+ * after NNN_ and before the next number) in order, once each, recording them in schema_migrations.
  * Each file runs in its own transaction; a failing migration aborts with its error (never swallowed).
  */
 import fs from 'node:fs';
@@ -14,7 +15,7 @@ export async function migrate(pool: Pool): Promise<string[]> {
   const done = new Set((await pool.query<{ name: string }>('SELECT name FROM schema_migrations')).rows.map((r) => r.name));
   const files = fs
     .readdirSync(MIGRATIONS_DIR)
-    .filter((f) => /^\d+_.*\.sql$/.test(f))
+    .filter((f) => /^\d+[a-z]?_.*\.sql$/.test(f))
     .sort();
   const applied: string[] = [];
   for (const file of files) {

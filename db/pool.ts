@@ -3,6 +3,7 @@
  * and retries SQLSTATE 40001 (serialization failure) with jittered backoff at the outermost level only,
  * CockroachDB's client-side retry protocol (docs/architecture.md "Transactions").
  */
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { Pool, type PoolClient, type QueryResultRow } from 'pg';
 
 /** Anything that can run a parameterised query: the pool or a transaction's client. */
@@ -28,6 +29,44 @@ export function tagConnectionError(err: unknown): unknown {
 }
 
 type AnyFn = (...args: unknown[]) => unknown;
+
+/**
+ * Told of the transactions that write while it is the current one (`enterTxObserver`; services/audit.ts uses it
+ * to put a request's audit record into the request's own transactions, docs/decisions/audit-recording.md).
+ */
+export interface TxObserver {
+  /** Whether it still acts (cleared when the request's handler is done; later async work is not its). */
+  active: boolean;
+  /** Runs inside a transaction that wrote, just before its COMMIT (a failure rolls the transaction back). */
+  beforeCommit(tx: Queryable): Promise<void>;
+  /** Runs once that COMMIT succeeded. */
+  afterCommit(): void;
+}
+
+const observers = new AsyncLocalStorage<TxObserver>();
+
+/** Makes `o` the observer of the current async context and everything it starts from now on. */
+export function enterTxObserver(o: TxObserver): void {
+  observers.enterWith(o);
+}
+
+/** Runs `fn` with no observer (bookkeeping writes of a request that are not part of its mutation). */
+export function withoutTxObserver<T>(fn: () => T): T {
+  return observers.exit(fn);
+}
+
+function activeObserver(): TxObserver | undefined {
+  const o = observers.getStore();
+  return o?.active ? o : undefined;
+}
+
+/** True for statements that change data: INSERT, UPDATE, DELETE, UPSERT, or a WITH that does one of them. */
+export function isWriteStatement(text: string): boolean {
+  return (
+    /^\s*(INSERT|UPDATE|DELETE|UPSERT|MERGE)\b/i.test(text) ||
+    (/^\s*WITH\b/i.test(text) && /\b(INSERT\s+INTO|DELETE\s+FROM|UPDATE\s+\w+\s+(AS\s+\w+\s+)?SET)\b/i.test(text))
+  );
+}
 
 /** Wraps a promise-returning method so its rejections pass through `tagConnectionError` (callback calls untouched). */
 function tagRejections(target: object, method: 'query' | 'connect'): void {
@@ -58,6 +97,16 @@ export function createPool(connectionString: string, max = 10): Pool {
   pool.on('connect', (client) => tagRejections(client, 'query'));
   tagRejections(pool, 'query');
   tagRejections(pool, 'connect');
+  // A single-statement write under an active observer runs in a transaction of its own, so the observer's
+  // rows commit with it (withTx below).
+  const query = (pool as unknown as Record<string, AnyFn>).query;
+  (pool as unknown as Record<string, AnyFn>).query = (...args: unknown[]) => {
+    if (typeof args[0] === 'string' && typeof args[args.length - 1] !== 'function' && activeObserver() && isWriteStatement(args[0])) {
+      const [text, values] = args as [string, unknown[] | undefined];
+      return withTx(pool, (tx) => tx.query(text, values));
+    }
+    return query(...args);
+  };
   return pool;
 }
 
@@ -78,16 +127,31 @@ export interface TxOptions {
  * Runs `fn` inside BEGIN ISOLATION LEVEL SERIALIZABLE … COMMIT. Retries the whole callback on 40001/40P01
  * (the callback must be safe to re-run: no side effects outside the transaction), emitting
  * `txRetry` `{ code, attempt }` on the pool before each retry. Rethrows anything else after ROLLBACK.
+ * Under an active `TxObserver`, a transaction that wrote runs its `beforeCommit` just before COMMIT and its
+ * `afterCommit` after.
  */
 export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, opts: TxOptions = {}): Promise<T> {
   const attempts = opts.attempts ?? 8;
+  const observer = opts.readOnly ? undefined : activeObserver();
   for (let attempt = 1; ; attempt++) {
     const client = await pool.connect();
     let broken = false;
+    // Under an observer, notice whether this transaction writes (the observer acts only then).
+    let wrote = false;
+    const clientQuery = client.query;
+    if (observer) {
+      (client as unknown as Record<string, AnyFn>).query = (...args: unknown[]) => {
+        if (typeof args[0] === 'string' && isWriteStatement(args[0])) wrote = true;
+        return (clientQuery as unknown as AnyFn).apply(client, args);
+      };
+    }
     try {
       await client.query(`BEGIN ISOLATION LEVEL SERIALIZABLE${opts.readOnly ? ' READ ONLY' : ''}`);
       const result = await fn(client);
+      const observed = observer !== undefined && wrote && observer.active;
+      if (observed) await observer.beforeCommit(client);
       await client.query('COMMIT');
+      if (observed) observer.afterCommit();
       return result;
     } catch (err) {
       try {
@@ -105,6 +169,7 @@ export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, 
       }
       throw err;
     } finally {
+      if (observer) client.query = clientQuery;
       client.release(broken);
     }
   }

@@ -16,6 +16,7 @@ import {
   reserveIdempotencyKey,
   storeIdempotentResponse,
 } from '../db/idempotency';
+import { withoutTxObserver } from '../db/pool';
 import { ApiError } from '../domain/errors';
 import { sha256Hex } from '../domain/hex';
 import type { ServiceDeps } from './deps';
@@ -124,11 +125,11 @@ export async function finishIdempotent(
   reservation: IdempotencyReservation,
   response: { status: number; headers: Record<string, string>; body: string },
 ): Promise<void> {
-  await storeIdempotentResponse(deps.db, reservation.keyHash, reservation.token, {
-    status: response.status,
-    headers: response.headers,
-    body: sealResponseBody(response.body, reservation.key, reservation.keyHash),
-  });
+  const body = sealResponseBody(response.body, reservation.key, reservation.keyHash);
+  // Bookkeeping of the request, never part of its audited mutation (services/audit.ts).
+  await withoutTxObserver(() =>
+    storeIdempotentResponse(deps.db, reservation.keyHash, reservation.token, { status: response.status, headers: response.headers, body }),
+  );
 }
 
 /**
@@ -136,12 +137,12 @@ export async function finishIdempotent(
  * @returns false when the reservation is no longer this request's
  */
 export function renewIdempotent(deps: Pick<ServiceDeps, 'db' | 'cfg'>, reservation: IdempotencyReservation): Promise<boolean> {
-  return renewIdempotencyKey(deps.db, reservation.keyHash, reservation.token, deps.cfg.ROOST_IDEMPOTENCY_LEASE_MS);
+  return withoutTxObserver(() => renewIdempotencyKey(deps.db, reservation.keyHash, reservation.token, deps.cfg.ROOST_IDEMPOTENCY_LEASE_MS));
 }
 
 /** Gives a reservation back (only the one this request made), so a corrected request with the same key runs. */
 export async function releaseIdempotent(deps: Pick<ServiceDeps, 'db'>, reservation: IdempotencyReservation): Promise<void> {
-  await releaseIdempotencyKey(deps.db, reservation.keyHash, reservation.token);
+  await withoutTxObserver(() => releaseIdempotencyKey(deps.db, reservation.keyHash, reservation.token));
 }
 
 /** Deletes the expired rows of one slice of the key space (`slice`: lowercase hex prefix); returns how many. */

@@ -274,6 +274,8 @@ export async function controlClassicDeployment(
       throw err;
     }
   }
+}
+
 /**
  * Resolves when the Temporal frontend answers `GetSystemInfo` within `timeoutMs` (`GET /healthz`).
  * @throws the client's error (gRPC UNAVAILABLE or DEADLINE_EXCEEDED) when it does not.

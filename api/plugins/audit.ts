@@ -17,13 +17,23 @@
  * "Site-scoped" means the request passed `authorizeSite` (api/plugins/auth.ts sets
  * `request.authorizedSiteId`); an idempotent replay (which skips the handler) uses the siteId of its
  * path, query or body. Refused requests (4xx/5xx) write nothing. Agent-token calls are not audited.
- * A failed append is logged and does not fail the response: the mutation has committed already.
+ * The mutation record is written by the mutation's own transaction (services/audit.ts AuditedMutation: every
+ * transaction of the request that writes inserts it into `audit_outbox` just before its COMMIT), and linked into
+ * the chain after the response is ready, with the status and the ids the response names; a request that died
+ * in between leaves it in the outbox, and a pass every 30 s links records older than a minute. So no committed
+ * mutation lacks its record. A failed link is logged and retried by that pass; it does not fail the response.
  * docs/decisions/audit-recording.md.
  */
 import fp from 'fastify-plugin';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { apiKeyActor, AUDIT_KIND_SIGNED_URL_ISSUED, hashSetDigest, userActor } from '../../domain/audit';
-import { type AuditInput, recordSiteActivity } from '../../services/audit';
+import {
+  type AuditedMutation,
+  type AuditInput,
+  beginAuditedMutation,
+  linkStaleAuditOutbox,
+  recordSiteActivity,
+} from '../../services/audit';
 import type { UserPrincipal } from '../context';
 import { SITE_ID_RE } from '../../domain/schemas';
 
@@ -137,6 +147,30 @@ function actorOf(user: UserPrincipal): string {
   return user.key ? apiKeyActor(user.key.keyId) : userActor(user.userId);
 }
 
+/** The ids a response names (RESULT_ID_FIELDS), for a mutation's record. */
+function resultIds(payload: unknown): Record<string, unknown> {
+  const body = parseBody(payload);
+  const result: Record<string, unknown> = {};
+  if (body && typeof body === 'object' && !Array.isArray(body)) {
+    for (const f of RESULT_ID_FIELDS) {
+      const v = body[f];
+      if (typeof v === 'string' || typeof v === 'number' || typeof v === 'boolean') result[f] = v;
+    }
+  }
+  return result;
+}
+
+/** The kind of the request's mutation record: null when the request makes none (reads, signed-URL routes). */
+function mutationKind(request: FastifyRequest): string | null {
+  const route = request.routeOptions.url ?? request.url.split('?', 1)[0];
+  const key = `${request.method} ${route}`;
+  if (SIGNED_URL_ROUTES[key]) return null;
+  if (request.method === 'GET' || request.method === 'HEAD' || request.method === 'OPTIONS') return null;
+  const configured = request.routeOptions.config?.audit;
+  if (configured === false) return null;
+  return configured ?? (key in MUTATION_KINDS ? MUTATION_KINDS[key] : key);
+}
+
 /** The record of the request's action (signed URLs or mutation), or null when it made none. */
 function actionRecord(request: FastifyRequest, reply: FastifyReply, payload: unknown, actor: string, replayed: boolean): AuditInput | null {
   const route = request.routeOptions.url ?? request.url.split('?', 1)[0];
@@ -158,21 +192,14 @@ function actionRecord(request: FastifyRequest, reply: FastifyReply, payload: unk
       },
     };
   }
-  if (request.method === 'GET' || request.method === 'HEAD' || request.method === 'OPTIONS') return null;
-  const configured = request.routeOptions.config?.audit;
-  if (configured === false) return null;
-  const kind = configured ?? (key in MUTATION_KINDS ? MUTATION_KINDS[key] : key);
+  const kind = mutationKind(request);
   if (kind === null) return null;
-  const body = parseBody(payload);
-  const result: Record<string, unknown> = {};
-  if (body && typeof body === 'object' && !Array.isArray(body)) {
-    for (const f of RESULT_ID_FIELDS) {
-      const v = body[f];
-      if (typeof v === 'string' || typeof v === 'number' || typeof v === 'boolean') result[f] = v;
-    }
-  }
-  return { kind, actor, attributes: { ...common, idempotentReplay: replayed, result } };
+  return { kind, actor, attributes: { ...common, idempotentReplay: replayed, result: resultIds(payload) } };
 }
+
+/** How often the API links outbox records whose request died (ms), and how old they must be first. */
+const OUTBOX_PASS_MS = 30_000;
+const OUTBOX_STALE_MS = 60_000;
 
 export default fp(async function auditPlugin(app: FastifyInstance) {
   const windowMs = app.deps.cfg.ROOST_AUDIT_KEY_USE_SAMPLE_SECONDS * 1000;
@@ -183,12 +210,17 @@ export default fp(async function auditPlugin(app: FastifyInstance) {
    * Samples the request's key use (api_key_used record, api_key.used event on a new address) and
    * appends `action` when given, in one transaction. Never throws: a failure is logged.
    */
-  async function note(request: FastifyRequest, siteId: string, actionOf: (actor: string) => AuditInput | null): Promise<void> {
+  async function note(
+    request: FastifyRequest,
+    siteId: string,
+    actionOf: (actor: string) => AuditInput | null,
+    outbox?: { outboxId: string; attributes: Record<string, unknown> },
+  ): Promise<void> {
     const p = request.principal;
     if (!p || p.kind !== 'user') return;
     try {
       const actor = actorOf(p);
-      const action = actionOf(actor);
+      const action = outbox ? null : actionOf(actor);
       const now = Date.now();
       const key = p.key;
       const ip = request.ip || 'unknown';
@@ -196,11 +228,12 @@ export default fp(async function auditPlugin(app: FastifyInstance) {
       const cacheKey = key ? `${siteId}|${key.keyId}|${ip}` : '';
       const cached = key ? sampled.get(cacheKey) : undefined;
       const checkKeyUse = key !== null && (cached === undefined || now - cached >= windowMs);
-      if (!action && !checkKeyUse) return;
+      if (!action && !outbox && !checkKeyUse) return;
       const use = await recordSiteActivity(app.deps, {
         siteId,
         actor,
         action,
+        ...(outbox ? { outbox } : {}),
         keyUse:
           key && checkKeyUse
             ? {
@@ -225,10 +258,55 @@ export default fp(async function auditPlugin(app: FastifyInstance) {
     }
   }
 
+  app.addHook('onResponse', async (request) => request.auditMutation?.end());
+
+  // Records whose request died between its commit and its response are linked by a periodic pass.
+  let outboxTimer: NodeJS.Timeout | undefined;
+  const linkStale = () =>
+    void linkStaleAuditOutbox(app.deps, OUTBOX_STALE_MS).catch((err: unknown) =>
+      app.log.warn({ err }, 'could not link stale audit records'),
+    );
+  app.addHook('onReady', async () => {
+    linkStale();
+    outboxTimer = setInterval(linkStale, OUTBOX_PASS_MS);
+    outboxTimer.unref();
+  });
+  app.addHook('onClose', async () => clearInterval(outboxTimer));
+
   // Streaming routes hijack the reply (no onSend): they call this once the stream is accepted.
   app.decorate('auditKeyUse', (request: FastifyRequest, siteId: string) => note(request, siteId, () => null));
 
+  // A mutating request by a user records its mutation in its own transactions (services/audit.ts
+  // AuditedMutation): started here, after authentication, validation and the Idempotency-Key reservation, right
+  // before the handler. A callback hook, so the handler runs in the async context it sets.
+  app.addHook('preHandler', (request, _reply, done) => {
+    const p = request.principal;
+    const kind = p?.kind === 'user' ? mutationKind(request) : null;
+    if (p?.kind === 'user' && kind !== null) {
+      const route = request.routeOptions.url ?? request.url.split('?', 1)[0];
+      request.auditMutation = beginAuditedMutation({
+        kind,
+        actor: actorOf(p),
+        attributes: { method: request.method, route, params: request.params ?? {}, requestId: request.id },
+        siteId: () => request.authorizedSiteId,
+      });
+    }
+    done();
+  });
+
   app.addHook('onSend', async (request, reply, payload) => {
+    const mutation = request.auditMutation;
+    mutation?.end();
+    if (mutation?.committedSiteId) {
+      // Its record committed with the mutation: link it now, with what the response says (any status: the
+      // mutation happened even when the request failed afterwards).
+      request.auditMutation = undefined;
+      await note(request, mutation.committedSiteId, () => null, {
+        outboxId: mutation.outboxId,
+        attributes: { status: reply.statusCode, idempotentReplay: false, result: reply.statusCode < 400 ? resultIds(payload) : {} },
+      });
+      return payload;
+    }
     if (reply.statusCode >= 400) return payload;
     const replayed = reply.getHeader('idempotent-replayed') === 'true';
     const siteId = request.authorizedSiteId ?? (replayed ? siteIdOfRequest(request) : undefined);
@@ -239,6 +317,10 @@ export default fp(async function auditPlugin(app: FastifyInstance) {
 });
 
 declare module 'fastify' {
+  interface FastifyRequest {
+    /** The audited mutation of this request, from its preHandler until its response (api/plugins/audit.ts). */
+    auditMutation?: AuditedMutation;
+  }
   interface FastifyInstance {
     /**
      * Samples key use for a request whose reply is hijacked (the event stream): the api_key_used audit

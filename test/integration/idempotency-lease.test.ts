@@ -9,84 +9,30 @@
  * - kept waiting there for several leases, the live request keeps renewing its key: a concurrent request with
  *   the same key gets 409, and the first one's answer is then replayed.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
-import net from 'node:net';
-import path from 'node:path';
+import type { ChildProcess } from 'node:child_process';
 import { createHarness, type Harness } from '../support/harness';
-import { testConfig, testDatabase } from '../support/env';
+import { PgProxy, killHard, startApiChild } from '../support/api-child';
 import { idempotencyScopeHash } from '../../services/idempotency';
 
-const ROOT = path.join(__dirname, '..', '..');
 const LEASE_MS = 900;
 const HOLD = 'INSERT INTO commands';
 
 let h: Harness;
-let proxy: net.Server;
-let proxyPort = 0;
-const sockets = new Set<net.Socket>();
-/** Packets held back (with the socket they go to) while `holding`; `onHold` is told of the first. */
-let held: { upstream: net.Socket; data: Buffer }[] = [];
-let onHold: (() => void) | undefined;
+const proxy = new PgProxy();
 const children: ChildProcess[] = [];
 let machineId: string;
 let keyId: string;
 let environment: 'live' | 'test' | 'unknown';
 
-function openProxy(): Promise<void> {
-  const pg = testConfig().ROOST_PG_PORT;
-  proxy = net.createServer((client) => {
-    const upstream = net.connect(pg, '127.0.0.1');
-    sockets.add(client).add(upstream);
-    client.on('data', (d: Buffer) => {
-      if (onHold && d.includes(HOLD)) {
-        held.push({ upstream, data: d });
-        const tell = onHold;
-        onHold = undefined;
-        tell();
-      } else if (held.some((x) => x.upstream === upstream)) held.push({ upstream, data: d });
-      else upstream.write(d);
-    });
-    upstream.pipe(client);
-    const end = () => (client.destroy(), upstream.destroy());
-    client.on('error', end).on('close', end);
-    upstream.on('error', end).on('close', end);
-  });
-  return new Promise((resolve) => proxy.listen(0, '127.0.0.1', () => ((proxyPort = (proxy.address() as net.AddressInfo).port), resolve())));
-}
-
-/** Starts `node api/server.ts` on a free port, its database reached through the proxy; resolves with its URL. */
-function startApiChild(): Promise<{ child: ChildProcess; url: string }> {
-  const cfg = testConfig();
-  const child = spawn(process.execPath, ['-r', 'tsx/cjs', path.join(ROOT, 'api', 'server.ts')], {
-    cwd: ROOT,
-    env: {
-      ...process.env,
-      ROOST_PG_DATABASE: testDatabase(),
-      DATABASE_URL: cfg.databaseUrl.replace(`:${cfg.ROOST_PG_PORT}/`, `:${proxyPort}/`),
-      ROOST_API_PORT: '0',
-      ROOST_API_HOST: '127.0.0.1',
-      ROOST_LOG_LEVEL: 'silent',
-      ROOST_IDEMPOTENCY_LEASE_MS: String(LEASE_MS),
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.push(child);
-  return new Promise((resolve, reject) => {
-    let out = '';
-    let err = '';
-    child.stderr!.on('data', (d) => (err += d));
-    child.stdout!.on('data', (d) => {
-      out += d;
-      const m = /listening on (http:\/\/\S+)/.exec(out);
-      if (m) resolve({ child, url: m[1] });
-    });
-    child.on('exit', (code) => reject(new Error(`api exited ${code}: ${err.slice(-2000)}`)));
-  });
+async function startChild(): Promise<{ child: ChildProcess; url: string }> {
+  const started = await startApiChild(proxy, { ROOST_IDEMPOTENCY_LEASE_MS: String(LEASE_MS) });
+  children.push(started.child);
+  return started;
 }
 
 beforeAll(async () => {
   h = await createHarness();
-  await openProxy();
+  await proxy.open();
   const secret = await h.enrolmentSecret();
   machineId = `lease-m-${Date.now()}`;
   const res = await h.request({
@@ -102,9 +48,8 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-  await new Promise<void>((resolve) => proxy.close(() => resolve()));
-  for (const s of sockets) s.destroy();
+  for (const c of children) await killHard(c);
+  await proxy.close();
   await h?.close();
 });
 
@@ -134,10 +79,10 @@ async function commandsWith(correlation: string): Promise<number> {
 }
 
 test('a retry after the API process died mid-request proceeds within seconds and queues the command once', async () => {
-  const { child, url } = await startApiChild();
+  const { child, url } = await startChild();
   const key = `lease-kill-${Date.now()}`;
   const tagged = { ...body, auditCorrelationId: key };
-  const reached = new Promise<void>((resolve) => (onHold = resolve));
+  const reached = proxy.holdAt(HOLD);
   const first = fetch(`${url}${commandsPath()}`, {
     method: 'POST',
     headers: { authorization: `Bearer ${h.apiKey}`, 'idempotency-key': key, 'content-type': 'application/json' },
@@ -145,10 +90,8 @@ test('a retry after the API process died mid-request proceeds within seconds and
   }).catch((err: unknown) => err);
   await reached; // reserved, transaction begun, the INSERT held back by the proxy
   expect(await reservation(key)).toMatchObject({ state: 'in_progress' });
-  child.kill('SIGKILL');
-  await new Promise((r) => child.once('exit', r));
-  for (const s of sockets) s.destroy();
-  held = [];
+  await killHard(child);
+  proxy.cut();
   expect(String(await first)).toMatch(/fetch failed/); // the connection died with the process
 
   // The same request again (through the in-process API): 409 while the dead request's lease runs out, then it runs.
@@ -167,10 +110,10 @@ test('a retry after the API process died mid-request proceeds within seconds and
 });
 
 test('a live request keeps its key for as long as it runs: a concurrent one gets 409, then the replay', async () => {
-  const { url } = await startApiChild();
+  const { url } = await startChild();
   const key = `lease-live-${Date.now()}`;
   const tagged = { ...body, auditCorrelationId: key };
-  const reached = new Promise<void>((resolve) => (onHold = resolve));
+  const reached = proxy.holdAt(HOLD);
   const first = fetch(`${url}${commandsPath()}`, {
     method: 'POST',
     headers: { authorization: `Bearer ${h.apiKey}`, 'idempotency-key': key, 'content-type': 'application/json' },
@@ -182,9 +125,7 @@ test('a live request keeps its key for as long as it runs: a concurrent one gets
   const busy = await h.request({ method: 'POST', url: commandsPath(), body: tagged, idempotencyKey: key });
   expect([busy.statusCode, busy.json().code]).toEqual([409, 'idempotency_key_in_use']);
   // Let the held statement through: the first request finishes and its answer is stored.
-  const release = held;
-  held = [];
-  for (const x of release) x.upstream.write(x.data);
+  proxy.release();
   const done = await first;
   expect(done.status).toBe(202);
   const created = (await done.json()) as { commandId: string };
