@@ -14,6 +14,8 @@ export interface ServiceHandle {
   name: string;
   /** true when this process started it (and so stops it). */
   started: boolean;
+  /** Whether the service is still running (services this process started; absent for reused ones). */
+  running?(): boolean;
   stop(): Promise<void>;
 }
 

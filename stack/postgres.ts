@@ -449,6 +449,7 @@ export async function ensurePostgres(cfg: Config): Promise<ServiceHandle> {
   return {
     name: 'postgres',
     started,
+    running: () => runningPostmaster(place.dir) !== undefined,
     async stop() {
       if (started && install) runPg(install, 'pg_ctl', ['-D', place.dir, '-m', 'fast', '-w', 'stop'], { allowFail: true });
     },

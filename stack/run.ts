@@ -1,13 +1,14 @@
 /**
  * The whole stack in one process (`roost stack`, `npm run demo`, benchmarks): the embedded services
  * (PostgreSQL, Azurite, Temporal dev server with its Web UI) as child processes, migrations, the API and
- * a Temporal worker in-process. `stop()` shuts everything down in reverse order.
+ * a Temporal worker in-process. `stop()` shuts everything down in reverse order: API, worker, services.
  */
 import type { Worker } from '@temporalio/worker';
 import type { Config } from '../config/env';
 import { createPool } from '../db/pool';
 import { migrate } from '../db/migrate';
 import { startApi, type RunningApi } from '../api/server';
+import { closeServiceDeps } from '../services/deps';
 import { ensureServices, ensureServicesAwayFromOthers, isListening, type ServiceHandle, stopServices } from './services';
 import { closeWorkerConnections, createWorker } from '../worker/worker';
 import { ensureBackgroundWorkflows } from '../worker/background';
@@ -110,9 +111,17 @@ export async function startStack(
     stopWorker,
     startWorker,
     async stop() {
+      // The API first (no new requests; those in flight finish), then the worker drains (its running activities
+      // finish and report to Temporal), then the connections both used, and the services last.
+      log('stopping the API');
+      await api.app.close().catch(() => undefined);
+      log('stopping the worker (draining running activities)');
       await stopWorker();
       await closeWorkerConnections();
-      await api.close().catch(() => undefined);
+      await closeServiceDeps(api.deps);
+      const ours = services.filter((s) => s.started);
+      if (ours.length > 0)
+        log(`stopping services: ${ours.map((s) => `${s.name} (${s.running?.() === false ? 'already exited' : 'running'})`).join(', ')}`);
       await stopServices(services);
     },
   };

@@ -171,11 +171,17 @@ export async function portsAwayFromOthers(cfg: Config): Promise<{ cfg: Config; m
   return { cfg: loadConfig(env), moved };
 }
 
+/**
+ * Starts a service in a process group of its own (`detached`), logging to DATA/logs/<name>.log. A Ctrl-C in the
+ * terminal signals the foreground process group: the services must not get it, so that `roost stack` can
+ * stop them last, after the API and the worker (stack/run.ts), instead of the Temporal server dying under
+ * a worker that still holds activity results. PostgreSQL is started by `pg_ctl`, which detaches it itself.
+ */
 function spawnLogged(name: string, cmd: string, args: string[], cfg: Config): ChildProcess {
   const logDir = path.join(dataDir(cfg), 'logs');
   fs.mkdirSync(logDir, { recursive: true });
   const out = fs.openSync(path.join(logDir, `${name}.log`), 'a');
-  const child = spawn(cmd, args, { stdio: ['ignore', out, out], detached: false });
+  const child = spawn(cmd, args, { stdio: ['ignore', out, out], detached: true });
   fs.closeSync(out);
   return child;
 }
@@ -201,6 +207,9 @@ function stopChild(child: ChildProcess, graceMs = 10_000): Promise<void> {
     child.kill('SIGTERM');
   });
 }
+
+/** True while `child` has not exited. */
+const runs = (child: ChildProcess): boolean => child.exitCode === null && child.signalCode === null;
 
 const reused = (name: string): ServiceHandle => ({ name, started: false, stop: async () => undefined });
 
@@ -243,7 +252,7 @@ export async function ensureAzurite(cfg: Config): Promise<ServiceHandle> {
     if ((await isListening(port)) && azuriteIsOurs(cfg)) return reused('azurite');
     throw new Error(`Azurite did not start on ${port}: ${(err as Error).message}${logTail(cfg, 'azurite')}`, { cause: err });
   }
-  return { name: 'azurite', started: true, stop: () => stopChild(child) };
+  return { name: 'azurite', started: true, running: () => runs(child), stop: () => stopChild(child) };
 }
 
 /** Path of the Temporal CLI: TEMPORAL_BIN, the project-local venv (scripts/ensure-deps.sh), or PATH. */
@@ -288,6 +297,8 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
     cfg.TEMPORAL_NAMESPACE,
     '--log-level',
     'warn',
+    // Nothing the stack starts calls out: the Web UI's news feed is fetched from temporal.io unless disabled.
+    '--ui-disable-news-fetch',
     ...ROOST_SEARCH_ATTRIBUTES.flatMap((a) => ['--search-attribute', `${a}=Keyword`]),
   ];
   const child = spawnLogged('temporal', temporalBinary(cfg), args, cfg);
@@ -301,7 +312,7 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
     });
   }
   await waitForPort(uiPort, '127.0.0.1', 30_000, child).catch(() => undefined);
-  return { name: 'temporal', started: true, stop: () => stopChild(child, 15_000) };
+  return { name: 'temporal', started: true, running: () => runs(child), stop: () => stopChild(child, 15_000) };
 }
 
 /** Path of redis-server: ROOST_REDIS_BIN, else PATH (scripts/ensure-deps.sh installs Debian's redis-server). */
@@ -339,7 +350,7 @@ export async function startRedisServer(port: number, dir: string, cfg: Config): 
   ];
   const child = spawnLogged(`redis-${port}`, redisBinary(), args, cfg);
   await waitForPort(port, '127.0.0.1', 30_000, child);
-  return { name: 'redis', started: true, stop: () => stopChild(child) };
+  return { name: 'redis', started: true, running: () => runs(child), stop: () => stopChild(child) };
 }
 
 /** Whether the configuration asks for the embedded redis-server (ROOST_RATE_LIMIT_STORE=redis without ROOST_REDIS_URL). */
