@@ -254,6 +254,79 @@ function transform({ schema, url, route }: { schema: OpenApiNode | undefined; ur
   return { schema: s, url };
 }
 
+/**
+ * The one input rule (api/plugins/input.ts, docs/decisions/hostile-input.md) as the document states it: no
+ * U+0000 in any string or object key a request carries. Strings without a pattern, enum or const get
+ * `pattern` NO_NUL; maps get `propertyNames` NO_NUL. Paging sizes (`x-roost-integer`, domain/schemas.ts
+ * pagingQuery) become the integers with bounds that api/pagination.ts enforces.
+ */
+const NO_NUL = '^[^\\u0000]*$';
+
+function stateInputRule(node: unknown): void {
+  if (Array.isArray(node)) {
+    for (const n of node) stateInputRule(n);
+    return;
+  }
+  if (!node || typeof node !== 'object') return;
+  const n = node as OpenApiNode;
+  if (n['x-roost-integer']) {
+    const { minimum, maximum, default: dflt } = n['x-roost-integer'] as { minimum: number; maximum: number; default: number };
+    delete n['x-roost-integer'];
+    delete n.maxLength;
+    delete n.minLength;
+    Object.assign(n, { type: 'integer', minimum, maximum, default: dflt });
+    return;
+  }
+  if (n.type === 'string' && n.pattern === undefined && n.enum === undefined && n.const === undefined && n.format === undefined) {
+    n.pattern = NO_NUL;
+  }
+  // `x-roost-closed`: the route refuses unknown fields itself (403/400 with its own code), so the document closes the object.
+  if (n['x-roost-closed'] === true) {
+    delete n['x-roost-closed'];
+    n.additionalProperties = false;
+  }
+  // `x-roost-required`: properties the handler requires with a code of its own.
+  if (Array.isArray(n['x-roost-required'])) {
+    n.required = [...new Set([...((n.required as string[] | undefined) ?? []), ...(n['x-roost-required'] as string[])])];
+    delete n['x-roost-required'];
+  }
+  if (n.type === 'object' && n.additionalProperties !== false && n.propertyNames === undefined) n.propertyNames = { pattern: NO_NUL };
+  for (const key of ['properties', 'patternProperties', '$defs', 'definitions']) {
+    const children = n[key] as OpenApiNode | undefined;
+    if (children && typeof children === 'object') {
+      for (const [k, v] of Object.entries(children)) {
+        if (isFreeForm(v)) children[k] = { $ref: JSON_VALUE_REF };
+        else stateInputRule(v);
+      }
+    }
+  }
+  for (const key of ['items', 'additionalProperties', 'not', 'contains']) {
+    if (isFreeForm(n[key])) n[key] = { $ref: JSON_VALUE_REF };
+    else stateInputRule(n[key]);
+  }
+  for (const key of ['anyOf', 'oneOf', 'allOf', 'prefixItems']) stateInputRule(n[key]);
+}
+
+/** An empty schema (`{}`, any JSON value) or one with only a description. */
+function isFreeForm(v: unknown): boolean {
+  return !!v && typeof v === 'object' && !Array.isArray(v) && Object.keys(v).every((k) => k === 'description' || k === 'title');
+}
+
+const JSON_VALUE_REF = '#/components/schemas/JsonValue';
+/** Any JSON value under the input rule: strings and keys without U+0000 (nesting is bounded at MAX_JSON_DEPTH by the server). */
+const JSON_VALUE = {
+  title: 'JsonValue',
+  description: 'any JSON value; strings and object keys must not contain U+0000, and nesting is at most 64 levels',
+  anyOf: [
+    { type: 'null' },
+    { type: 'boolean' },
+    { type: 'number' },
+    { type: 'string', pattern: NO_NUL },
+    { type: 'array', items: { $ref: JSON_VALUE_REF } },
+    { type: 'object', propertyNames: { pattern: NO_NUL }, additionalProperties: { $ref: JSON_VALUE_REF } },
+  ],
+};
+
 /** Whole-document additions: parameters, responses, headers, tags (see the module comment). */
 function transformObject({ openapiObject }: { openapiObject: OpenApiNode }): OpenApiNode {
   const usedTags = new Set<string>();
@@ -272,6 +345,8 @@ function transformObject({ openapiObject }: { openapiObject: OpenApiNode }): Ope
       for (const t of op.tags ?? []) usedTags.add(t);
 
       const params: OpenApiNode[] = (op.parameters ??= []);
+      for (const p of params) stateInputRule(p.schema);
+      for (const media of Object.values<OpenApiNode>(op.requestBody?.content ?? {})) stateInputRule(media.schema);
       const has = (name: string) => params.some((p) => p.in === 'header' && String(p.name).toLowerCase() === name.toLowerCase());
       if (!has('Roost-Version')) {
         params.push({
@@ -351,7 +426,7 @@ export function swaggerOptions() {
       tags: TAGS,
       components: {
         securitySchemes: SECURITY_SCHEMES,
-        schemas: { Problem: JSON.parse(JSON.stringify(Problem)) },
+        schemas: { Problem: JSON.parse(JSON.stringify(Problem)), JsonValue: JSON_VALUE },
       },
       security: securityFor('user'),
     },

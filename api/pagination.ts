@@ -16,7 +16,7 @@ import { derivedKeyOf } from '../config/secrets';
 import { ApiError } from '../domain/errors';
 import { badPageToken, openPageToken, type PageBinding, signPageToken } from '../domain/paging';
 
-export { PagingQuery } from '../domain/schemas';
+export { PagingQuery, pagingQuery } from '../domain/schemas';
 export { badPageToken } from '../domain/paging';
 
 /** The HKDF purpose of the page-token key (a new purpose retires every token issued before). */
@@ -68,17 +68,18 @@ export function pageBinding(request: FastifyRequest, list?: string): PageBinding
 
 /**
  * Reads page size and token from the request's query and returns them with the encoder of this request's
- * tokens. Sizes that are not an integer from 1 to `maxSize` → 400 validation_failed (param page_size or
- * limit); a token that does not decode, whose tag does not match this server's key and this request's
+ * tokens. A size parameter (either, when sent, empty included) that is not an integer from 1 to
+ * `maxSize` → 400 validation_failed (param page_size or limit; page_size wins when both are valid); a token that does not decode, whose tag does not match this server's key and this request's
  * binding, or whose position `limits.accept` refuses → 400 validation_failed (param page_token or
- * cursor). Empty values count as absent.
+ * cursor). An empty token counts as absent (the first page).
  */
 export function parsePaging<T>(request: FastifyRequest, limits: PageLimits<T>): Paging<T> {
   const query = (request.query ?? {}) as Record<string, unknown>;
-  const sizeParam = present(query.page_size) ? 'page_size' : 'limit';
-  const rawSize = query[sizeParam];
-  let pageSize = limits.defaultSize;
-  if (present(rawSize)) {
+  // Both size parameters must be valid when sent (the document types them as integers); page_size wins.
+  const sizes: Partial<Record<'page_size' | 'limit', number>> = {};
+  for (const sizeParam of ['page_size', 'limit'] as const) {
+    const rawSize = query[sizeParam];
+    if (rawSize === undefined) continue;
     const s = String(rawSize);
     const n = /^[0-9]{1,9}$/.test(s) ? Number(s) : NaN;
     if (!Number.isInteger(n) || n < 1 || n > limits.maxSize) {
@@ -86,8 +87,9 @@ export function parsePaging<T>(request: FastifyRequest, limits: PageLimits<T>): 
         extras: { param: sizeParam, errors: { [sizeParam]: [`must be an integer from 1 to ${limits.maxSize}`] } },
       });
     }
-    pageSize = n;
+    sizes[sizeParam] = n;
   }
+  const pageSize = sizes.page_size ?? sizes.limit ?? limits.defaultSize;
   const key = derivedKeyOf(request.server.deps.cfg, PAGE_TOKEN_KEY_PURPOSE);
   const binding = pageBinding(request, limits.list);
   const tokenParam = present(query.page_token) ? 'page_token' : 'cursor';

@@ -89,18 +89,31 @@ export function problems(...extra: number[]): Record<number, TSchema> {
 // Paging
 
 /**
- * Querystring properties of a paged route (checked by api/pagination.ts `parsePaging`, which gives the
- * documented error shape, so they are loose strings here). Spread them into the route's querystring
- * schema: the OpenAPI route table marks a route as paged by the presence of `page_size`.
+ * Querystring properties of a paged route with its limits (checked by api/pagination.ts `parsePaging`,
+ * which gives the documented error shape naming `page_size` or `limit`, so they validate as text here).
+ * The OpenAPI document shows the sizes as what the server enforces: integers from 1 to `maxSize`
+ * (`x-roost-integer`, rewritten by api/openapi.ts). Spread them into the route's querystring schema: the
+ * route table marks a route as paged by the presence of `page_size`.
  */
-export const PagingQuery = {
-  page_size: Type.Optional(
-    Type.String({ description: "page size: an integer from 1 to the route's maximum; default: the route's default" }),
-  ),
-  page_token: Type.Optional(Type.String({ description: 'opaque: the next_page_token of the previous page, sent back exactly' })),
-  limit: Type.Optional(Type.String({ description: 'legacy alias of page_size (page_size wins when both are sent)' })),
-  cursor: Type.Optional(Type.String({ description: 'legacy alias of page_token (page_token wins when both are sent)' })),
-};
+export function pagingQuery(limits: { defaultSize: number; maxSize: number }) {
+  const size = (description: string) =>
+    Type.Optional(
+      Type.String({
+        description: `${description}: an integer from 1 to ${limits.maxSize}; default ${limits.defaultSize}; anything else is 400 validation_failed`,
+        'x-roost-integer': { minimum: 1, maximum: limits.maxSize, default: limits.defaultSize },
+      }),
+    );
+  const token = (description: string) => Type.Optional(Type.String({ maxLength: 4096, description }));
+  return {
+    page_size: size('page size'),
+    page_token: token("opaque: the next_page_token of the previous page of this same list, sent back exactly ('' = first page)"),
+    limit: size('legacy alias of page_size (page_size wins when both are sent; both must be valid)'),
+    cursor: token('legacy alias of page_token (page_token wins when both are sent)'),
+  };
+}
+
+/** Paging query properties without stated limits. Prefer `pagingQuery(limits)`, which documents the route's bounds. */
+export const PagingQuery = pagingQuery({ defaultSize: 20, maxSize: 100 });
 
 /** The page-token fields of every paged response: `next_page_token` ('' at the end) and its alias `nextPageToken`. */
 export const PageTokens = {

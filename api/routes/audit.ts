@@ -14,7 +14,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import { SHA256_HEX } from '../../domain/hex';
-import { Nullable, PagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
+import { Nullable, pagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
 import { listSiteAudit, type StoredAuditRecord, verifiedAuditRecord } from '../../services/audit';
 import { authorizeSite } from '../plugins/auth';
 import { parsePaging } from '../pagination';
@@ -37,7 +37,7 @@ const LogQuery = Type.Object({
   since: Type.Optional(
     Type.String({ description: 'ISO 8601 date or date-time (UTC when no offset is given): only records that occurred at or after it' }),
   ),
-  ...PagingQuery,
+  ...pagingQuery(AUDIT_PAGE),
 });
 
 /** One audit record as the routes return it. */

@@ -21,7 +21,7 @@ import { Problem, RoostId, SiteId } from '../../domain/schemas';
 import type { Requirement } from '../../domain/scopes';
 import { checkChunks, downloadUrls, mount, referrers, uploadUrls } from '../../services/chunks';
 import { authorizeSite } from '../plugins/auth';
-import { PagingQuery, parsePaging } from '../pagination';
+import { pagingQuery, parsePaging } from '../pagination';
 
 /** Hashes per check, upload-urls or download-urls call. */
 export const MAX_HASHES = 1000;
@@ -68,7 +68,7 @@ const MountResponse = Type.Object({
 });
 type MountResponse = Static<typeof MountResponse>;
 
-const ReferrersQuery = Type.Object({ siteId: SiteId, ...PagingQuery });
+const ReferrersQuery = Type.Object({ siteId: SiteId, ...pagingQuery(REFERRERS_PAGE) });
 const ReferrersResponse = Type.Object({
   digest: Type.String(),
   siteId: Type.String(),

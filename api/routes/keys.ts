@@ -30,7 +30,7 @@ import {
   MIN_LIFETIME_DAYS,
 } from '../../domain/keys';
 import { PERMISSIONS, RESOURCES } from '../../domain/scopes';
-import { PagingQuery, Problem, problems, SITE_ID_RE } from '../../domain/schemas';
+import { pagingQuery, Problem, problems, SITE_ID_RE } from '../../domain/schemas';
 import { isKeyPosition, issueKeyForUser, issueOwnKey, type KeyRow, listKeyPage, revokeKey, rotateKey } from '../../services/keys';
 import { parsePaging } from '../pagination';
 import { requireInteractive, requireSuperadmin } from '../plugins/auth';
@@ -149,14 +149,13 @@ const RotateBody = Type.Object(
   },
   { additionalProperties: false },
 );
-const ListQuery = Type.Object(PagingQuery);
-const AccountListQuery = Type.Object({ ...PagingQuery, userId: Type.Optional(Type.String({ minLength: 1, maxLength: 128 })) });
+/** Key list paging (Limits table is silent): default 50, max 100. */
+export const KEY_PAGE = { defaultSize: 50, maxSize: 100 };
+const ListQuery = Type.Object(pagingQuery(KEY_PAGE));
+const AccountListQuery = Type.Object({ ...pagingQuery(KEY_PAGE), userId: Type.Optional(Type.String({ minLength: 1, maxLength: 128 })) });
 
 /** The problems of the routes that cannot answer 404. */
 const NO_404 = { 400: Problem, 401: Problem, 403: Problem };
-
-/** Key list paging (Limits table is silent): default 50, max 100. */
-export const KEY_PAGE = { defaultSize: 50, maxSize: 100 };
 
 // ---------------------------------------------------------------------------------------------------
 // Views

@@ -29,7 +29,10 @@ import {
   machineDetail,
   queueUserCommand,
 } from '../../services/machines';
-import { CommandId, DateTime, MachineId, NullableDateTime, PagingQuery, Problem, SiteId } from '../../domain/schemas';
+import { CommandId, DateTime, MachineId, NullableDateTime, pagingQuery, Problem, SiteId } from '../../domain/schemas';
+
+/** Page sizes of `GET /api/sites/{siteId}/machines` (docs/decisions/machines-list.md). */
+export const MACHINE_PAGE = { defaultSize: 50, maxSize: 200 };
 
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
 
@@ -216,7 +219,7 @@ const machinesRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['machines'],
         summary: 'List the machines of a site',
         params: SiteParams,
-        querystring: Type.Object(PagingQuery),
+        querystring: Type.Object(pagingQuery(MACHINE_PAGE)),
         response: {
           200: Type.Object({ machines: Type.Array(MachineSummary), next_page_token: Type.String(), nextPageToken: Type.String() }),
           ...errorResponses,
@@ -229,7 +232,7 @@ const machinesRoutes: FastifyPluginAsyncTypebox = async (app) => {
         { resource: 'site', id: siteId, permission: 'read' },
         { resource: 'machine', id: '*', permission: 'read' },
       ]);
-      const paging = parsePaging(request, { defaultSize: 50, maxSize: 200, accept: (p): p is string => typeof p === 'string' });
+      const paging = parsePaging(request, { ...MACHINE_PAGE, accept: (p): p is string => typeof p === 'string' });
       const page = await listSiteMachines(app.deps, { siteId, after: paging.after, pageSize: paging.pageSize });
       return { machines: page.machines.map(machineView), ...paging.tokens(page.next) };
     },

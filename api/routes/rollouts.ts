@@ -33,7 +33,7 @@ import {
   listRolloutPage,
   rollbackRollout,
 } from '../../services/rollouts';
-import { PagingQuery, parsePaging } from '../pagination';
+import { pagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { PolicyRecord } from './deploy';
 
@@ -59,7 +59,7 @@ const State = Type.Union(
   { description: 'control state beside the stage (docs/decisions/rollout-control.md)' },
 );
 
-const ListQuery = Type.Object({ siteId: SiteId, stage: Type.Optional(Stage), ...PagingQuery });
+const ListQuery = Type.Object({ siteId: SiteId, stage: Type.Optional(Stage), ...pagingQuery(ROLLOUT_PAGE) });
 const MachineStatus = Type.Union([
   Type.Literal('pending'),
   Type.Literal('dispatched'),
@@ -73,7 +73,7 @@ const DetailQuery = Type.Object({
   siteId: SiteId,
   status: Type.Optional(MachineStatus),
   wave: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9_-]{1,32}$', description: 'wave name (canary, fleet, wave-<i>, rollback)' })),
-  ...PagingQuery,
+  ...pagingQuery(ROLLOUT_MACHINE_PAGE),
 });
 const ControlQuery = Type.Object({ siteId: Type.Optional(SiteId) });
 const ControlBody = Type.Object(

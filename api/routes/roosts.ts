@@ -13,7 +13,7 @@ import { ApiError } from '../../domain/errors';
 import type { Requirement } from '../../domain/scopes';
 import { DateTime, MachineId, Nullable, problems, RoostId, SiteId, isCreatedAtPosition } from '../../domain/schemas';
 import { createRoost, deleteRoost, getRoost, listRoosts, type RoostDetail, updateRoost } from '../../services/roosts';
-import { PagingQuery, parsePaging } from '../pagination';
+import { pagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 
 // ---------------------------------------------------------------------------------------------------
@@ -139,18 +139,25 @@ export function rejectForeignFields(body: Record<string, unknown>, allowed: Read
 // ---------------------------------------------------------------------------------------------------
 // Route schemas
 
-const CreateBody = Type.Object({
-  siteId: SiteId,
-  name: RoostName,
-  targets: Type.Optional(Targets),
-  extractPath: Type.Optional(ExtractPath),
-});
+// `x-roost-closed`: the handlers refuse unknown fields with 400 forbidden_field; the document says so (api/openapi.ts).
+const CreateBody = Type.Object(
+  {
+    siteId: SiteId,
+    name: RoostName,
+    targets: Type.Optional(Targets),
+    extractPath: Type.Optional(ExtractPath),
+  },
+  { 'x-roost-closed': true },
+);
 const CREATE_FIELDS = new Set(['siteId', 'name', 'targets', 'extractPath']);
+
+/** Roost list paging: default 20, max 100 (`GET /api/roosts`). */
+export const ROOST_PAGE = { defaultSize: 20, maxSize: 100 };
 
 const ListQuery = Type.Object({
   siteId: SiteId,
   includeDeleted: Type.Optional(Type.Boolean({ description: 'include tombstoned roosts' })),
-  ...PagingQuery,
+  ...pagingQuery(ROOST_PAGE),
 });
 const ListResponse = Type.Object({
   roosts: Type.Array(RoostRecord),
@@ -160,12 +167,15 @@ const ListResponse = Type.Object({
 
 const GetQuery = Type.Object({ siteId: SiteId, includeDeleted: Type.Optional(Type.Boolean()) });
 
-const PatchBody = Type.Object({
-  siteId: SiteId,
-  name: Type.Optional(RoostName),
-  targets: Type.Optional(Targets),
-  extractPath: Type.Optional(ExtractPath),
-});
+const PatchBody = Type.Object(
+  {
+    siteId: SiteId,
+    name: Type.Optional(RoostName),
+    targets: Type.Optional(Targets),
+    extractPath: Type.Optional(ExtractPath),
+  },
+  { 'x-roost-closed': true, minProperties: 2, description: 'siteId and at least one of name, targets, extractPath' },
+);
 
 const DeleteResponse = Type.Object({
   roostId: Type.String(),
@@ -174,9 +184,6 @@ const DeleteResponse = Type.Object({
   deletedAt: DateTime,
   alreadyDeleted: Type.Boolean(),
 });
-
-/** Roost list paging: default 20, max 100 (`GET /api/roosts`). */
-export const ROOST_PAGE = { defaultSize: 20, maxSize: 100 };
 
 function createRequirement(siteId: string): Requirement[] {
   return [

@@ -20,7 +20,7 @@ import {
   setDescription,
   type VersionDetail,
 } from '../../services/versions';
-import { PagingQuery, parsePaging } from '../pagination';
+import { pagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { ExtractPath, RoostName, RoostParams, Targets } from './roosts';
@@ -113,7 +113,7 @@ const PublishResponse = Type.Object({
   previousVersionId: Nullable(Type.String()),
 });
 
-const ListQuery = Type.Object({ siteId: SiteId, ...PagingQuery });
+const ListQuery = Type.Object({ siteId: SiteId, ...pagingQuery(VERSION_PAGE) });
 const ListResponse = Type.Object({
   versions: Type.Array(VersionRecord),
   nextCursor: Type.Null(),
@@ -142,7 +142,7 @@ const FetchResponse = Type.Object({
   ...Metadata.properties,
 });
 
-const FilesQuery = Type.Object({ siteId: SiteId, prefix: Type.Optional(Type.String({ maxLength: 1024 })), ...PagingQuery });
+const FilesQuery = Type.Object({ siteId: SiteId, prefix: Type.Optional(Type.String({ maxLength: 1024 })), ...pagingQuery(FILES_PAGE) });
 const FilesResponse = Type.Object({
   versionId: Type.String(),
   roostId: Type.String(),
@@ -168,7 +168,12 @@ const DiffResponse = Type.Object({
   modified: Type.Array(DiffModified),
 });
 
-const PatchBody = Type.Object({ siteId: SiteId, description: Type.Optional(Nullable(Description)) });
+// Other fields are 400 version_content_immutable and description is required (null clears it): checked in the
+// handler for those codes, stated in the document by `x-roost-closed` and `x-roost-required` (api/openapi.ts).
+const PatchBody = Type.Object(
+  { siteId: SiteId, description: Type.Optional(Nullable(Description)) },
+  { 'x-roost-closed': true, 'x-roost-required': ['description'] },
+);
 const PATCH_FIELDS = new Set(['siteId', 'description']);
 const PatchResponse = Type.Object({ ...VersionRecord.properties, roostId: Type.String(), siteId: Type.String(), updatedAt: DateTime });
 

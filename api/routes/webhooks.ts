@@ -20,7 +20,7 @@ import type { FastifyRequest } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { DateTime, NullableDateTime, PagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
+import { DateTime, NullableDateTime, pagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
 import {
   type AttemptRow,
   createWebhook,
@@ -80,13 +80,16 @@ const CreateBody = Type.Object(
 );
 
 /** PATCH body; other fields are 400 forbidden_field (checked in the handler, like the other PATCH routes). */
-const PatchBody = Type.Object({
-  url: Type.Optional(Url),
-  name: Type.Optional(Name),
-  events: Type.Optional(Events),
-  enabled: Type.Optional(Type.Boolean()),
-  paused: Type.Optional(Type.Boolean({ description: 'false resumes a paused subscription and resets failCount' })),
-});
+const PatchBody = Type.Object(
+  {
+    url: Type.Optional(Url),
+    name: Type.Optional(Name),
+    events: Type.Optional(Events),
+    enabled: Type.Optional(Type.Boolean()),
+    paused: Type.Optional(Type.Boolean({ description: 'false resumes a paused subscription and resets failCount' })),
+  },
+  { 'x-roost-closed': true, minProperties: 1 },
+);
 const PATCH_FIELDS = new Set(['url', 'name', 'events', 'enabled', 'paused']);
 
 const RotateBody = Type.Object(
@@ -277,7 +280,7 @@ const webhookRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['webhooks'],
         summary: "The site's webhook subscriptions, newest first",
         params: SiteParams,
-        querystring: Type.Object(PagingQuery),
+        querystring: Type.Object(pagingQuery(WEBHOOK_PAGE)),
         response: { 200: Type.Object({ webhooks: Type.Array(WebhookView), ...PageTokens }), ...problems() },
       },
     },
@@ -390,7 +393,7 @@ const webhookRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['webhooks'],
         summary: "The subscription's deliveries, newest first, each with its attempts (status, latency, response code)",
         params: WebhookParams,
-        querystring: Type.Object(PagingQuery),
+        querystring: Type.Object(pagingQuery(DELIVERY_PAGE)),
         response: { 200: Type.Object({ deliveries: Type.Array(DeliveryView), ...PageTokens }), ...problems() },
       },
     },

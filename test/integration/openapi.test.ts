@@ -41,7 +41,7 @@ function deref(node: any): any {
   return node;
 }
 
-/** Replaces every local `$ref` by its target (the document's schemas are not recursive). */
+/** Replaces every local `$ref` by its target (response schemas are not recursive; request bodies may hold the recursive JsonValue). */
 function inline(node: any): any {
   if (Array.isArray(node)) return node.map(inline);
   if (node && typeof node === 'object') {
@@ -297,5 +297,68 @@ describe('reference page', () => {
     const yaml = await h.request({ method: 'GET', url: '/docs/yaml', key: null });
     expect(yaml.statusCode).toBe(200);
     expect(yaml.body).toContain('openapi: 3.1.0');
+  });
+});
+
+describe('the document says what the server enforces', () => {
+  const NO_NUL = '^[^\\u0000]*$';
+  const param = (path: string, method: string, name: string) =>
+    doc.paths[path][method].parameters.find((p: any) => p.in === 'query' && p.name === name)?.schema;
+  const body = (path: string, method: string) => doc.paths[path][method].requestBody.content['application/json'].schema;
+
+  it("types every paged route's page_size and limit as integers with the route's bounds", () => {
+    const paged = routes.filter((r) => r.paged);
+    expect(paged.length).toBeGreaterThan(10);
+    for (const r of paged) {
+      const op = operation(r);
+      for (const name of ['page_size', 'limit']) {
+        const s = op.parameters.find((p: any) => p.in === 'query' && p.name === name).schema;
+        expect([label(r), name, s.type, s.minimum, typeof s.maximum, typeof s.default]).toEqual([
+          label(r),
+          name,
+          'integer',
+          1,
+          'number',
+          'number',
+        ]);
+      }
+    }
+    expect(param('/api/roosts/{roostId}/versions/{versionRef}/files', 'get', 'page_size')).toMatchObject({ maximum: 500, default: 100 });
+    expect(param('/api/sites/{siteId}/audit-log', 'get', 'limit')).toMatchObject({ maximum: 200, default: 50 });
+  });
+
+  it('states the input rule: no U+0000 in request strings and object keys; free-form JSON is JsonValue', () => {
+    expect(param('/api/sites/{siteId}/audit-log', 'get', 'kind').pattern).toBe(NO_NUL);
+    const hb = body('/api/agent/heartbeat', 'post');
+    expect(hb.properties.hostname.pattern).toBe(NO_NUL);
+    expect(hb.propertyNames).toEqual({ pattern: NO_NUL });
+    expect(hb.properties.metrics.propertyNames).toEqual({ pattern: NO_NUL });
+    expect(doc.components.schemas.JsonValue.anyOf).toContainEqual({ type: 'string', pattern: NO_NUL });
+    // The pattern is the server's rule: a string it matches is accepted, U+0000 is refused (api/plugins/input.ts).
+    expect(new RegExp(NO_NUL).test('plain')).toBe(true);
+    expect(new RegExp(NO_NUL).test('a\u0000b')).toBe(false);
+  });
+
+  it('closes bodies whose unknown fields are refused, and PATCH bodies need a change', () => {
+    expect(body('/api/roosts', 'post').additionalProperties).toBe(false);
+    const patchRoost = body('/api/roosts/{roostId}', 'patch');
+    expect([patchRoost.additionalProperties, patchRoost.minProperties]).toEqual([false, 2]);
+    const patchHook = body('/api/sites/{siteId}/webhooks/{webhookId}', 'patch');
+    expect([patchHook.additionalProperties, patchHook.minProperties]).toEqual([false, 1]);
+    const patchVersion = body('/api/roosts/{roostId}/versions/{versionRef}', 'patch');
+    expect([patchVersion.additionalProperties, [...patchVersion.required].sort()]).toEqual([false, ['description', 'siteId']]);
+    // No custom annotation leaks into the document.
+    expect(JSON.stringify(doc)).not.toMatch(/x-roost-(integer|closed|required)/);
+  });
+
+  it('the server refuses what the document refuses: sizes past the bound, an empty or non-integer limit', async () => {
+    for (const q of ['page_size=101', 'limit=', 'limit=1.5', 'page_size=2&limit=x']) {
+      const res = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&${q}` });
+      expect([q, res.statusCode, res.json().code]).toEqual([q, 400, 'validation_failed']);
+    }
+    const ok = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&page_size=100&limit=1` });
+    expect(ok.statusCode).toBe(200);
+    const patch = await h.request({ method: 'PATCH', url: '/api/roosts/rst_none', body: { siteId: h.siteId } });
+    expect([patch.statusCode, patch.json().code]).toEqual([400, 'validation_failed']);
   });
 });
