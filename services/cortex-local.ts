@@ -55,10 +55,12 @@ const KEYWORDS: Record<string, string[]> = {
   get_machine: ['cpu', 'memory', 'ram', 'disk', 'disks', 'metrics', 'load', 'health', 'process', 'processes'],
   list_roosts: ['roost', 'roosts', 'bundle', 'bundles', 'version', 'versions', 'release', 'releases', 'published', 'current', 'files'],
   list_rollouts: ['rollout', 'rollouts', 'deployment', 'deployments', 'deployed', 'canary', 'wave', 'waves', 'progress'],
+  list_classic_deployments: ['installer', 'installers', 'classic', 'msi', 'setup', 'installation', 'installations'],
   recent_audit: ['audit', 'who', 'changed', 'log', 'did'],
   recent_events: ['event', 'events', 'happened', 'recent', 'recently', 'lately', 'today'],
 };
-const DEPLOY_WORDS = ['deploy', 'ship', 'push', 'install'];
+const DEPLOY_WORDS = ['deploy', 'ship', 'push'];
+const CLASSIC_ACTIONS = ['retry', 'cancel', 'uninstall'];
 const ROLLBACK_WORDS = ['rollback', 'revert', 'back'];
 const COMMAND_WORDS: Record<string, string> = {
   reboot: 'reboot_machine',
@@ -160,6 +162,12 @@ export function planCalls(question: string, offered: Set<string>, results: Resul
       add('list_machines', {});
     if (KEYWORDS.list_roosts.some((w) => q.has(w)) || KEYWORDS.list_rollouts.some((w) => q.has(w)) || deploy || rollback)
       add('list_roosts', {});
+    if (
+      KEYWORDS.list_classic_deployments.some((w) => q.has(w)) ||
+      CLASSIC_ACTIONS.some((w) => q.has(w)) ||
+      [...q].some((w) => w.startsWith('dep_'))
+    )
+      add('list_classic_deployments', {});
     if (KEYWORDS.recent_audit.some((w) => q.has(w))) add('recent_audit', {});
     if (KEYWORDS.recent_events.some((w) => q.has(w))) add('recent_events', {});
     if (machine && command) add('propose_machine_command', { type: command });
@@ -177,6 +185,15 @@ export function planCalls(question: string, offered: Set<string>, results: Resul
       for (const id of named) {
         add('get_machine', { machineId: id });
         if (command) add('propose_machine_command', { machineId: id, type: command });
+      }
+    }
+    if (r.toolName === 'list_classic_deployments') {
+      const action = CLASSIC_ACTIONS.find((w) => q.has(w));
+      for (const d of asList(obj(r.output).deployments)) {
+        if (!mentioned(question, [d.deploymentId as string, d.name as string]).length) continue;
+        const deploymentId = d.deploymentId as string;
+        if (action) add('propose_classic_deployment_action', { deploymentId, action });
+        else add('get_classic_deployment', { deploymentId });
       }
     }
     if (r.toolName === 'list_roosts') {
@@ -202,6 +219,8 @@ const size = (n: unknown) => {
   return `${(b / 1024 ** 3).toFixed(1)} GiB`;
 };
 const j = (v: unknown) => JSON.stringify(v);
+/** The non-zero entries of a count map. */
+const nonZero = (v: unknown) => Object.fromEntries(Object.entries(obj(v)).filter(([, n]) => n !== 0));
 
 /** The paragraph one tool result contributes to the answer. */
 function describe(r: Result, question: string): string {
@@ -264,6 +283,22 @@ function describe(r: Result, question: string): string {
       return `Rollout ${String(o.rolloutId)} is ${String(o.stage)}/${String(o.state)}: ${j(o.counts)}.`;
     case 'diff_versions':
       return `Diff ${String(o.fromVersionId)} → ${String(o.toVersionId)}: ${j(o.summary)}.`;
+    case 'list_classic_deployments': {
+      const ds = asList(o.deployments);
+      return [
+        `The site has ${ds.length}${o.moreThanListed ? '+' : ''} classic installer deployment(s), newest first.`,
+        ...ds.map(
+          (d) =>
+            `- ${String(d.name)} (${String(d.deploymentId)}): ${String(d.installerName)}, ${String(d.status)}, targets ${j(nonZero(d.counts))}`,
+        ),
+      ].join('\n');
+    }
+    case 'get_classic_deployment': {
+      const targets = asList(obj(o.targets).items).map(
+        (t) => `- ${String(t.machineId)}: ${String(t.action)} ${String(t.status)}${t.error ? `, error: ${String(t.error)}` : ''}`,
+      );
+      return [`Classic deployment ${String(o.name)} (${String(o.deploymentId)}) is ${String(o.status)}:`, ...targets].join('\n');
+    }
     case 'recent_audit':
       return [
         'Latest audit records:',
@@ -273,7 +308,8 @@ function describe(r: Result, question: string): string {
       return ['Latest events:', ...asList(o.events).map((x) => `- ${String(x.occurredAt)} ${String(x.event)} ${j(x.data)}`)].join('\n');
     case 'propose_roost_deploy':
     case 'propose_roost_rollback':
-    case 'propose_machine_command': {
+    case 'propose_machine_command':
+    case 'propose_classic_deployment_action': {
       const req = obj(o.request);
       const dry = o.dryRun ? `\nDry run: ${j(o.dryRun)}` : '';
       return `Proposed, not done (${String(req.note)}): ${String(req.method)} ${String(req.path)} with Idempotency-Key and body ${j(req.body)}.${dry}`;
@@ -288,7 +324,11 @@ export function composeAnswer(question: string, offered: Set<string>, results: R
   const q = new Set(words(question));
   const parts = [LOCAL_DISCLOSURE];
   const wantsChange =
-    DEPLOY_WORDS.some((w) => q.has(w)) || q.has('rollback') || q.has('revert') || Object.keys(COMMAND_WORDS).some((w) => q.has(w));
+    DEPLOY_WORDS.some((w) => q.has(w)) ||
+    CLASSIC_ACTIONS.some((w) => q.has(w)) ||
+    q.has('rollback') ||
+    q.has('revert') ||
+    Object.keys(COMMAND_WORDS).some((w) => q.has(w));
   const proposed = results.some((r) => r.toolName.startsWith('propose_'));
   if (!results.length) {
     const reads = [...offered].filter((t) => !t.startsWith('propose_'));

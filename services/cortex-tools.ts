@@ -17,7 +17,9 @@ import { Value } from '@sinclair/typebox/value';
 import { ApiError } from '../domain/errors';
 import { MACHINE_ID_RE, ROOST_ID_RE } from '../domain/schemas';
 import { type Permission, type Requirement, type Resource, type Scope, scopesAllow } from '../domain/scopes';
+import { DEPLOYMENT_ID_RE, DEPLOYMENT_STATUSES } from '../domain/classic';
 import { listSiteAudit } from './audit';
+import { deploymentDetail, listSiteDeployments } from './classic-deployments';
 import type { ServiceDeps } from './deps';
 import { lastSiteEventSeq, siteEventsAfter } from './events';
 import { deploymentsOfMachine, listSiteMachines, machineDetail, USER_COMMAND_TYPES } from './machines';
@@ -337,6 +339,61 @@ const recentEventsTool: FleetTool = {
   },
 };
 
+const DeploymentIdArg = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'classic deployment id (dep_…)' });
+
+const listClassicDeploymentsTool: FleetTool = {
+  name: 'list_classic_deployments',
+  description: "The site's classic installer deployments, newest first: name, installer, status and target counts.",
+  input: Type.Object({
+    status: Type.Optional(
+      Type.Union(
+        DEPLOYMENT_STATUSES.map((x) => Type.Literal(x)),
+        { description: 'only deployments in this status' },
+      ),
+    ),
+  }),
+  kind: 'read',
+  offered: (ctx) => allows(ctx, [site(ctx, 'read')]),
+  needs: (ctx) => [site(ctx, 'read')],
+  async run(ctx, input: { status?: (typeof DEPLOYMENT_STATUSES)[number] }) {
+    const page = await listSiteDeployments(ctx.deps, { siteId: ctx.siteId, pageSize: 20, status: input.status });
+    return {
+      moreThanListed: page.next !== undefined,
+      deployments: page.deployments.map(({ row, counts }) => ({
+        deploymentId: row.deployment_id,
+        name: row.name,
+        installerName: row.installer_name,
+        status: row.status,
+        counts,
+        createdAt: iso(row.created_at),
+        completedAt: iso(row.completed_at),
+      })),
+    };
+  },
+};
+
+const getClassicDeploymentTool: FleetTool = {
+  name: 'get_classic_deployment',
+  description: 'One classic installer deployment with the status, progress and error of each target machine.',
+  input: Type.Object({ deploymentId: DeploymentIdArg }),
+  kind: 'read',
+  offered: (ctx) => allows(ctx, [site(ctx, 'read')]),
+  needs: (ctx) => [site(ctx, 'read')],
+  async run(ctx, input: { deploymentId: string }) {
+    const d = await deploymentDetail(ctx.deps, { siteId: ctx.siteId, deploymentId: input.deploymentId });
+    return {
+      deploymentId: d.row.deployment_id,
+      name: d.row.name,
+      installerName: d.row.installer_name,
+      status: d.row.status,
+      counts: d.counts,
+      targets: listed(
+        d.targets.map((t) => ({ machineId: t.machine_id, action: t.action, status: t.status, progress: t.progress, error: t.error })),
+      ),
+    };
+  },
+};
+
 // ---------------------------------------------------------------------------------------------------
 // Plan tools: the request to send, never sent
 
@@ -455,6 +512,31 @@ const proposeCommandTool: FleetTool = {
   },
 };
 
+const proposeClassicActionTool: FleetTool = {
+  name: 'propose_classic_deployment_action',
+  description:
+    'Plans a retry (failed targets), cancel (pending targets) or uninstall (every target) of a classic deployment without doing it: returns the exact request to send.',
+  input: Type.Object({
+    deploymentId: DeploymentIdArg,
+    action: Type.Union([Type.Literal('retry'), Type.Literal('cancel'), Type.Literal('uninstall')]),
+  }),
+  kind: 'plan',
+  // retry and cancel need site write, uninstall site admin (docs/contract.md Authentication 6).
+  offered: (ctx) => allows(ctx, [site(ctx, 'write'), site(ctx, 'admin')]),
+  needs: (ctx, input: { action: string }) => [site(ctx, input.action === 'uninstall' ? 'admin' : 'write')],
+  async run(ctx, input: { deploymentId: string; action: string }) {
+    const d = await deploymentDetail(ctx.deps, { siteId: ctx.siteId, deploymentId: input.deploymentId });
+    const request: ProposedRequest = {
+      method: 'POST',
+      path: `/api/sites/${ctx.siteId}/deployments/${input.deploymentId}/${input.action}`,
+      headers: { 'Idempotency-Key': IDEMPOTENCY_NOTE },
+      body: {},
+      note: 'not sent: the user confirms by sending this request',
+    };
+    return { request, status: d.row.status, counts: d.counts };
+  },
+};
+
 /** Every tool, read tools first. */
 export const FLEET_TOOLS: FleetTool[] = [
   listMachinesTool,
@@ -464,11 +546,14 @@ export const FLEET_TOOLS: FleetTool[] = [
   diffVersionsTool,
   listRolloutsTool,
   getRolloutTool,
+  listClassicDeploymentsTool,
+  getClassicDeploymentTool,
   recentAuditTool,
   recentEventsTool,
   proposeDeployTool,
   proposeRollbackTool,
   proposeCommandTool,
+  proposeClassicActionTool,
 ];
 
 /** The tools offered to a caller: those whose `offered` holds for the context. */

@@ -543,6 +543,36 @@ describe('send (local assistant, the embedded default)', () => {
     expect(rolloutsAfter).toBe(rolloutsBefore);
   });
 
+  it('reads classic installer deployments and proposes their retry only to a key that may send it', async () => {
+    const name = `Printer driver ${tag()}`;
+    const created = await req({
+      method: 'POST',
+      url: `/api/sites/${h.siteId}/deployments`,
+      body: {
+        name,
+        installer_url: 'https://downloads.example.test/printer.msi',
+        installer_name: 'printer.msi',
+        silent_flags: '/qn',
+        machines: [M.online],
+      },
+      idempotencyKey: true,
+    });
+    expect([created.statusCode, created.body]).toEqual([201, created.body]);
+    const deploymentId = created.json().deploymentId as string;
+    const reader = await scopedKey(h, [...chatScopes('read', 'write'), { resource: 'site', id: h.siteId, permissions: ['read'] }]);
+    const id = await newConversation({}, reader);
+    const listed = textOf(await allFrames(await send(id, 'Show the installer deployments', { key: reader })));
+    expect(listed).toContain(`${name} (${deploymentId}): printer.msi`);
+    const refused = textOf(await allFrames(await send(id, `cancel ${deploymentId}`, { key: reader })));
+    expect(refused).toContain('Your key cannot make that change');
+    const writer = await scopedKey(h, [...chatScopes('read', 'write'), { resource: 'site', id: h.siteId, permissions: ['read', 'write'] }]);
+    const id2 = await newConversation({}, writer);
+    const proposed = textOf(await allFrames(await send(id2, `cancel ${deploymentId}`, { key: writer })));
+    expect(proposed).toContain(`POST /api/sites/${h.siteId}/deployments/${deploymentId}/cancel`);
+    const tools = (await read(id2, writer)).json().messages[1].toolCalls.map((c: { toolName: string }) => c.toolName);
+    expect(tools).toEqual(['list_classic_deployments', 'propose_classic_deployment_action']);
+  });
+
   it('needs an Idempotency-Key, refuses a reused one with 422 instead of replaying, and forbids other fields', async () => {
     const id = await newConversation();
     const missing = await send(id, 'hi', { idem: null });
