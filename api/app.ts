@@ -15,6 +15,7 @@ import idempotency from './plugins/idempotency';
 import audit from './plugins/audit';
 import rateLimit from './plugins/rate-limit';
 import metrics from './plugins/metrics';
+import tracing from './plugins/tracing';
 import { registerRoutes } from './routes';
 import openapi from './openapi';
 
@@ -95,6 +96,8 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
   await app.register(problem);
   // Request, rate-limit, idempotency, pool and stream metrics (api/plugins/metrics.ts; docs/observability.md).
   await app.register(metrics);
+  // Request spans when tracing is on (api/plugins/tracing.ts); before the routes it wraps.
+  await app.register(tracing);
   // One rule for client text and JSON: no U+0000, no lone surrogates, bounded depth (api/plugins/input.ts).
   await app.register(input);
   // The route table, the OpenAPI document (/api/openapi.json) and the public reference page (/docs).

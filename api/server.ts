@@ -3,6 +3,8 @@
  * ROOST_API_HOST:ROOST_API_PORT. `startApi` is used by `roost stack`, the demo and the benchmarks;
  * `node api/server.ts` (through tsx) runs one stateless API process.
  */
+// Tracing (when an OTLP endpoint is set) must start before http and pg load: first import.
+import '../telemetry/instrument';
 import type { FastifyInstance } from 'fastify';
 import type { Config } from '../config/env';
 import { loadConfig } from '../config/env';
@@ -10,6 +12,7 @@ import { buildApp } from './app';
 import type { AppDeps } from './context';
 import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../services/deps';
 import { startMetricsListener, type MetricsListener } from '../telemetry/metrics';
+import { activeTracing } from '../telemetry/tracing';
 
 export interface RunningApi {
   app: FastifyInstance;
@@ -61,7 +64,11 @@ if (require.main === module) {
     .then((api) => {
       process.stdout.write(`roost api listening on ${api.url}\n`);
       if (api.metricsUrl) process.stdout.write(`roost api metrics on ${api.metricsUrl}\n`);
-      const stop = () => void api.close().then(() => process.exit(0));
+      const stop = () =>
+        void api
+          .close()
+          .then(() => activeTracing()?.shutdown())
+          .then(() => process.exit(0));
       process.once('SIGINT', stop);
       process.once('SIGTERM', stop);
     })

@@ -5,6 +5,8 @@
  * --site (ROOST_SITE_ID), --quiet. Every command has --json (cli/context.ts output contract).
  * On failure the problem's code and detail go to stderr and process.exitCode is set (1, or 2 for usage).
  */
+// Tracing of `roost stack` (when an OTLP endpoint is set) must start before http and pg load: first import.
+import '../telemetry/instrument';
 import { Command, CommanderError } from 'commander';
 import { addGlobalOptions, isJsonMode, reportError } from './context';
 import { CLI_VERSION } from './version';

@@ -4,6 +4,7 @@
  * called from the API, the CLI's launchers and tests alike.
  */
 import { Client, Connection } from '@temporalio/client';
+import { OpenTelemetryWorkflowClientInterceptor } from '@temporalio/interceptors-opentelemetry';
 import type { Pool } from 'pg';
 import type { LanguageModelV3 } from '@ai-sdk/provider';
 import type { Config } from '../config/env';
@@ -29,7 +30,12 @@ export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<Ser
   const blob = BlobStore.fromConfig(cfg);
   await blob.ensureContainers();
   const connection = await Connection.connect({ address: cfg.temporalAddress });
-  const temporal = new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE });
+  // Workflow starts carry the caller's trace context (a no-op while tracing is off; docs/observability.md).
+  const temporal = new Client({
+    connection,
+    namespace: cfg.TEMPORAL_NAMESPACE,
+    interceptors: { workflow: [new OpenTelemetryWorkflowClientInterceptor()] },
+  });
   return { cfg, db, blob, temporal };
 }
 

@@ -5,6 +5,8 @@
  * then are cancelled and retried elsewhere), closes the pool and exits 0. Exit code 1 on a start-up or
  * worker failure.
  */
+// Tracing (when an OTLP endpoint is set) must start before http and pg load: first import.
+import '../telemetry/instrument';
 import { loadConfig } from '../config/env';
 import { createPool } from '../db/pool';
 import { BlobStore } from '../storage/blob';
@@ -12,6 +14,7 @@ import { Client, Connection } from '@temporalio/client';
 import { closeWorkerConnections, installRuntime, runWorker } from './worker';
 import { ensureBackgroundWorkflows } from './background';
 import { collectProcessMetrics, observePool, startMetricsListener } from '../telemetry/metrics';
+import { activeTracing } from '../telemetry/tracing';
 
 async function main(): Promise<void> {
   // Signals are handled below (one graceful path), not by the SDK's default handlers.
@@ -54,6 +57,9 @@ async function main(): Promise<void> {
     await closeWorkerConnections();
     unobservePool();
     await metrics?.close();
+    await activeTracing()
+      ?.shutdown()
+      .catch(() => undefined);
     await db.end().catch(() => undefined);
   }
 }

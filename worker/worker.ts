@@ -21,11 +21,19 @@ import type { Config } from '../config/env';
 import { createActivities } from '../activities';
 import type { ActivityDeps } from '../activities/deps';
 import { activityMetrics } from './metrics';
+import type { Context as ActivityContext } from '@temporalio/activity';
+import {
+  makeWorkflowExporter,
+  OpenTelemetryActivityInboundInterceptor,
+  OpenTelemetryActivityOutboundInterceptor,
+} from '@temporalio/interceptors-opentelemetry';
+import { activeTracing, workflowSpanProcessor } from '../telemetry/tracing';
 
 /** Absolute path of the workflow bundle's entry point. */
 export const WORKFLOWS_PATH = require.resolve('../workflows');
 
 let bundle: Promise<WorkflowBundleWithSourceMap> | undefined;
+let bundleTraced = false;
 let runtimeInstalled = false;
 
 /**
@@ -57,10 +65,23 @@ export function installRuntime(cfg?: Pick<Config, 'ROOST_TEMPORAL_METRICS_ADDRES
   }
 }
 
-/** The workflow bundle of workflows/index.ts, built on first use and shared by every worker of the process. */
+/** Workflow interceptors of @temporalio/interceptors-opentelemetry (bundled only while tracing is on). */
+const OTEL_WORKFLOW_INTERCEPTORS = require.resolve('@temporalio/interceptors-opentelemetry/lib/workflow-interceptors');
+
+/**
+ * The workflow bundle of workflows/index.ts, built on first use and shared by every worker of the process;
+ * with tracing on (telemetry/tracing.ts) it includes the OpenTelemetry workflow interceptors.
+ */
 export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
   installRuntime();
-  bundle ??= bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: Runtime.instance().logger }).catch((err) => {
+  const traced = activeTracing() !== undefined;
+  if (bundle && bundleTraced !== traced) bundle = undefined;
+  bundleTraced = traced;
+  bundle ??= bundleWorkflowCode({
+    workflowsPath: WORKFLOWS_PATH,
+    workflowInterceptorModules: traced ? [OTEL_WORKFLOW_INTERCEPTORS] : [],
+    logger: Runtime.instance().logger,
+  }).catch((err) => {
     bundle = undefined;
     throw err;
   });
@@ -105,6 +126,7 @@ export interface CreateWorkerOptions {
  */
 export async function createWorker(cfg: Config, deps: ActivityDeps, opts: CreateWorkerOptions = {}): Promise<Worker> {
   const [connection, workflowBundleCode] = await Promise.all([workerConnection(cfg), workflowBundle()]);
+  const tracing = activeTracing();
   return Worker.create({
     connection,
     namespace: cfg.TEMPORAL_NAMESPACE,
@@ -112,8 +134,24 @@ export async function createWorker(cfg: Config, deps: ActivityDeps, opts: Create
     identity: opts.identity ?? `roost-worker@${process.pid}`,
     workflowBundle: workflowBundleCode,
     activities: createActivities(deps),
-    // Activity latency, failures and business counters by activity type (worker/metrics.ts).
-    interceptors: { activity: [activityMetrics] },
+    // Activity latency, failures and business counters by activity type (worker/metrics.ts); with tracing
+    // on, spans for workflows and activities, joined to the trace that started the workflow.
+    interceptors: {
+      activity: [
+        activityMetrics,
+        ...(tracing
+          ? [
+              (ctx: ActivityContext) => ({
+                inbound: new OpenTelemetryActivityInboundInterceptor(ctx),
+                outbound: new OpenTelemetryActivityOutboundInterceptor(ctx),
+              }),
+            ]
+          : []),
+      ],
+    },
+    ...(tracing
+      ? { sinks: { exporter: makeWorkflowExporter(workflowSpanProcessor(tracing.spanProcessor) as never, tracing.resource as never) } }
+      : {}),
     shutdownGraceTime: opts.shutdownGraceTime ?? '5 seconds',
   });
 }
