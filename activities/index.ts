@@ -13,6 +13,7 @@ import { createWebhookActivities } from './webhooks';
 import { createClassicDeploymentActivities } from './classic-deployment';
 import { createUserActivities } from './users';
 import { createConversationActivities } from './conversations';
+import { createVerifyActivities } from './verify';
 
 /** All activities keyed by name. */
 export function createActivities(deps: ActivityDeps) {
@@ -24,6 +25,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createClassicDeploymentActivities(deps),
     ...createUserActivities(deps),
     ...createConversationActivities(deps),
+    ...createVerifyActivities(deps),
   };
 }
 

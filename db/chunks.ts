@@ -71,6 +71,50 @@ export async function insertChunks(db: Queryable, siteId: string, refs: ChunkRef
   );
 }
 
+/**
+ * Up to `limit` chunks of version (site, roost, version) the service has not verified yet: never
+ * re-hashed (`verified_at` null) or marked bad (`verify_failed_digest`), in hash order (`order`), after
+ * hash `after` (keyset). Chunks of the version without a `chunks` row are not listed (nothing to ship).
+ */
+export async function unverifiedVersionChunks(
+  db: Queryable,
+  v: { siteId: string; roostId: string; versionId: string },
+  page: { order: 'asc' | 'desc'; after?: string; limit: number },
+): Promise<string[]> {
+  const cmp = page.order === 'asc' ? '>' : '<';
+  const { rows } = await db.query<{ hash: string }>(
+    `SELECT vc.hash FROM version_chunks vc
+       JOIN chunks c ON c.site_id = vc.site_id AND c.hash = vc.hash
+      WHERE vc.site_id = $1 AND vc.roost_id = $2 AND vc.version_id = $3
+        AND (c.verified_at IS NULL OR c.verify_failed_digest IS NOT NULL)
+        AND ($4::TEXT IS NULL OR vc.hash ${cmp} $4::TEXT)
+      ORDER BY vc.hash ${page.order === 'asc' ? 'ASC' : 'DESC'} LIMIT $5`,
+    [v.siteId, v.roostId, v.versionId, page.after ?? null, page.limit],
+  );
+  return rows.map((r) => r.hash);
+}
+
+/**
+ * Up to `limit` chunks of version (site, roost, version) whose stored bytes verification found wrong
+ * (marked, not healed yet), in hash order. Starts from the marked chunks of the site (partial index
+ * `chunks_marked_bad`, migration 014), so a version of 17,000 chunks with none marked costs one probe.
+ */
+export async function badVersionChunks(
+  db: Queryable,
+  v: { siteId: string; roostId: string; versionId: string },
+  limit: number,
+): Promise<string[]> {
+  const { rows } = await db.query<{ hash: string }>(
+    `SELECT c.hash FROM chunks c
+      WHERE c.site_id = $1 AND c.verify_failed_digest IS NOT NULL
+        AND EXISTS (SELECT 1 FROM version_chunks vc
+                     WHERE vc.site_id = c.site_id AND vc.hash = c.hash AND vc.roost_id = $2 AND vc.version_id = $3)
+      ORDER BY c.hash LIMIT $4`,
+    [v.siteId, v.roostId, v.versionId, limit],
+  );
+  return rows.map((r) => r.hash);
+}
+
 /** How many chunks the site has recorded. */
 export async function countChunks(db: Queryable, siteId: string): Promise<number> {
   const { rows } = await db.query<{ n: string }>('SELECT count(*) AS n FROM chunks WHERE site_id = $1', [siteId]);

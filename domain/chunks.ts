@@ -42,3 +42,11 @@ export function isReferrerPosition(v: unknown): v is ReferrerPosition {
     typeof v[3] === 'string'
   );
 }
+
+/**
+ * Workflow id of the verification of a version's chunks started by publish (workflows/verify.ts):
+ * `verify:<siteId>:<roostId>:<versionId>`. Callers use it through workflows/client.ts.
+ */
+export function versionVerifyWorkflowId(siteId: string, roostId: string, versionId: string): string {
+  return `verify:${siteId}:${roostId}:${versionId}`;
+}

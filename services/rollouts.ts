@@ -16,6 +16,8 @@ import type { Rollout, RolloutMachine, RolloutMachineStatus, RolloutStage, WaveC
 import { type RolloutPolicy, planWaves, policyFromSpec, validatePolicy, waveNames } from '../domain/rollout-policy';
 import { sumCounts } from '../domain/rollout';
 import { getRoost, getVersion, resolveVersionIn, type RoostRow, type VersionRow, requireRoost } from '../db/roosts';
+import { badVersionChunks } from '../db/chunks';
+import { MAX_MISSING_CHUNKS } from '../domain/version';
 import {
   type DeltaPlan,
   type RolloutListPosition,
@@ -171,7 +173,7 @@ async function deployVersion(deps: Pick<ServiceDeps, 'db'>, roost: RoostRow, ref
  * start); a concurrent deploy of the same version is retried into that answer.
  * @throws ApiError validation_failed (versionId, scheduleAt, policy keyed by dotted path, unknown machines),
  *   not_found (roost), version_not_found, conflict (roost deleted, no current version, version body
- *   missing, no targets, roost targets not enrolled), service_unavailable (blob storage, or the workflow
+ *   missing, chunks marked bad by verification: `badChunks`, up to 20; no targets, roost targets not enrolled), service_unavailable (blob storage, or the workflow
  *   could not start: the new rollout is then marked failed).
  */
 export async function deployRollout(deps: ServiceDeps, input: DeployInput): Promise<DeployResult> {
@@ -194,6 +196,14 @@ export async function deployRollout(deps: ServiceDeps, input: DeployInput): Prom
   const version = await deployVersion(deps, roost, ref);
   if (!(await bodyStored(blob, version, log)))
     throw new ApiError('conflict', `version ${version.version_id} has no stored body (no versionUrl); it cannot be deployed`);
+  // Chunks whose stored bytes verification found wrong are never shipped (docs/decisions/chunk-integrity.md).
+  const bad = await badVersionChunks(db, { siteId, roostId, versionId: version.version_id }, MAX_MISSING_CHUNKS);
+  if (bad.length > 0)
+    throw new ApiError(
+      'conflict',
+      `version ${version.version_id} references chunks whose stored bytes do not match their digest (first: ${bad[0]}); push the tree again to upload them, then deploy`,
+      { extras: { badChunks: bad } },
+    );
   const versionUrl = versionUrlOf(blob, version);
 
   const machines = input.machines ? [...new Set(input.machines)] : roost.targets;

@@ -22,6 +22,7 @@ import { parseVersionRef } from '../domain/versionRef';
 import { quotaTiers, recordChunks } from '../db/quota';
 import * as repo from '../db/roosts';
 import { versionBlobName, versionUrlOf } from '../storage/blob';
+import { startVersionVerification } from '../workflows/client';
 import { findMissingChunks } from './chunks';
 import type { ServiceDeps } from './deps';
 import { roostChanges, type RoostFields } from './roosts';
@@ -33,6 +34,11 @@ import { noteChunksUploaded } from './observability';
 export type VersionDetail = repo.VersionRow & { versionUrl: string };
 
 type Deps = Pick<ServiceDeps, 'cfg' | 'db' | 'blob'>;
+
+/** Where publish reports a failure it recovers from (Fastify's `request.log` fits). */
+export interface PublishLog {
+  warn(obj: Record<string, unknown>, msg: string): void;
+}
 
 /** Empty or absent description is stored as null. */
 function normalizeDescription(d: string | null | undefined): string | null {
@@ -63,20 +69,22 @@ export interface PublishRequest extends RoostFields {
   description?: string | null;
   /** Guard: 64-hex id or `vrs_<64 hex>` of the expected current version; null expects none; absent: no guard. */
   expectedCurrentVersionId?: string | null;
+  log?: PublishLog;
 }
 
 /**
  * Publishes a version body: validates it (dotted `version.*` errors), builds its chunk table, checks
  * the roost and the guard, checks that every referenced chunk is stored for the site with its size
  * (recording chunks found in blob storage, quota-checked), stores the body's canonical JSON, signs the
- * version and runs the publish transaction (db/roosts.ts publishVersion). A body whose id the roost
- * already holds skips the chunk check and the blob write and moves the pointer to it.
+ * version and runs the publish transaction (db/roosts.ts publishVersion), then starts the version's chunk
+ * verification (workflows/verify.ts; a failure to start is logged, the first rollout verifies instead).
+ * A body whose id the roost already holds skips the chunk check and the blob write and moves the pointer to it.
  * Returns `outcome` ('created' → 201, 'moved' | 'unchanged' → 200) and the pointer ids.
  * @throws ApiError validation_failed (400: invalid body, a chunk with two sizes, a chunk stored with
  *   another size), not_found (404: roost), version_stale (412: guard), precondition_failed (412:
  *   `missingChunks` (first 20) and `missingCount`), quota_exceeded (402).
  */
-export async function publish(deps: Deps, input: PublishRequest): Promise<repo.PublishResult> {
+export async function publish(deps: Deps & Pick<ServiceDeps, 'temporal'>, input: PublishRequest): Promise<repo.PublishResult> {
   const { siteId, roostId } = input;
   const bodyErrors = validateVersionBody(input.version, 'version');
   if (bodyErrors) {
@@ -120,7 +128,7 @@ export async function publish(deps: Deps, input: PublishRequest): Promise<repo.P
   }
 
   const { totalSize, totalFiles } = summarize(version);
-  return repo.publishVersion(deps.db, {
+  const result = await repo.publishVersion(deps.db, {
     siteId,
     roostId,
     versionId,
@@ -134,6 +142,14 @@ export async function publish(deps: Deps, input: PublishRequest): Promise<repo.P
     userId: input.userId,
     signature: await signVersionFor(deps.db, sealKeyOf(deps.cfg), siteId, roostId, versionId),
   });
+  // The server re-hashes the chunks this version stores, in the background, before any rollout ships
+  // them (docs/decisions/chunk-integrity.md). Not starting it costs no safety: every rollout verifies first.
+  if (result.outcome === 'created' && table.refs.length > 0) {
+    await startVersionVerification(deps.temporal, deps.cfg, { siteId, roostId, versionId }).catch((err: unknown) =>
+      input.log?.warn({ err, versionId }, 'version verification not started (its first rollout verifies instead)'),
+    );
+  }
+  return result;
 }
 
 /**

@@ -13,6 +13,7 @@
 import { type Client, WithStartWorkflowOperation, WorkflowNotFoundError, WorkflowUpdateFailedError } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Config } from '../config/env';
+import { versionVerifyWorkflowId } from '../domain/chunks';
 import { rollbackWorkflowId, rolloutWorkflowId } from '../domain/rollout';
 import { type ClassicAction, type ClassicActionResult, classicDeploymentWorkflowId } from '../domain/classic';
 import {
@@ -38,13 +39,24 @@ import {
 import {
   ROOST_SEARCH_ATTRIBUTES,
   ROOST_SEARCH_ATTRIBUTE_KEYS,
+  RoostRoostId,
+  RoostSiteId,
   RoostUserId,
+  RoostVersionId,
   classicDeploymentSearchAttributes,
   rolloutSearchAttributes,
 } from './search-attributes';
 import { type UserDeleteOutcome, userDeleteWorkflow } from './user-delete';
+import { type VersionVerifyInput, versionVerifyWorkflow } from './verify';
 
-export { classicDeploymentWorkflowId, rollbackWorkflowId, rolloutWorkflowId, ROOST_SEARCH_ATTRIBUTES, ROOST_SEARCH_ATTRIBUTE_KEYS };
+export {
+  classicDeploymentWorkflowId,
+  rollbackWorkflowId,
+  rolloutWorkflowId,
+  versionVerifyWorkflowId,
+  ROOST_SEARCH_ATTRIBUTES,
+  ROOST_SEARCH_ATTRIBUTE_KEYS,
+};
 export type { ClassicAction, ClassicActionResult, ClassicControlArgs };
 export type { ControlArgs, ControlResult, RolloutRuntime, UserDeleteOutcome };
 
@@ -118,6 +130,33 @@ export async function startRolloutWorkflow(
     await Promise.race([previous.result().catch(() => undefined), delay(waitMs)]);
   }
   throw new WorkflowIdBusyError(workflowId);
+}
+
+/**
+ * Starts `versionVerifyWorkflow` for a newly published version (workflow id `versionVerifyWorkflowId`,
+ * search attributes RoostSiteId, RoostRoostId, RoostVersionId) on cfg.ROOST_TASK_QUEUE, with
+ * WorkflowIdConflictPolicy USE_EXISTING: a second start while it runs attaches to it; one after it
+ * finished runs again (only chunks still unverified cost anything).
+ * @throws Temporal client errors when the service is unavailable.
+ */
+export async function startVersionVerification(
+  client: Client,
+  cfg: Pick<Config, 'ROOST_TASK_QUEUE' | 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>,
+  v: VersionVerifyInput,
+): Promise<StartedWorkflow> {
+  const workflowId = versionVerifyWorkflowId(v.siteId, v.roostId, v.versionId);
+  const handle = await client.workflow.start(versionVerifyWorkflow, {
+    taskQueue: cfg.ROOST_TASK_QUEUE,
+    workflowId,
+    args: [{ siteId: v.siteId, roostId: v.roostId, versionId: v.versionId }],
+    workflowIdConflictPolicy: 'USE_EXISTING',
+    typedSearchAttributes: [
+      { key: RoostSiteId, value: v.siteId },
+      { key: RoostRoostId, value: v.roostId },
+      { key: RoostVersionId, value: v.versionId },
+    ],
+  });
+  return { workflowId, runId: handle.firstExecutionRunId, url: workflowUiUrl(cfg, workflowId, handle.firstExecutionRunId) };
 }
 
 function delay(ms: number): Promise<void> {

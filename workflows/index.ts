@@ -9,3 +9,4 @@ export { webhookDeliveryWorkflow } from './webhooks';
 export { classicDeploymentWorkflow } from './classic-deployment';
 export { userDeleteWorkflow } from './user-delete';
 export { conversationPurgeSweepWorkflow } from './conversation-purge';
+export { versionVerifyWorkflow } from './verify';

@@ -8,7 +8,10 @@
  * 1. `loadRollout` (plan: ids, policy, delay until scheduleAt); search attributes RoostSiteId,
  *    RoostRoostId, RoostVersionId, RoostStage (workflows/search-attributes.ts).
  * 2. Durable timer until scheduleAt (the delay is measured by the activity, so no clock here).
- * 3. `markRolloutStarted` → `deployment.started` (stage canary).
+ * 3. `markRolloutStarted` → `deployment.started` (stage canary); then (behind
+ *    `patched('rollout-verify-chunks-v1')`) `verifyVersionChunks`: the server re-hashes every chunk of the
+ *    version not verified yet, and a chunk whose bytes are wrong ends the rollout as failed
+ *    (`chunk_verify_failed`) before any machine is sent it (docs/decisions/chunk-integrity.md).
  * 4. Waves in order (`controlledRollout`, behind `patched('rollout-control-v1')`): the policy's waves, bake
  *    timers, manual gates (`promote`), maintenance windows (the activity measures the delay), `pause` /
  *    `resume` / `abort` updates with validators, a `status` query, failure thresholds with an automatic
@@ -21,8 +24,8 @@
  * `wave_timeout` when every failure was a timeout); else completed. Keep it as it is: it exists for replay
  * and for runs started before the patch.
  *
- * The history has a fixed number of events whatever the number of machines (58 for a completed two-wave
- * rollout, 10,000 machines included; 12 more per further wave).
+ * The history has a fixed number of events whatever the number of machines (66 for a completed two-wave
+ * rollout, 10,000 machines included, 8 of them the chunk verification step; 12 more per further wave).
  * Changing this code changes replay: use `patched()` or a new workflow type (test/replay).
  */
 import {
@@ -97,6 +100,15 @@ export const statusQuery = defineQuery<RolloutRuntime>('status');
  * Never rename it: recorded histories carry it.
  */
 export const CONTROL_PATCH = 'rollout-control-v1';
+
+/**
+ * Patch id of the chunk verification every rollout runs before its first wave (rollouts started before it
+ * replay without it). Never rename it: recorded histories carry it.
+ */
+export const VERIFY_PATCH = 'rollout-verify-chunks-v1';
+
+/** abortReason of a rollout whose version references chunks whose stored bytes do not hash to their digest. */
+export const CHUNK_VERIFY_FAILED = 'chunk_verify_failed';
 
 /** Business failure types that end the rollout as failed (they are also its abortReason). */
 const BUSINESS_FAILURES: readonly RolloutFailureType[] = ['rollout_not_found', 'roost_deleted', 'version_missing'];
@@ -207,6 +219,11 @@ async function controlledRollout(
     startToCloseTimeout: plan.policy.waveTimeoutMs + WAVE_TIMEOUT_MARGIN_MS,
     heartbeatTimeout: '15 seconds',
     retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
+  });
+  const { verifyVersionChunks } = proxyActivities<Activities>({
+    startToCloseTimeout: '2 hours',
+    heartbeatTimeout: '1 minute',
+    retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '1 minute' },
   });
   const policy = plan.policy;
   const waves = plan.waves ?? [
@@ -368,6 +385,11 @@ async function controlledRollout(
       waiting = null;
     }
     if (!(await markRolloutStarted(input))) return end('failed', 'ended');
+    if (patched(VERIFY_PATCH)) {
+      // No machine is sent bytes the service has not hashed once (docs/decisions/chunk-integrity.md).
+      const verified = await verifyVersionChunks({ siteId: input.siteId, roostId: plan.roostId, versionId: plan.versionId, order: 'desc' });
+      if (verified.failed > 0) return end('failed', CHUNK_VERIFY_FAILED);
+    }
     const lastIndex = waves.length - 1;
     for (let i = 0; i <= lastIndex; i++) {
       if (waves[i].size === 0) continue;

@@ -214,7 +214,7 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { roostId } = request.params;
       const b = request.body;
       const user = await authorizeSite(request, b.siteId, roostRequirement(b.siteId, roostId, 'write'));
-      const r = await publish(deps, { ...b, roostId, userId: user.userId });
+      const r = await publish(deps, { ...b, roostId, userId: user.userId, log: request.log });
       return reply.code(r.outcome === 'created' ? 201 : 200).send({
         versionId: r.versionId,
         versionNumber: r.versionNumber,

@@ -35,29 +35,37 @@ const CONTROL = [
   'rollout-staged.json',
 ];
 
+/**
+ * Histories of rollouts that verified their version before the first wave (`rollout-verify-chunks-v1`;
+ * test/integration/verify.test.ts with ROOST_RECORD_HISTORIES=1).
+ */
+const VERIFY = ['rollout-chunk-verify-failed.json'];
+
 const load = (file: string) => loadHistory(HISTORIES, file);
 
 beforeAll(quietRuntime);
 
 it('has recorded histories of a completed, a failed and a scheduled rollout, and of every control path', () => {
-  expect(files).toEqual(expect.arrayContaining([...PRE_CONTROL, ...CONTROL]));
+  expect(files).toEqual(expect.arrayContaining([...PRE_CONTROL, ...CONTROL, ...VERIFY]));
   for (const f of files) {
     const first = load(f).events![0];
     expect(first.workflowExecutionStartedEventAttributes?.workflowType?.name).toBe('rolloutWorkflow');
   }
 });
 
-it('recorded the pre-control histories without the control patch marker, and the control ones with it', () => {
-  const hasMarker = (f: string) =>
+it('recorded the pre-control histories without the control patch marker, the control ones with it, and the verify marker only where recorded since', () => {
+  const hasMarker = (f: string, patch: string) =>
     (load(f).events ?? []).some((e) =>
       (e.markerRecordedEventAttributes?.details?.['patch-data']?.payloads ?? []).some((p) =>
         Buffer.from(p.data ?? [])
           .toString('utf8')
-          .includes('"rollout-control-v1"'),
+          .includes(`"${patch}"`),
       ),
     );
-  for (const f of PRE_CONTROL) expect(hasMarker(f)).toBe(false);
-  for (const f of CONTROL.filter((x) => files.includes(x))) expect(hasMarker(f)).toBe(true);
+  for (const f of PRE_CONTROL) expect(hasMarker(f, 'rollout-control-v1')).toBe(false);
+  for (const f of CONTROL.filter((x) => files.includes(x))) expect(hasMarker(f, 'rollout-control-v1')).toBe(true);
+  for (const f of CONTROL) expect(hasMarker(f, 'rollout-verify-chunks-v1')).toBe(false);
+  for (const f of VERIFY) expect(hasMarker(f, 'rollout-verify-chunks-v1')).toBe(true);
 });
 
 it.each(files)('replays %s against the current workflow code', async (file) => {

@@ -13,6 +13,7 @@ import { QueryNotRegisteredError } from '@temporalio/client';
 import { TestWorkflowEnvironment } from '@temporalio/testing';
 import { Worker } from '@temporalio/worker';
 import type { RolloutActivities, RolloutPlan, RollbackStart, TransitionInput, WatchInput, WatchResult } from '../../activities/rollout';
+import type { VerifyActivities, VerifyVersionInput } from '../../activities/verify';
 import type { StageChange } from '../../db/rollouts';
 import type { RolloutStage } from '../../domain/rollout';
 import { DEFAULT_POLICY, type RolloutPolicy } from '../../domain/rollout-policy';
@@ -24,7 +25,7 @@ import {
   rolloutRuntime,
   startRolloutWorkflow,
 } from '../../workflows/client';
-import type { RolloutOutcome } from '../../workflows/rollout';
+import { CHUNK_VERIFY_FAILED, type RolloutOutcome } from '../../workflows/rollout';
 import { RoostStage } from '../../workflows/search-attributes';
 import { quietRuntime } from '../replay/histories';
 import { testConfig } from '../support/env';
@@ -110,8 +111,18 @@ function release(rolloutId: string, wave: number, result?: WatchResult): void {
   gate(s, wave).resolve(result ?? s.results.get(wave) ?? counts(s.plan.waves?.[wave]?.size ?? 0));
 }
 
+/** Versions whose chunks the mocked verification finds bad, and every verification asked for. */
+const badVersions = new Set<string>();
+const verified: VerifyVersionInput[] = [];
+
 /** The mocked rollout activities: in-memory, keyed by rollout id, recording every call. */
-const activities: Partial<RolloutActivities> = {
+const activities: Partial<RolloutActivities & VerifyActivities> = {
+  async verifyVersionChunks(input) {
+    verified.push(input);
+    return badVersions.has(input.versionId)
+      ? { verified: 3, failed: 1, failedChunks: ['c'.repeat(64)] }
+      : { verified: 0, failed: 0, failedChunks: [] };
+  },
   async loadRollout(ref) {
     return of(ref.rolloutId).plan;
   },
@@ -239,6 +250,19 @@ const waitingFor = (workflowId: string, waiting: string) => async () => {
   }
 };
 const by = { by: 'usr_test' };
+
+it('verifies the version before its first wave, and ends as failed (chunk_verify_failed) without dispatching when a chunk is bad', async () => {
+  const good = scenario([1, 2]);
+  expect(await outcome(await start(good))).toMatchObject({ stage: 'completed' });
+  expect(verified).toContainEqual({ siteId: SITE, roostId: ROOST, versionId: VERSION, order: 'desc' });
+  expect(of(good).calls.slice(0, 2)).toEqual(['started', 'dispatch:0']);
+
+  const badVersion = 'b'.repeat(64);
+  badVersions.add(badVersion);
+  const bad = scenario([1, 2], {}, { versionId: badVersion });
+  expect(await outcome(await start(bad))).toMatchObject({ stage: 'failed', abortReason: CHUNK_VERIFY_FAILED });
+  expect(of(bad).calls).toEqual(['started', `stage:failed:${CHUNK_VERIFY_FAILED}`]);
+});
 
 it('pauses between waves and resumes on request; a second pause is refused by the validator', async () => {
   const id = scenario([1, 3]);
