@@ -8,7 +8,8 @@
 import { createHmac } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx } from './pool';
-import { addSiteMember } from './sites';
+import { addSiteMember, insertSite } from './sites';
+import { DEFAULT_DEPLOY_QUOTA } from '../domain/users';
 import { newId, sha256Hex } from '../domain/hex';
 import { PERMISSIONS, RESOURCES, type Scope } from '../domain/scopes';
 import type { KeyEnvironment } from '../domain/keys';
@@ -61,14 +62,19 @@ export async function bootstrap(
       ])
     ).rows[0];
     if (!site) {
-      site = { site_id: newId('site'), environment };
-      await tx.query('INSERT INTO sites (site_id, name, owner_uid, timezone, environment) VALUES ($1, $2, $3, $4, $5)', [
-        site.site_id,
-        opts.siteName,
-        user.uid,
-        opts.timezone ?? 'UTC',
+      // The same insert as `POST /api/sites` (services/sites.ts): one way a site comes to exist.
+      const made = await insertSite(tx, {
+        siteId: newId('site'),
+        name: opts.siteName,
+        ownerUid: user.uid,
+        timezone: opts.timezone ?? 'UTC',
+        tier: 'standard',
+        roostEnabled: true,
+        deployQuota: DEFAULT_DEPLOY_QUOTA,
         environment,
-      ]);
+      });
+      if (!made) throw new Error(`site ${opts.siteName} was created concurrently; run the bootstrap again`);
+      site = { site_id: made.site_id, environment };
       created.site = true;
     } else if (site.environment !== environment) {
       throw new Error(

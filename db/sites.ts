@@ -66,10 +66,12 @@ export interface SiteRow {
   tier: string;
   roost_enabled: boolean;
   deploy_quota: number;
+  /** 'live', or 'test' for a sandbox site (docs/decisions/test-keys.md). */
+  environment: 'live' | 'test';
   created_at: Date;
 }
 
-const SITE_COLUMNS = 'site_id, name, owner_uid, timezone, tier, roost_enabled, deploy_quota, created_at';
+const SITE_COLUMNS = 'site_id, name, owner_uid, timezone, tier, roost_enabled, deploy_quota, environment, created_at';
 
 /** What a new site needs. */
 export interface NewSite {
@@ -80,6 +82,7 @@ export interface NewSite {
   tier: string;
   roostEnabled: boolean;
   deployQuota: number;
+  environment: 'live' | 'test';
 }
 
 /**
@@ -88,9 +91,9 @@ export interface NewSite {
  */
 export async function insertSite(tx: Queryable, s: NewSite): Promise<SiteRow | undefined> {
   const { rows } = await tx.query<SiteRow>(
-    `INSERT INTO sites (site_id, name, owner_uid, timezone, tier, roost_enabled, deploy_quota) VALUES ($1, $2, $3, $4, $5, $6, $7)
+    `INSERT INTO sites (site_id, name, owner_uid, timezone, tier, roost_enabled, deploy_quota, environment) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
      ON CONFLICT (name) DO NOTHING RETURNING ${SITE_COLUMNS}`,
-    [s.siteId, s.name, s.ownerUid, s.timezone, s.tier, s.roostEnabled, s.deployQuota],
+    [s.siteId, s.name, s.ownerUid, s.timezone, s.tier, s.roostEnabled, s.deployQuota, s.environment],
   );
   if (rows[0]) await addSiteMember(tx, s.siteId, s.ownerUid);
   return rows[0];

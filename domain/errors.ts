@@ -49,6 +49,8 @@ export const ERROR_STATUS = {
   method_not_allowed: 405,
   /** Webhooks: a delivery URL pointing at a loopback, private or link-local address (docs/decisions/webhook-urls.md). */
   url_not_allowed: 400,
+  /** A roost route on a site whose roostEnabled is false (docs/decisions/sites.md). */
+  roost_disabled: 403,
 } as const;
 
 export type ErrorCode = keyof typeof ERROR_STATUS;

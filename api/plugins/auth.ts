@@ -15,6 +15,7 @@ import { type Requirement, scopesAllow } from '../../domain/scopes';
 import { SITE_ID_RE } from '../../domain/schemas';
 import { oidcSettings } from '../../config/oidc';
 import { type CredentialSource, mayActOnSite, requireKeyEnvironment, resolveCredential } from '../../services/identity';
+import { requireRoostEnabled } from '../../services/sites';
 import type { AgentPrincipal, AuthMode, Principal, UserPrincipal } from '../context';
 import { noteDecision, rateLimitedError } from '../ratelimit/limits';
 
@@ -144,7 +145,8 @@ export function requireAgent(request: FastifyRequest): AgentPrincipal {
  * superadmin (else 404 not_found, the site stays hidden), and the key's scopes grant one of `anyOf`
  * (else 403 scope_insufficient with `required`). Legacy keys and credentials without a key skip the scope
  * check. An API key acts only on sites of its environment (`svk_test_` on sandbox sites, `svk_live_` on
- * live ones; else 403 forbidden, docs/decisions/test-keys.md). Returns the principal.
+ * live ones; else 403 forbidden, docs/decisions/test-keys.md). On the roost routes (`/api/roosts…`) a site
+ * whose roostEnabled is false answers 403 roost_disabled (docs/decisions/sites.md). Returns the principal.
  */
 export async function authorizeSite(request: FastifyRequest, siteId: string, anyOf: Requirement[]): Promise<UserPrincipal> {
   const user = requireUser(request);
@@ -152,8 +154,15 @@ export async function authorizeSite(request: FastifyRequest, siteId: string, any
   if (!(await mayActOnSite(request.server.deps, user, siteId))) throw new ApiError('not_found', 'site not found');
   await requireKeyEnvironment(request.server.deps, user, siteId);
   requireScopes(user, anyOf);
+  if (isRoostRoute(request)) await requireRoostEnabled(request.server.deps, siteId);
   request.authorizedSiteId = siteId;
   return user;
+}
+
+/** The roost routes (`/api/roosts…`), which a site with roostEnabled false refuses (403 roost_disabled; docs/decisions/sites.md). */
+function isRoostRoute(request: FastifyRequest): boolean {
+  const url = request.routeOptions.url ?? '';
+  return url === '/api/roosts' || url.startsWith('/api/roosts/');
 }
 
 /** Throws 403 scope_insufficient unless the key grants one of `anyOf`. */

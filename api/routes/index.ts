@@ -20,6 +20,7 @@ import classicDeployments from './classic-deployments';
 import installerTemplates from './installer-templates';
 import users from './users';
 import conversations from './conversations';
+import sites from './sites';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -42,4 +43,5 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(installerTemplates);
   await app.register(users);
   await app.register(conversations);
+  await app.register(sites);
 }

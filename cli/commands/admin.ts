@@ -8,6 +8,7 @@
  */
 import type { Command } from 'commander';
 import { UsageError } from '../context';
+import { isIanaTimeZone } from '../../domain/users';
 import { loadConfig } from '../../config/env';
 import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
@@ -33,6 +34,8 @@ export function registerAdmin(program: Command): void {
       // `--site` is the program's global option (site id elsewhere); here it names the site.
       const opts = { ...local, site: cmd.optsWithGlobals<{ site?: string }>().site };
       if (!opts.site) throw new UsageError('--site <name> is required');
+      if (!isIanaTimeZone(opts.timezone))
+        throw new UsageError(`--timezone ${opts.timezone} is not an IANA time zone (e.g. Europe/Berlin, UTC)`);
       const cfg = loadConfig();
       if (cfg.embedded.postgres) await ensurePostgres(cfg);
       const pool = createPool(cfg.databaseUrl, 2);

@@ -398,6 +398,24 @@ const MATRIX: Row[] = [
     what: { kind: 'site', needs: site('write') },
     req: (s) => ({ url: `/api/sites/${s}/installer-templates/${TEMPLATE}` }),
   },
+  // ---- sites
+  {
+    route: 'POST /api/sites',
+    what: { kind: 'platform' },
+    req: () => ({ url: '/api/sites', body: { name: `matrix-${randomBytes(4).toString('hex')}` } }),
+  },
+  { route: 'GET /api/sites', what: { kind: 'self' }, req: () => ({ url: '/api/sites' }) },
+  { route: 'GET /api/sites/:siteId', what: { kind: 'site', needs: site('read') }, req: (s) => ({ url: `/api/sites/${s}` }) },
+  {
+    route: 'PATCH /api/sites/:siteId',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}`, body: { roostEnabled: false } }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/members',
+    what: { kind: 'site', needs: site('admin') },
+    req: (s) => ({ url: `/api/sites/${s}/members` }),
+  },
   // ---- platform: users
   { route: 'GET /api/users', what: { kind: 'platform' }, req: () => ({ url: '/api/users' }) },
   { route: 'GET /api/users/:uid', what: { kind: 'platform' }, req: () => ({ url: `/api/users/${member.uid}` }) },

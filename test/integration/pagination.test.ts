@@ -110,6 +110,41 @@ async function insertHook(siteId: string, name: string): Promise<string> {
 
 const FIXTURES: ListFixture[] = [
   {
+    route: 'GET /api/sites',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'sites',
+    id: (s) => s.siteId,
+    seed: async () => {
+      // The sites of one member (not a superadmin, who would see every site of the run).
+      const member = await makeUser(h.deps.db);
+      const expected: string[] = [];
+      for (let i = 0; i < 23; i++) {
+        const siteId = newId('site');
+        await h.deps.db.query('INSERT INTO sites (site_id, name, owner_uid) VALUES ($1, $2, $3)', [siteId, `paged-${siteId}`, h.userId]);
+        await addMember(h.deps.db, siteId, member.uid);
+        expected.push(siteId);
+      }
+      const key = (await insertKey(h.deps.db, { uid: member.uid, scopes: [{ resource: 'site', id: '*', permissions: ['read'] }] })).raw;
+      return { url: '/api/sites', key, expected: expected.sort() };
+    },
+  },
+  {
+    route: 'GET /api/sites/:siteId/members',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'members',
+    id: (m) => m.uid,
+    seed: async () => {
+      const site = await h.other();
+      for (let i = 0; i < 23; i++) await addMember(h.deps.db, site.siteId, (await makeUser(h.deps.db)).uid);
+      const { rows } = await h.deps.db.query<{ uid: string }>('SELECT uid FROM site_members WHERE site_id = $1 ORDER BY uid', [
+        site.siteId,
+      ]);
+      return { url: `/api/sites/${site.siteId}/members`, key: h.apiKey, expected: rows.map((r) => r.uid) };
+    },
+  },
+  {
     route: 'GET /api/users',
     defaultSize: 20,
     maxSize: 100,

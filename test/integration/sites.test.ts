@@ -1,0 +1,179 @@
+/**
+ * Sites (docs/decisions/sites.md): create, list, get, PATCH (IANA time zones, tier, roostEnabled,
+ * deployQuota, owner), the member list, who may do what, and roostEnabled false refusing the roost
+ * routes with 403 roost_disabled. Real PostgreSQL through HTTP.
+ */
+import { randomBytes } from 'node:crypto';
+import { createHarness, type Harness, idemKey } from '../support/harness';
+import { addMember, idTokenFor, insertKey, makeUser } from '../support/identity';
+
+let h: Harness;
+let superToken: string;
+
+type Res = Awaited<ReturnType<Harness['request']>>;
+function expectProblem(res: Res, status: number, code: string): any {
+  expect({ status: res.statusCode, code: res.json().code }).toEqual({ status, code });
+  return res.json();
+}
+
+beforeAll(async () => {
+  h = await createHarness();
+  const owner = (await h.deps.db.query('SELECT uid, email FROM users WHERE uid = $1', [h.userId])).rows[0];
+  superToken = await idTokenFor(h, owner);
+});
+afterAll(async () => h.close());
+
+const name = () => `site-${randomBytes(4).toString('hex')}`;
+const su = (method: string, url: string, body?: unknown, idem: string | true | undefined = method === 'GET' ? undefined : true) =>
+  h.request({ method, url, body, key: superToken, idempotencyKey: idem });
+const count = async (sql: string, args: unknown[]) => (await h.deps.db.query(sql, args)).rows[0].n;
+
+describe('POST /api/sites', () => {
+  it('creates a site with defaults, owned by the caller, and replays', async () => {
+    const n = name();
+    const key = idemKey();
+    const res = await su('POST', '/api/sites', { name: n, timezone: 'Europe/Berlin' }, key);
+    expect(res.statusCode).toBe(201);
+    expect(res.json()).toMatchObject({
+      name: n,
+      owner: h.userId,
+      timezone: 'Europe/Berlin',
+      tier: 'standard',
+      roostEnabled: true,
+      deployQuota: 100,
+      environment: 'live',
+    });
+    const again = await su('POST', '/api/sites', { name: n, timezone: 'Europe/Berlin' }, key);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(again.json().siteId).toBe(res.json().siteId);
+    expect(await count('SELECT count(*)::int AS n FROM sites WHERE name = $1', [n])).toBe(1);
+    expectProblem(await su('POST', '/api/sites', { name: n }), 409, 'conflict');
+    // The creation is in the new site's audit log.
+    const log = await h.request({ method: 'GET', url: `/api/sites/${res.json().siteId}/audit-log`, key: superToken });
+    expect(log.json().records.map((r: any) => r.kind)).toContain('POST /api/sites');
+  });
+
+  it('refuses bad fields, non-superadmins and unsuitable owners, changing nothing', async () => {
+    const n = name();
+    for (const body of [
+      { name: n, timezone: 'Mars/Olympus' },
+      { name: n, timezone: '+02:00' },
+      { name: n, tier: 'gold' },
+      { name: n, deployQuota: 0 },
+      { name: '' },
+      { name: n, extra: true },
+    ]) {
+      expectProblem(await su('POST', '/api/sites', body), 400, 'validation_failed');
+    }
+    const member = await makeUser(h.deps.db);
+    expectProblem(await su('POST', '/api/sites', { name: n, ownerUid: member.uid }), 400, 'validation_failed');
+    expectProblem(await su('POST', '/api/sites', { name: n, ownerUid: 'usr_nobody' }), 400, 'validation_failed');
+    expectProblem(
+      await h.request({ method: 'POST', url: '/api/sites', key: await idTokenFor(h, member), body: { name: n }, idempotencyKey: true }),
+      403,
+      'forbidden',
+    );
+    expectProblem(
+      await h.request({ method: 'POST', url: '/api/sites', key: superToken, body: { name: n } }),
+      400,
+      'idempotency_key_required',
+    );
+    expect(await count('SELECT count(*)::int AS n FROM sites WHERE name = $1', [n])).toBe(0);
+  });
+});
+
+describe('reading sites', () => {
+  it("lists the caller's sites (all for a superadmin), one by one across pages", async () => {
+    const member = await makeUser(h.deps.db);
+    const a = (await su('POST', '/api/sites', { name: name() })).json().siteId;
+    const b = (await su('POST', '/api/sites', { name: name() })).json().siteId;
+    await addMember(h.deps.db, a, member.uid);
+    await addMember(h.deps.db, b, member.uid);
+    const token = await idTokenFor(h, member);
+    const seen: string[] = [];
+    let next = '';
+    for (let i = 0; i < 5; i++) {
+      const res = await h.request({ method: 'GET', url: `/api/sites?page_size=1${next ? `&page_token=${next}` : ''}`, key: token });
+      seen.push(...res.json().sites.map((s: any) => s.siteId));
+      next = res.json().next_page_token;
+      if (!next) break;
+    }
+    expect(seen).toEqual([a, b].sort());
+    // A key sees only the sites its scopes grant read on.
+    const keyed = (await insertKey(h.deps.db, { uid: member.uid, scopes: [{ resource: 'site', id: a, permissions: ['read'] }] })).raw;
+    expect((await h.request({ method: 'GET', url: '/api/sites', key: keyed })).json().sites.map((s: any) => s.siteId)).toEqual([a]);
+    expectProblem(await h.request({ method: 'GET', url: '/api/sites?page_size=101', key: token }), 400, 'validation_failed');
+  });
+
+  it('shows a site and its members to its owner, admins and superadmins, not to plain members or strangers', async () => {
+    const admin = await makeUser(h.deps.db, { role: 'admin' });
+    const member = await makeUser(h.deps.db);
+    const siteId = (await su('POST', '/api/sites', { name: name(), ownerUid: admin.uid })).json().siteId;
+    await addMember(h.deps.db, siteId, member.uid);
+    const adminToken = await idTokenFor(h, admin);
+    expect((await h.request({ method: 'GET', url: `/api/sites/${siteId}`, key: adminToken })).json()).toMatchObject({
+      siteId,
+      owner: admin.uid,
+    });
+    const members = (await h.request({ method: 'GET', url: `/api/sites/${siteId}/members`, key: adminToken })).json().members;
+    expect(members.map((m: any) => [m.uid, m.isOwner]).sort()).toEqual(
+      [
+        [admin.uid, true],
+        [member.uid, false],
+      ].sort(),
+    );
+    expectProblem(await h.request({ method: 'GET', url: `/api/sites/${siteId}`, key: await idTokenFor(h, member) }), 403, 'forbidden');
+    expectProblem(
+      await h.request({ method: 'GET', url: `/api/sites/${siteId}/members`, key: await idTokenFor(h, member) }),
+      403,
+      'forbidden',
+    );
+    const stranger = await makeUser(h.deps.db, { role: 'admin' });
+    expectProblem(await h.request({ method: 'GET', url: `/api/sites/${siteId}`, key: await idTokenFor(h, stranger) }), 404, 'not_found');
+    expectProblem(await su('GET', '/api/sites/site_nope'), 404, 'not_found');
+    expectProblem(await su('GET', '/api/sites/bad%20id'), 400, 'validation_failed');
+  });
+});
+
+describe('PATCH /api/sites/{siteId}', () => {
+  it('changes settings and the owner; validates the time zone; only superadmins', async () => {
+    const siteId = (await su('POST', '/api/sites', { name: name() })).json().siteId;
+    const res = await su('PATCH', `/api/sites/${siteId}`, { timezone: 'America/New_York', tier: 'pro', deployQuota: 250 });
+    expect(res.json()).toMatchObject({ timezone: 'America/New_York', tier: 'pro', deployQuota: 250, roostEnabled: true });
+    expectProblem(await su('PATCH', `/api/sites/${siteId}`, { timezone: 'Europe/Nowhere' }), 400, 'validation_failed');
+    expectProblem(await su('PATCH', `/api/sites/${siteId}`, {}), 400, 'validation_failed');
+    expectProblem(await su('PATCH', `/api/sites/${siteId}`, { owner: 'x' }), 400, 'validation_failed');
+    const heir = await makeUser(h.deps.db, { role: 'admin' });
+    expect((await su('PATCH', `/api/sites/${siteId}`, { ownerUid: heir.uid })).json().owner).toBe(heir.uid);
+    expect(await count('SELECT count(*)::int AS n FROM site_members WHERE site_id = $1 AND uid = $2', [siteId, heir.uid])).toBe(1);
+    // The owner, an admin, may read but not change it.
+    expectProblem(
+      await h.request({
+        method: 'PATCH',
+        url: `/api/sites/${siteId}`,
+        key: await idTokenFor(h, heir),
+        body: { tier: 'free' },
+        idempotencyKey: true,
+      }),
+      403,
+      'forbidden',
+    );
+    expect((await su('GET', `/api/sites/${siteId}`)).json().tier).toBe('pro');
+  });
+
+  it('refuses the roost routes of a site with roostEnabled false (403 roost_disabled) and allows them again', async () => {
+    const body = { name: `roost-${randomBytes(3).toString('hex')}`, siteId: h.siteId };
+    expect((await su('PATCH', `/api/sites/${h.siteId}`, { roostEnabled: false })).json().roostEnabled).toBe(false);
+    try {
+      const refused = await h.request({ method: 'POST', url: '/api/roosts', body });
+      expect(expectProblem(refused, 403, 'roost_disabled').siteId).toBe(h.siteId);
+      expectProblem(await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` }), 403, 'roost_disabled');
+      expect(await count('SELECT count(*)::int AS n FROM roosts WHERE site_id = $1', [h.siteId])).toBe(0);
+      // Other site routes still work.
+      expect((await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/quota` })).statusCode).toBe(200);
+    } finally {
+      await su('PATCH', `/api/sites/${h.siteId}`, { roostEnabled: true });
+    }
+    expect((await h.request({ method: 'POST', url: '/api/roosts', body })).statusCode).toBe(201);
+  });
+});
