@@ -14,7 +14,7 @@ import type { FastifyRequest } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { DateTime, PagingQuery, PageTokens, problems, SITE_ID_RE, SiteId, UserId } from '../../domain/schemas';
+import { DateTime, pagingQuery, PageTokens, problems, SITE_ID_RE, SiteId, UserId } from '../../domain/schemas';
 import { SITE_TIERS } from '../../domain/users';
 import { createSite, getSite, listSites, patchSite, requireSiteAdmin, siteMembers, type SiteRow } from '../../services/sites';
 import { parsePaging } from '../pagination';
@@ -22,6 +22,7 @@ import { authorizeSite, requireScopes, requireSuperadmin, requireUser } from '..
 import { enforceCapability } from '../ratelimit/limits';
 
 export const SITE_PAGE = { defaultSize: 20, maxSize: 100 };
+export const MEMBER_PAGE = { defaultSize: 20, maxSize: 100 };
 
 const Tier = Type.Union(
   SITE_TIERS.map((t) => Type.Literal(t)),
@@ -126,7 +127,7 @@ const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         tags: ['sites'],
         summary: 'The sites the caller may act on (every site for a superadmin), by id',
-        querystring: Type.Object(PagingQuery),
+        querystring: Type.Object(pagingQuery(SITE_PAGE)),
         response: { 200: Type.Object({ sites: Type.Array(SiteView), ...PageTokens }), ...problems() },
       },
     },
@@ -184,7 +185,7 @@ const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['sites'],
         summary: "The site's active members, owner included, by uid (its owner, admins and superadmins)",
         params: Type.Object({ siteId: SiteId }),
-        querystring: Type.Object(PagingQuery),
+        querystring: Type.Object(pagingQuery(MEMBER_PAGE)),
         response: { 200: Type.Object({ members: Type.Array(MemberView), ...PageTokens }), ...problems() },
       },
     },
@@ -192,7 +193,7 @@ const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { siteId } = request.params;
       const user = await authorizeSite(request, siteId, site(siteId, 'admin'));
       await requireSiteAdmin(app.deps, user, siteId);
-      const paging = parsePaging(request, { ...SITE_PAGE, accept: isUidPosition });
+      const paging = parsePaging(request, { ...MEMBER_PAGE, accept: isUidPosition });
       const { rows, next } = await siteMembers(app.deps, siteId, { after: paging.after, pageSize: paging.pageSize });
       return {
         members: rows.map((m) => ({ uid: m.uid, email: m.email, role: m.role, isOwner: m.is_owner, joinedAt: m.joined_at.toISOString() })),

@@ -19,7 +19,7 @@ import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { apiKeyActor, userActor } from '../../domain/audit';
 import type { Permission } from '../../domain/scopes';
-import { DateTime, Nullable, NullableDateTime, PagingQuery, PageTokens, problems, SiteId, UserId } from '../../domain/schemas';
+import { DateTime, Nullable, NullableDateTime, pagingQuery, PageTokens, problems, SiteId, UserId } from '../../domain/schemas';
 import {
   assignSites,
   type DeletionRow,
@@ -87,7 +87,7 @@ const UserView = Type.Object({
 type UserView = Static<typeof UserView>;
 
 const ListQuery = Type.Object({
-  ...PagingQuery,
+  ...pagingQuery(USER_PAGE),
   role: Type.Optional(Role),
   siteId: Type.Optional(SiteId),
   includeDeleted: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')], { description: 'default false' })),
