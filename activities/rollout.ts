@@ -25,6 +25,10 @@ import {
   getWaveTarget,
   reconcileWave,
   reconcileWaves,
+  retryStalledSyncs,
+  type StalledSync,
+  stalledSyncs,
+  type WaveTarget,
   recordRolloutStarted,
   recordRolloutTransition,
   rolloutState,
@@ -121,7 +125,8 @@ function businessFailure(type: RolloutFailureType, message: string): Application
 }
 
 /** Builds the rollout activities over their dependencies (`createActivities` merges them). */
-export function createRolloutActivities({ db }: ActivityDeps) {
+export function createRolloutActivities({ db, cfg }: ActivityDeps) {
+  const stallMs = cfg.ROOST_COMMAND_STALL_MS;
   async function waveTarget(ref: RolloutRef) {
     const t = await getWaveTarget(db, ref.siteId, ref.rolloutId);
     if (!t) throw businessFailure('version_missing', `rollout ${ref.rolloutId} or its version no longer exists`);
@@ -129,10 +134,10 @@ export function createRolloutActivities({ db }: ActivityDeps) {
   }
 
   /**
-   * Watcher over waves 0..`index` (stragglers of earlier waves included): reconciles, retries
-   * (not while paused), and returns when the rollout was aborted, the failure threshold tripped (once
-   * nothing is in flight), every machine finished its phase, or (sync phase, not the last wave) the
-   * wave reached its success threshold.
+   * Watcher over waves 0..`index` (stragglers of earlier waves included): reconciles, retries failed,
+   * timed-out and stalled syncs within the retry budget (not while paused), and returns when the rollout
+   * was aborted, the failure threshold tripped (once nothing is in flight), every machine finished its
+   * phase, or (sync phase, not the last wave) the wave reached its success threshold.
    */
   async function watchWaves(
     ctx: Context,
@@ -148,6 +153,13 @@ export function createRolloutActivities({ db }: ActivityDeps) {
     const target = successTarget(t.policy.successThreshold ?? null, current.size);
     const staged = (t.policy.activation ?? 'immediate') !== 'immediate';
     const pollMs = Math.max(50, t.policy.pollIntervalMs);
+    /**
+     * Stalled syncs this attempt has watched, by machine, command and last progress → when first seen
+     * (epoch ms). A sync is given up only after this watcher saw it stalled for `stallMs` without a break, so
+     * an outage (which fails the attempt; the next one starts with an empty map) never counts against the
+     * agents: their reports land once it ends.
+     */
+    const stalledSince = new Map<string, number>();
     for (;;) {
       const state = await rolloutState(db, t.siteId, t.rolloutId);
       const byWave = await reconcileWaves(db, t, names);
@@ -160,10 +172,34 @@ export function createRolloutActivities({ db }: ActivityDeps) {
       if (all.pending + inFlight === 0) return { ...all, outcome: all.failed > maxFailed ? 'tripped' : 'done' };
       const w = byWave.get(current.name);
       if (phase === 'sync' && !last && w && w.succeeded >= target) return { ...all, outcome: 'advance' };
+      if (all.dispatched > 0 && state !== 'paused') await retryStalled(t, names, stalledSince);
       if (all.pending > 0 && state !== 'paused')
         await dispatchDueIn(db, t, names, t.policy.waveTimeoutMs, { staged: staged && phase === 'stage' }, () => ctx.heartbeat(all));
       await ctx.sleep(pollMs);
     }
+  }
+
+  /**
+   * Notices syncs whose agent stopped reporting progress (db/rollouts.ts stalledSyncs) and, once this
+   * watcher has seen one stalled for `stallMs` in a row, cancels its command and sends the machine back to
+   * pending within the retry budget (retryStalledSyncs); the dispatch that follows sends a new attempt.
+   */
+  async function retryStalled(t: WaveTarget, names: readonly string[], stalledSince: Map<string, number>): Promise<void> {
+    const now = Date.now();
+    const seen = new Set<string>();
+    const due: StalledSync[] = [];
+    for (const s of await stalledSyncs(db, t, names, stallMs)) {
+      const key = `${s.machineId}|${s.commandId}|${s.progressAt}`;
+      seen.add(key);
+      const since = stalledSince.get(key) ?? now;
+      stalledSince.set(key, since);
+      if (now - since >= stallMs) due.push(s);
+    }
+    for (const key of stalledSince.keys()) if (!seen.has(key)) stalledSince.delete(key);
+    if (due.length === 0) return;
+    const moved = await retryStalledSyncs(db, t, due, stallMs);
+    for (const s of due) stalledSince.delete(`${s.machineId}|${s.commandId}|${s.progressAt}`);
+    log.warn('stalled syncs given up and sent back for another attempt', { rolloutId: t.rolloutId, machines: moved });
   }
 
   return {

@@ -133,6 +133,12 @@ export const EnvSchema = Type.Object({
    */
   ROOST_AUDIT_KEY_USE_SAMPLE_SECONDS: Type.Integer({ minimum: 1, default: 3600 }),
   /**
+   * Rollouts (docs/decisions/outages.md): a sync whose agent took its command but has reported no progress
+   * for this many milliseconds, watched that long without a break by the rollout's watcher, is given up and
+   * re-dispatched within the retry budget. Default 2 minutes.
+   */
+  ROOST_COMMAND_STALL_MS: Type.Integer({ minimum: 1000, default: 120000 }),
+  /**
    * Idempotency-Key reservations (docs/decisions/idempotency-concurrency.md): a keyed request holds its key
    * for this many milliseconds and renews the lease every third of it while it runs, so the key of a request
    * whose process died is free again this long after its last renewal. Default 10 seconds.

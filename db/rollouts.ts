@@ -483,8 +483,9 @@ export async function reconcileWave(pool: Pool, t: WaveTarget, wave: Wave, deadl
  * - an `activating` machine succeeded when its state reports the version committed after the activation,
  *   failed (no retry) when its roost_activate command failed or was cancelled;
  * - deadlines: with `deadline` (rollouts started before rollout control) every unfinished machine fails with
- *   `last_error = 'timeout'` at or after it; without, each machine's own `deadline_at` applies. Still
- *   pending commands of timed-out machines are cancelled.
+ *   `last_error = 'timeout'` at or after it (still pending commands cancelled); without, each machine's own
+ *   `deadline_at` applies and a timed-out sync is retried within the retry budget like a failed one (its
+ *   open command cancelled), failing with `timeout` once the budget is spent.
  * Monotonic and idempotent. Returns the counts per wave after the pass.
  */
 export async function reconcileWaves(
@@ -543,22 +544,123 @@ export async function reconcileWaves(
           AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status IN ('failed', 'cancelled')`,
       [t.siteId, t.rolloutId, names],
     );
-    const due = deadline ? `now() >= $4::timestamptz` : `rm.deadline_at IS NOT NULL AND rm.deadline_at <= now()`;
-    const args = deadline ? [t.siteId, t.rolloutId, names, deadline] : [t.siteId, t.rolloutId, names];
+    if (deadline) {
+      // Rollouts started before rollout control: one wave deadline, unfinished machines fail at it.
+      const due = `now() >= $4::timestamptz`;
+      const args = [t.siteId, t.rolloutId, names, deadline];
+      await tx.query(
+        `UPDATE commands AS c SET status = 'cancelled', result = 'cancelled', completed_at = now(), updated_at = now()
+           FROM rollout_machines AS rm
+          WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('dispatched', 'activating') AND ${due}
+            AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'pending'`,
+        args,
+      );
+      await tx.query(
+        `UPDATE rollout_machines AS rm SET status = 'failed', last_error = 'timeout', finished_at = now(), updated_at = now()
+          WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('pending', 'dispatched', 'activating')
+            AND ${due}`,
+        args,
+      );
+      return countsByWave(tx, t.siteId, t.rolloutId, names);
+    }
+    // Per-machine deadlines. A timed-out sync uses the retry budget like a failed one: its open command is
+    // cancelled (an agent still on it learns so at its next report) and the machine goes back to pending
+    // with a fresh deadline at its next dispatch, or fails with `timeout` once the budget is spent. A
+    // timed-out activation fails (activations are not retried).
+    const due = `rm.deadline_at IS NOT NULL AND rm.deadline_at <= now()`;
     await tx.query(
-      `UPDATE commands AS c SET status = 'cancelled', result = 'cancelled', completed_at = now(), updated_at = now()
+      `UPDATE commands AS c SET status = 'cancelled', result = 'cancelled', error = COALESCE(c.error, 'timeout'), completed_at = now(), updated_at = now()
          FROM rollout_machines AS rm
         WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('dispatched', 'activating') AND ${due}
-          AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'pending'`,
-      args,
+          AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.completed_at IS NULL`,
+      [t.siteId, t.rolloutId, names],
     );
     await tx.query(
-      `UPDATE rollout_machines AS rm SET status = 'failed', last_error = 'timeout', finished_at = now(), updated_at = now()
+      `UPDATE rollout_machines AS rm
+          SET status = CASE WHEN rm.status = 'dispatched' AND rm.attempts <= $4 THEN 'pending' ELSE 'failed' END,
+              deadline_at = CASE WHEN rm.status = 'dispatched' AND rm.attempts <= $4 THEN NULL ELSE rm.deadline_at END,
+              last_error = 'timeout', finished_at = now(), updated_at = now()
         WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('pending', 'dispatched', 'activating')
-          AND ${deadline ? due : `${due} AND (rm.status <> 'pending' OR rm.attempts > 0)`}`,
-      args,
+          AND ${due} AND (rm.status <> 'pending' OR rm.attempts > 0)`,
+      [t.siteId, t.rolloutId, names, t.policy.retries],
     );
     return countsByWave(tx, t.siteId, t.rolloutId, names);
+  });
+}
+
+/** A sync of a rollout whose agent has reported nothing for a while (`stalledSyncs`). */
+export interface StalledSync {
+  machineId: string;
+  commandId: string;
+  /** Last sign of progress (dispatch, command report or target-state report), epoch ms on the database clock. */
+  progressAt: number;
+}
+
+/**
+ * Dispatched machines of waves `names` whose sync_pull was taken by the agent (its status is no longer
+ * `pending`) but shows no progress (command report, target-state report for the roost) for `stallMs` or
+ * more, oldest first, at most `limit`. Commands still pending are not stalled: their agent has not picked
+ * them up, which the deadline covers.
+ */
+export async function stalledSyncs(
+  q: Queryable,
+  t: WaveTarget,
+  names: readonly string[],
+  stallMs: number,
+  limit = 1000,
+): Promise<StalledSync[]> {
+  const { rows } = await q.query<{ machine_id: string; command_id: string; progress_at: number }>(
+    `SELECT rm.machine_id, rm.command_id, progress_at FROM (
+       SELECT rm.machine_id, rm.command_id,
+              EXTRACT(EPOCH FROM GREATEST(rm.dispatched_at, c.updated_at, COALESCE(ts.updated_at, rm.dispatched_at))) * 1000 AS progress_at,
+              GREATEST(rm.dispatched_at, c.updated_at, COALESCE(ts.updated_at, rm.dispatched_at)) AS last_progress
+         FROM rollout_machines AS rm
+         JOIN commands AS c ON c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id
+         LEFT JOIN roost_target_states AS ts ON ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $4
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status = 'dispatched'
+          AND c.status <> 'pending' AND c.completed_at IS NULL) AS rm
+      WHERE rm.last_progress <= now() - $5::float8 * INTERVAL '1 millisecond'
+      ORDER BY rm.last_progress, rm.machine_id LIMIT $6`,
+    [t.siteId, t.rolloutId, names, t.roostId, stallMs, limit],
+  );
+  return rows.map((r) => ({ machineId: r.machine_id, commandId: r.command_id, progressAt: Number(r.progress_at) }));
+}
+
+/**
+ * Gives up on stalled syncs (`stalledSyncs`), in one transaction: each open command is cancelled with error
+ * `stalled` (an agent still on it learns so at its next report), and its machine, when still dispatched with
+ * that command, goes back to `pending` for another attempt while attempts ≤ `policy.retries`, else fails.
+ * @param stallMs how long they showed no progress (for `last_error`)
+ * @returns how many machines were moved
+ */
+export async function retryStalledSyncs(pool: Pool, t: WaveTarget, stalled: readonly StalledSync[], stallMs: number): Promise<number> {
+  if (stalled.length === 0) return 0;
+  const machineIds = stalled.map((s) => s.machineId);
+  const commandIds = stalled.map((s) => s.commandId);
+  return withTx(pool, async (tx) => {
+    await tx.query(
+      `UPDATE commands AS c SET status = 'cancelled', result = 'cancelled', error = 'stalled', completed_at = now(), updated_at = now()
+         FROM UNNEST($2::text[], $3::text[]) AS u (machine_id, command_id)
+        WHERE c.site_id = $1 AND c.machine_id = u.machine_id AND c.command_id = u.command_id AND c.completed_at IS NULL`,
+      [t.siteId, machineIds, commandIds],
+    );
+    const upd = await tx.query(
+      `UPDATE rollout_machines AS rm
+          SET status = CASE WHEN rm.attempts <= $5 THEN 'pending' ELSE 'failed' END,
+              last_error = $6, finished_at = now(), updated_at = now()
+         FROM UNNEST($3::text[], $4::text[]) AS u (machine_id, command_id)
+        WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.machine_id = u.machine_id AND rm.command_id = u.command_id
+          AND rm.status = 'dispatched'`,
+      [
+        t.siteId,
+        t.rolloutId,
+        machineIds,
+        commandIds,
+        t.policy.retries,
+        `stalled: no progress reported for ${Math.round(stallMs / 1000)} s`,
+      ],
+    );
+    return upd.rowCount ?? 0;
   });
 }
 
