@@ -26,6 +26,8 @@ import {
   waitForPort,
 } from './ports';
 import { ensurePostgres, postgresIsOurs } from './postgres';
+import { Connection } from '@temporalio/client';
+import { temporal as temporalProto } from '@temporalio/proto';
 import { ROOST_SEARCH_ATTRIBUTES } from '../workflows/search-attributes';
 
 export { freePort, isListening, PortInUseError, type PortConflict, type ServiceHandle, waitForPort } from './ports';
@@ -275,7 +277,10 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
   const port = cfg.ROOST_TEMPORAL_PORT;
   const uiPort = cfg.ROOST_TEMPORAL_UI_PORT;
   const busy = await isListening(port);
-  if (busy && temporalIsOurs(cfg, '--port', port)) return reused('temporal');
+  if (busy && temporalIsOurs(cfg, '--port', port)) {
+    await registerSearchAttributes(cfg);
+    return reused('temporal');
+  }
   const conflicts: PortConflict[] = [];
   if (busy) conflicts.push(conflict('Temporal', port, 'ROOST_TEMPORAL_PORT'));
   if (await isListening(uiPort)) conflicts.push(conflict('Temporal Web UI', uiPort, 'ROOST_TEMPORAL_UI_PORT'));
@@ -306,13 +311,63 @@ export async function ensureTemporal(cfg: Config): Promise<ServiceHandle> {
     await waitForPort(port, '127.0.0.1', 90_000, child);
   } catch (err) {
     await stopChild(child, 15_000);
-    if ((await isListening(port)) && temporalIsOurs(cfg, '--port', port)) return reused('temporal');
+    if ((await isListening(port)) && temporalIsOurs(cfg, '--port', port)) {
+      await registerSearchAttributes(cfg);
+      return reused('temporal');
+    }
     throw new Error(`the Temporal dev server did not start on ${port}: ${(err as Error).message}${logTail(cfg, 'temporal')}`, {
       cause: err,
     });
   }
+  try {
+    await registerSearchAttributes(cfg);
+  } catch (err) {
+    await stopChild(child, 15_000);
+    throw err;
+  }
   await waitForPort(uiPort, '127.0.0.1', 30_000, child).catch(() => undefined);
   return { name: 'temporal', started: true, running: () => runs(child), stop: () => stopChild(child, 15_000) };
+}
+
+/**
+ * Registers on the embedded dev server's namespace every Roost search attribute it lacks (Keyword). The
+ * `--search-attribute` flags apply only when a dev server starts, and a data folder's temporal.db (or a dev
+ * server reused from an earlier run) predates attributes added by a later version of Roost: without this,
+ * starting a workflow that sets a new attribute fails. Retries for up to 30 s while the frontend comes up.
+ * @throws Error naming the attributes when they cannot be registered.
+ */
+async function registerSearchAttributes(cfg: Config): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    let connection: Connection | undefined;
+    try {
+      connection = await Connection.connect({ address: `127.0.0.1:${cfg.ROOST_TEMPORAL_PORT}`, connectTimeout: 5_000 });
+      const namespace = cfg.TEMPORAL_NAMESPACE;
+      const have = await connection.operatorService.listSearchAttributes({ namespace });
+      const known = new Set([...Object.keys(have.customAttributes ?? {}), ...Object.keys(have.systemAttributes ?? {})]);
+      const missing = ROOST_SEARCH_ATTRIBUTES.filter((a) => !known.has(a));
+      if (missing.length) {
+        const keyword = temporalProto.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD;
+        await connection.operatorService.addSearchAttributes({
+          namespace,
+          searchAttributes: Object.fromEntries(missing.map((a) => [a, keyword])),
+        });
+      }
+      return;
+    } catch (err) {
+      if (Date.now() > deadline) {
+        throw new Error(
+          `could not register search attributes ${ROOST_SEARCH_ATTRIBUTES.join(', ')} on the Temporal dev server: ${(err as Error).message}`,
+          {
+            cause: err,
+          },
+        );
+      }
+      await new Promise((r) => setTimeout(r, 500));
+    } finally {
+      await connection?.close().catch(() => undefined);
+    }
+  }
 }
 
 /** Path of redis-server: ROOST_REDIS_BIN, else PATH (scripts/ensure-deps.sh installs Debian's redis-server). */
