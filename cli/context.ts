@@ -4,14 +4,28 @@
  *
  * Output contract (docs/decisions/cli-output.md): with `--json` a command writes exactly one JSON
  * document to stdout and nothing else (on failure: `{"error": <problem>}`); without it, human text.
- * Progress, retries and warnings always go to stderr. Exit code 0 on success, 1 on any failure
- * (API refusal, network, bad tree), 2 on usage errors.
+ * Progress, retries and warnings always go to stderr. Exit codes (EXIT below): 0 success, 1 failure,
+ * 2 usage, 3 conflict or failed precondition, 4 not found, 5 authentication or authorisation.
+ * Values of `--api`, `--key` and `--site` come from the flag, the environment, then the config file
+ * (cli/config.ts), then the default.
  */
 import { type Command, Option } from 'commander';
 import { ClientError, type RetryInfo, RoostClient } from './client';
 import { ChunkerError } from './chunker';
+import { readConfig } from './config';
 
 export const DEFAULT_API_URL = 'http://127.0.0.1:8080';
+
+/** Process exit codes of every `roost` command (docs/decisions/cli-output.md). */
+export const EXIT = { ok: 0, failure: 1, usage: 2, conflict: 3, notFound: 4, auth: 5 } as const;
+
+/** A missing or unusable credential detected by the CLI itself (no key, no session): exit code 5. */
+export class AuthError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'AuthError';
+  }
+}
 
 /** Values of the global options after env fallbacks. */
 export interface GlobalOptions {
@@ -32,7 +46,7 @@ export class UsageError extends Error {
 /** Adds the global options to the root program (env ROOST_API_URL, ROOST_API_KEY, ROOST_SITE_ID). */
 export function addGlobalOptions(program: Command): Command {
   return program
-    .addOption(new Option('--api <url>', 'API base URL').env('ROOST_API_URL').default(DEFAULT_API_URL))
+    .addOption(new Option('--api <url>', `API base URL (default: the config file's, else ${DEFAULT_API_URL})`).env('ROOST_API_URL'))
     .addOption(new Option('--key <key>', 'API key (svk_…)').env('ROOST_API_KEY'))
     .addOption(new Option('--site <siteId>', 'site id').env('ROOST_SITE_ID'))
     .addOption(new Option('-q, --quiet', 'no progress output on stderr'));
@@ -57,8 +71,16 @@ export interface CommandContext {
   /** True when progress may be drawn as a bar (stderr is a TTY, not --quiet). */
   tty: boolean;
   quiet: boolean;
-  /** The API client; throws UsageError when no key is configured. */
+  /** The API client with the API key; throws AuthError when no key is configured. */
   client(): RoostClient;
+  /**
+   * An API client for the person rather than a key (key lifecycle routes): `idToken` when given (an OIDC
+   * ID token), else ROOST_ID_TOKEN, else the session `roost login` stored for this API.
+   * @throws AuthError when there is none (or the stored one expired).
+   */
+  userClient(idToken?: string): RoostClient;
+  /** An API client without any credential (session exchange, version). */
+  anonymousClient(): RoostClient;
   /** The site id from --site / ROOST_SITE_ID; throws UsageError when missing. */
   siteId(): string;
   /** A line on stderr (suppressed by --quiet). */
@@ -69,34 +91,52 @@ export interface CommandContext {
 
 /** Builds the context of a running command from its merged options. */
 export function commandContext(cmd: Command): CommandContext {
-  const opts = cmd.optsWithGlobals<GlobalOptions & { json?: boolean }>();
+  const opts = cmd.optsWithGlobals<Partial<GlobalOptions> & { json?: boolean }>();
   const json = opts.json === true;
   jsonMode = json;
   const quiet = opts.quiet === true;
   const info = (line: string) => {
     if (!quiet) process.stderr.write(`${line}\n`);
   };
+  // The config file is read only when a flag or variable left a value open.
+  let config: ReturnType<typeof readConfig> | undefined;
+  const stored = () => (config ??= readConfig());
+  const api = (opts.api ?? stored().api ?? DEFAULT_API_URL).replace(/\/+$/, '');
+  const key = opts.key ?? stored().key;
+  const site = opts.site ?? stored().site;
+  const makeClient = (credential: string | undefined) =>
+    new RoostClient({
+      baseUrl: api,
+      apiKey: credential,
+      onRetry: (r: RetryInfo) =>
+        info(`retrying ${r.method} ${r.url.split('?')[0]} in ${(r.delayMs / 1000).toFixed(1)}s (attempt ${r.attempt} failed: ${r.reason})`),
+    });
   let client: RoostClient | undefined;
   return {
-    globals: { api: opts.api, key: opts.key, site: opts.site, quiet },
+    globals: { api, key, site, quiet },
     json,
     quiet,
     tty: !quiet && process.stderr.isTTY === true,
     client() {
-      if (!opts.key) throw new UsageError('no API key: pass --key or set ROOST_API_KEY');
-      client ??= new RoostClient({
-        baseUrl: opts.api,
-        apiKey: opts.key,
-        onRetry: (r: RetryInfo) =>
-          info(
-            `retrying ${r.method} ${r.url.split('?')[0]} in ${(r.delayMs / 1000).toFixed(1)}s (attempt ${r.attempt} failed: ${r.reason})`,
-          ),
-      });
+      if (!key) throw new AuthError('no API key: pass --key, set ROOST_API_KEY or run: roost config set key <svk_…>');
+      client ??= makeClient(key);
       return client;
     },
+    userClient(idToken) {
+      const token = idToken ?? process.env.ROOST_ID_TOKEN;
+      if (token) return makeClient(token);
+      const session = stored().session;
+      if (!session || session.api.replace(/\/+$/, '') !== api)
+        throw new AuthError(`not signed in to ${api}: run roost login --id-token <token>, or pass --id-token`);
+      if (session.expiresAt <= Date.now()) throw new AuthError(`the session of ${session.email} expired: run roost login again`);
+      return makeClient(session.token);
+    },
+    anonymousClient() {
+      return makeClient(undefined);
+    },
     siteId() {
-      if (!opts.site) throw new UsageError('no site: pass --site or set ROOST_SITE_ID');
-      return opts.site;
+      if (!site) throw new UsageError('no site: pass --site, set ROOST_SITE_ID or run: roost config set site <site_…>');
+      return site;
     },
     info,
     emit(value, human) {
@@ -149,6 +189,7 @@ export function problemOf(err: unknown): Record<string, unknown> {
     return { ...err.body, code: err.code, status: err.status, detail: err.detail, ...(err.requestId ? { requestId: err.requestId } : {}) };
   }
   if (err instanceof UsageError) return { code: 'usage_error', detail: err.message };
+  if (err instanceof AuthError) return { code: 'no_credentials', detail: err.message };
   if (err instanceof ChunkerError) return { code: 'invalid_tree', detail: err.message, paths: err.paths.slice(0, 100) };
   const e = err as { code?: unknown; message?: unknown };
   if (typeof e?.code === 'string' && e.code.startsWith('commander.')) return { code: 'usage_error', detail: String(e.message ?? err) };
@@ -158,7 +199,7 @@ export function problemOf(err: unknown): Record<string, unknown> {
 /**
  * Reports a failure: `error: <code>: <detail>` plus useful extras on stderr (validation errors by path,
  * the required scope, missing chunks, the request id); with --json also `{"error": …}` on stdout.
- * Returns the exit code to use (2 usage, 1 otherwise).
+ * Returns the exit code to use (exitCodeOf).
  */
 export function reportError(err: unknown, json: boolean): number {
   const p = problemOf(err);
@@ -174,5 +215,28 @@ export function reportError(err: unknown, json: boolean): number {
     lines.push(`  (HTTP ${p.status}${p.requestId ? `, request ${String(p.requestId)}` : ''})`);
   process.stderr.write(`${lines.join('\n')}\n`);
   if (json) process.stdout.write(`${JSON.stringify({ error: p }, null, 2)}\n`);
-  return p.code === 'usage_error' ? 2 : 1;
+  return exitCodeOf(p);
+}
+
+/**
+ * The exit code of a failure (EXIT): usage 2; 409, 412 and 422 (conflict, stale precondition, a reused
+ * Idempotency-Key) 3; 404 and 410 4; 401, 403 and a missing credential 5; anything else 1.
+ */
+export function exitCodeOf(problem: Record<string, unknown>): number {
+  if (problem.code === 'usage_error') return EXIT.usage;
+  if (problem.code === 'no_credentials') return EXIT.auth;
+  switch (problem.status) {
+    case 401:
+    case 403:
+      return EXIT.auth;
+    case 404:
+    case 410:
+      return EXIT.notFound;
+    case 409:
+    case 412:
+    case 422:
+      return EXIT.conflict;
+    default:
+      return EXIT.failure;
+  }
 }
