@@ -25,8 +25,11 @@ import { registerAudit } from './commands/audit';
 import { registerEvents } from './commands/events';
 import { registerAccount } from './commands/account';
 
+/** Registers one command (or command group) on the program. */
+type Registrar = (program: Command) => void;
+
 /** Command registrars, in help order. */
-const COMMANDS: Array<(program: Command) => void> = [
+const COMMANDS: Registrar[] = [
   registerRoosts,
   registerPush,
   registerVersions,
@@ -47,10 +50,12 @@ const COMMANDS: Array<(program: Command) => void> = [
  * order. Their modules take seconds to load, so they are loaded only when one of them runs or help is
  * shown, and every API command starts fast.
  */
-const LOCAL_COMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
-  stack: async () => (await import('./commands/stack')).registerStack,
-  admin: async () => (await import('./commands/admin')).registerAdmin,
-  demo: async () => (await import('./commands/demo')).registerDemo,
+const LOCAL_COMMANDS: Record<string, () => Registrar> = {
+  // require, not import(): the CLI runs as CommonJS through tsx (bin/roost.js), whose require hook
+  // resolves the .ts files; a dynamic import() would go through the ESM resolver, which does not.
+  stack: () => (require('./commands/stack') as { registerStack: Registrar }).registerStack,
+  admin: () => (require('./commands/admin') as { registerAdmin: Registrar }).registerAdmin,
+  demo: () => (require('./commands/demo') as { registerDemo: Registrar }).registerDemo,
 };
 
 /** The first argument that is not an option (the command name), if any; global options with a value are skipped. */
@@ -67,7 +72,7 @@ function commandName(args: string[]): string | undefined {
  * Builds the program with the commands `argv` can reach registered (does not parse): every API command,
  * plus the local-service commands when one of them is named or help may list them.
  */
-export async function buildProgram(argv: string[] = process.argv): Promise<Command> {
+export function buildProgram(argv: string[] = process.argv): Command {
   const program = addGlobalOptions(new Command('roost'))
     .description('Roost: content-addressed roosts, canary rollouts and fleet control')
     .version(CLI_VERSION)
@@ -75,15 +80,14 @@ export async function buildProgram(argv: string[] = process.argv): Promise<Comma
     .exitOverride();
   for (const register of COMMANDS) register(program);
   const name = commandName(argv.slice(2));
-  for (const [local, load] of Object.entries(LOCAL_COMMANDS))
-    if (name === undefined || name === local || name === 'help') (await load())(program);
+  for (const [local, load] of Object.entries(LOCAL_COMMANDS)) if (name === undefined || name === local || name === 'help') load()(program);
   return program;
 }
 
 /** Parses `argv` and runs the command; resolves with the exit code (also set on process.exitCode). */
 export async function main(argv: string[] = process.argv): Promise<number> {
   try {
-    const program = await buildProgram(argv);
+    const program = buildProgram(argv);
     await program.parseAsync(argv);
     return Number(process.exitCode ?? 0);
   } catch (err) {
