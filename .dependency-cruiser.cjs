@@ -4,14 +4,15 @@
  *   api → services → db | storage | net | workflows/client.ts → domain | config
  *   telemetry (metrics, tracing, logging) sits beside config: api, services, activities and worker may use it
  *   worker → workflows (+ activities → db | storage) ; agent, cli → domain and their own HTTP client
- *   stack/ (the embedded default's launchers) is imported only by entry points.
+ *   stack/ (the embedded default's launchers) is imported only by entry points; `roost agent` (cli/commands/agent.ts)
+ *   is the launcher of the agent process.
  *
  * Every rule is an error, and so is any import cycle.
  */
 
 /** Entry points that may wire anything together (the launchers of the embedded default, tests, benchmarks). */
 const LAUNCHERS =
-  '^(stack|test|bench|scripts)/|^cli/(demo|main)\\.ts$|^cli/commands/(admin|demo|stack|token)\\.ts$|^worker/main\\.ts$|^api/server\\.ts$';
+  '^(stack|test|bench|scripts)/|^cli/(demo|main)\\.ts$|^cli/commands/(admin|agent|demo|stack|token)\\.ts$|^worker/main\\.ts$|^api/server\\.ts$';
 
 const layer = (name, from, allowed) => ({
   name,

@@ -22,6 +22,7 @@ import { type AgentStats, type CommandOutcome, emptyStats, runSimulatedCommand }
 import { ChunkStore, type Limiter, createLimiter } from './download';
 import { errMessage } from './errors';
 import { type AgentFaults, FaultInjector } from './faults';
+import type { CommandJournal } from './journal';
 import { type ApiClient, sleep } from './http';
 import { MachineRoot, type Manifest } from './machine-root';
 import { recoverActivations } from './assembly';
@@ -70,14 +71,20 @@ export interface AgentOptions extends AgentFaults, AgentIdentity {
   installerCa?: string | Buffer;
   /** Time processes named in close_processes get to end before they are killed (ms, default 5000). */
   closeGraceMs?: number;
+  /**
+   * Journal of taken commands (agent/journal.ts): each command is written there before it starts and
+   * removed once it ended with a reported outcome; start() runs what is left from a previous run first.
+   */
+  journal?: CommandJournal;
 }
 
 /** Most command ids (and outcomes) an agent remembers. */
 const REMEMBERED_COMMANDS = 2000;
 
 /**
- * One simulated machine. Emits `command` (CommandOutcome) after each handled command and `warn`
- * (message) on recoverable trouble (never `error`).
+ * One machine. Emits `command` (CommandOutcome) after each handled command, `started` (AgentCommand) when
+ * one starts, `heartbeat` ({pendingCommands}) after each accepted heartbeat, and `warn` (message, and the
+ * error when there was one) on recoverable trouble (never `error`).
  */
 export class Agent extends EventEmitter {
   /**
@@ -108,6 +115,8 @@ export class Agent extends EventEmitter {
   /** Host operations (agent/os.ts). */
   readonly os: AgentOs;
   private abort = Agent.stopController();
+  /** Stops taking new commands (drain) without abandoning the running ones. */
+  private polling = Agent.stopController();
   private heartbeatTimer: NodeJS.Timeout | undefined;
   private pollLoop: Promise<void> | undefined;
   private readonly inflight = new Set<Promise<void>>();
@@ -163,6 +172,7 @@ export class Agent extends EventEmitter {
   async start(): Promise<void> {
     if (this.pollLoop) return;
     if (this.abort.signal.aborted) this.abort = Agent.stopController();
+    if (this.polling.signal.aborted) this.polling = Agent.stopController();
     await fs.mkdir(this.root.stateDir, { recursive: true });
     await fs.mkdir(this.root.chunkDir, { recursive: true });
     const recovered = await recoverActivations(this.root);
@@ -178,6 +188,8 @@ export class Agent extends EventEmitter {
       await this.transport.retrying(() => this.enrol());
       this.scheduleHeartbeats(every, Math.floor(every * this.random()));
     }
+    // Commands a previous run took and did not finish come first, in the order they were taken.
+    for (const cmd of (await this.opts.journal?.pending()) ?? []) this.dispatch(cmd);
     this.pollLoop = this.runPollLoop();
     for (const j of recovered) this.track(reportRecoveredActivation({ transport: this.transport, warn: (m) => this.warn(m) }, j));
   }
@@ -195,7 +207,7 @@ export class Agent extends EventEmitter {
       this.beating = this.heartbeat(this.abort.signal)
         .then(() => undefined)
         .catch((err) => {
-          if (!this.abort.signal.aborted) this.warn(`heartbeat failed: ${errMessage(err)}`);
+          if (!this.abort.signal.aborted) this.warn(`heartbeat failed: ${errMessage(err)}`, err);
         })
         .finally(() => (this.beating = undefined));
     };
@@ -208,8 +220,32 @@ export class Agent extends EventEmitter {
     this.heartbeatTimer.unref();
   }
 
+  /**
+   * Stops taking new commands and lets the running ones finish for up to `graceMs`, then stops (what is
+   * still running then is abandoned; with a journal it runs again at the next start).
+   * @returns true when every running command finished within the grace period
+   */
+  async drain(graceMs: number): Promise<boolean> {
+    this.polling.abort();
+    await this.pollLoop;
+    let timer: NodeJS.Timeout | undefined;
+    const finished = await Promise.race([
+      Promise.allSettled([...this.inflight]).then(() => true),
+      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), graceMs))),
+    ]);
+    clearTimeout(timer);
+    await this.stop();
+    return finished;
+  }
+
+  /** Number of commands running now. */
+  get busy(): number {
+    return this.inflight.size;
+  }
+
   /** Stops polling and heartbeats and waits for running commands to end (an interrupted sync is abandoned). */
   async stop(): Promise<void> {
+    this.polling.abort();
     this.abort.abort();
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
     this.heartbeatTimer = undefined;
@@ -225,8 +261,10 @@ export class Agent extends EventEmitter {
   }
 
   /** POST /api/agent/heartbeat with a small simulated snapshot. */
-  heartbeat(signal?: AbortSignal): Promise<{ pendingCommands: number }> {
-    return this.transport.heartbeat(signal);
+  async heartbeat(signal?: AbortSignal): Promise<{ pendingCommands: number }> {
+    const res = await this.transport.heartbeat(signal);
+    this.emit('heartbeat', res);
+    return res;
   }
 
   /**
@@ -252,12 +290,12 @@ export class Agent extends EventEmitter {
     return this.root.stagingDir(roostId, versionId);
   }
 
-  private warn(message: string): void {
-    this.emit('warn', message);
+  private warn(message: string, err?: unknown): void {
+    this.emit('warn', message, err);
   }
 
   private async runPollLoop(): Promise<void> {
-    const signal = this.abort.signal;
+    const signal = AbortSignal.any([this.abort.signal, this.polling.signal]);
     const wait = Math.min(30, Math.max(0, this.opts.pollWaitSeconds ?? 25));
     let backoff = 500;
     while (!signal.aborted) {
@@ -268,7 +306,7 @@ export class Agent extends EventEmitter {
         if (wait === 0) await sleep(1000, signal);
       } catch (err) {
         if (signal.aborted) break;
-        this.warn(`command poll failed: ${errMessage(err)}`);
+        this.warn(`command poll failed: ${errMessage(err)}`, err);
         await sleep(backoff * (0.5 + this.random() / 2), signal);
         backoff = Math.min(30_000, backoff * 2);
       }
@@ -280,8 +318,13 @@ export class Agent extends EventEmitter {
     if (this.seen.has(cmd.commandId)) return;
     this.seen.set(cmd.commandId, true);
     if (this.seen.size > REMEMBERED_COMMANDS) this.seen.delete(this.seen.keys().next().value as string);
+    const journal = this.opts.journal;
     const run = async () => {
+      await journal?.taken(cmd);
+      this.emit('started', cmd);
       const outcome = await this.execute(cmd);
+      // Abandoned (the agent stopped mid-way): it stays journaled and runs again at the next start.
+      if (outcome.status !== 'abandoned') await journal?.done(cmd.commandId);
       this.stats.commands++;
       this.outcomes.set(cmd.commandId, outcome);
       if (this.outcomes.size > REMEMBERED_COMMANDS) this.outcomes.delete(this.outcomes.keys().next().value as string);

@@ -132,12 +132,16 @@ export class AgentTransport {
     }
   }
 
-  /** Calls the API; a 401 (token rotated or revoked) re-enrols once and retries. @throws HttpError, network errors. */
+  /**
+   * Calls the API; a 401 (token rotated or revoked) re-enrols once and retries when the agent has an
+   * enrolment secret. @throws HttpError, network errors.
+   */
   async call<T = unknown>(method: string, p: string, opts: RequestOptions = {}): Promise<T> {
     try {
       return await this.client.json<T>(method, p, opts);
     } catch (err) {
-      if (err instanceof HttpError && err.status === 401 && !this.stopSignal().aborted) {
+      // Without an enrolment secret (an installed agent keeps only its token) a refused token is final.
+      if (err instanceof HttpError && err.status === 401 && this.id.enrolmentSecret && !this.stopSignal().aborted) {
         await this.enrol();
         return this.client.json<T>(method, p, opts);
       }

@@ -24,6 +24,7 @@ import { registerWebhooks } from './commands/webhooks';
 import { registerAudit } from './commands/audit';
 import { registerEvents } from './commands/events';
 import { registerAccount } from './commands/account';
+import { registerAgent } from './commands/agent';
 
 /** Registers one command (or command group) on the program. */
 type Registrar = (program: Command) => void;
@@ -43,6 +44,7 @@ const COMMANDS: Registrar[] = [
   registerEvents,
   registerAccount,
   registerLogin,
+  registerAgent,
 ];
 
 /**
