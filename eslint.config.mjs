@@ -4,7 +4,7 @@
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['node_modules/**', '.data/**', 'coverage/**', 'test/replay/histories/**', '**/*.js', '**/*.cjs', '**/*.mjs'] },
+  { ignores: ['node_modules/**', '.data/**', 'dist/**', 'coverage/**', 'test/replay/histories/**', '**/*.js', '**/*.cjs', '**/*.mjs'] },
   {
     files: ['**/*.ts'],
     extends: [tseslint.configs.base],
