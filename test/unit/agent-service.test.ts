@@ -104,7 +104,7 @@ describe('verifyChain', () => {
     expect(verifyChain('s', chain())).toMatchObject({ ok: true, checked: 2, failure: null });
     const tampered = chain();
     tampered[1] = { ...tampered[1], attributes: { evil: true } };
-    expect(verifyChain('s', tampered).failure).toMatchObject({ sequence: 1, reason: 'hash_mismatch' });
+    expect(verifyChain('s', tampered).failure).toMatchObject({ sequence: 2, reason: 'predecessor_tampered' });
     const gap = chain();
     gap[1] = { ...gap[1], sequence: 0 };
     expect(verifyChain('s', gap).failure).toMatchObject({ sequence: 2, reason: 'sequence_gap' });
