@@ -4,7 +4,9 @@ module.exports = {
   testEnvironment: 'node',
   // A few dependencies ship ESM only; SWC turns them into CommonJS for Jest on Node 20.
   transform: { '^.+\\.ts$': swc, '^.+\\.m?js$': ['@swc/jest', { jsc: { target: 'es2022' }, module: { type: 'commonjs' } }] },
-  transformIgnorePatterns: ['/node_modules/(?!(.*/)?(cookie|set-cookie-parser|eventsource|eventsource-parser|env-paths|is-safe-filename)/)'],
+  transformIgnorePatterns: [
+    '/node_modules/(?!(.*/)?(cookie|set-cookie-parser|eventsource|eventsource-parser|env-paths|is-safe-filename)/)',
+  ],
   // Local state (demo copies of packages, benchmark trees) is never part of the module graph.
   modulePathIgnorePatterns: ['<rootDir>/.data'],
   testPathIgnorePatterns: ['/node_modules/', '<rootDir>/.data/'],
