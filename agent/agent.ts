@@ -18,7 +18,10 @@ import { EventEmitter, setMaxListeners } from 'node:events';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { SigningJwk } from '../domain/signature';
-import { type AgentStats, type CommandOutcome, emptyStats, runSimulatedCommand } from './commands';
+import { type AgentStats, type CommandOutcome, closeCommand, emptyStats, runScreenshot } from './commands';
+import { ProcessSupervisor } from './processes';
+import { runPowerCommand } from './power';
+import { PROCESS_COMMAND_TYPES } from '../domain/processes';
 import { ChunkStore, type Limiter, createLimiter } from './download';
 import { errMessage } from './errors';
 import { type AgentFaults, FaultInjector } from './faults';
@@ -76,6 +79,13 @@ export interface AgentOptions extends AgentFaults, AgentIdentity {
    * removed once it ended with a reported outcome; start() runs what is left from a previous run first.
    */
   journal?: CommandJournal;
+  /** Managed processes: config read interval (ms, default heartbeatMs or 30000) and state tick (ms, default 1000). */
+  processSyncMs?: number;
+  processTickMs?: number;
+  /** Time a managed process gets to stop gracefully before it is killed (ms, default 10000). */
+  stopGraceMs?: number;
+  /** How long a reboot or shutdown keeps the agent offline before it comes back (ms, default 15000). */
+  rebootDowntimeMs?: number;
 }
 
 /** Most command ids (and outcomes) an agent remembers. */
@@ -114,6 +124,12 @@ export class Agent extends EventEmitter {
   private readonly random: () => number;
   /** Host operations (agent/os.ts). */
   readonly os: AgentOs;
+  /** The machine's managed processes (agent/processes.ts). */
+  readonly processes: ProcessSupervisor;
+  /** Flags the heartbeat reports while a reboot or shutdown is under way. */
+  private power = { rebooting: false, shuttingDown: false };
+  /** Set by stop(): a power cycle in progress does not bring the agent back. */
+  private halted = false;
   private abort = Agent.stopController();
   /** Stops taking new commands (drain) without abandoning the running ones. */
   private polling = Agent.stopController();
@@ -138,6 +154,14 @@ export class Agent extends EventEmitter {
     this.random = opts.random ?? Math.random;
     this.os = opts.os ?? hostOs();
     this.transport = new AgentTransport(opts, this.root, this.keys, () => this.abort.signal, this.random);
+    this.processes = new ProcessSupervisor({
+      transport: this.transport,
+      os: this.os,
+      warn: (m) => this.warn(m),
+      syncMs: opts.processSyncMs ?? (opts.heartbeatMs || 30_000),
+      tickMs: opts.processTickMs ?? 1000,
+      stopGraceMs: opts.stopGraceMs ?? 10_000,
+    });
     this.faults = new FaultInjector(opts, opts.machineId, this.random);
     this.limit = opts.downloadLimit ?? createLimiter(opts.downloadConcurrency ?? 8);
     this.keys.pin(opts.signingKeys);
@@ -171,6 +195,7 @@ export class Agent extends EventEmitter {
    */
   async start(): Promise<void> {
     if (this.pollLoop) return;
+    this.halted = false;
     if (this.abort.signal.aborted) this.abort = Agent.stopController();
     if (this.polling.signal.aborted) this.polling = Agent.stopController();
     await fs.mkdir(this.root.stateDir, { recursive: true });
@@ -192,12 +217,32 @@ export class Agent extends EventEmitter {
     for (const cmd of (await this.opts.journal?.pending()) ?? []) this.dispatch(cmd);
     this.pollLoop = this.runPollLoop();
     for (const j of recovered) this.track(reportRecoveredActivation({ transport: this.transport, warn: (m) => this.warn(m) }, j));
+    this.processes.start();
   }
 
   /** Keeps `p` among the work stop() waits for. */
   private track(p: Promise<void>): void {
     this.inflight.add(p);
     void p.finally(() => this.inflight.delete(p));
+  }
+
+  /**
+   * A reboot or shutdown (agent/power.ts): offline for rebootDowntimeMs (managed processes stopped, no
+   * heartbeats, no polls), then back with the flags cleared, unless stop() was called meanwhile.
+   */
+  private async powerCycle(): Promise<void> {
+    this.abort.abort();
+    if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
+    this.heartbeatTimer = undefined;
+    await this.beating;
+    await this.pollLoop;
+    this.pollLoop = undefined;
+    await this.processes.stop();
+    await sleep(this.opts.rebootDowntimeMs ?? 15_000);
+    if (this.halted) return;
+    this.power = { rebooting: false, shuttingDown: false };
+    this.emit('restarted');
+    await this.start();
   }
 
   private scheduleHeartbeats(every: number, firstIn: number): void {
@@ -246,6 +291,7 @@ export class Agent extends EventEmitter {
   /** Stops polling and heartbeats and waits for running commands to end (an interrupted sync is abandoned). */
   async stop(): Promise<void> {
     this.polling.abort();
+    this.halted = true;
     this.abort.abort();
     if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
     this.heartbeatTimer = undefined;
@@ -253,6 +299,7 @@ export class Agent extends EventEmitter {
     await this.pollLoop;
     this.pollLoop = undefined;
     await Promise.allSettled([...this.inflight]);
+    await this.processes.stop();
   }
 
   /** POST /api/agent/enrol: a new token (any previous one stops working). @throws HttpError when refused. */
@@ -262,7 +309,7 @@ export class Agent extends EventEmitter {
 
   /** POST /api/agent/heartbeat with a small simulated snapshot. */
   async heartbeat(signal?: AbortSignal): Promise<{ pendingCommands: number }> {
-    const res = await this.transport.heartbeat(signal);
+    const res = await this.transport.heartbeat(signal, { processes: await this.processes.snapshot(), ...this.power });
     this.emit('heartbeat', res);
     return res;
   }
@@ -406,8 +453,39 @@ export class Agent extends EventEmitter {
           },
           cmd,
         );
+      case 'reboot_machine':
+      case 'shutdown_machine':
+        return runPowerCommand(
+          {
+            transport: this.transport,
+            warn: (m) => this.warn(m),
+            signal: this.abort.signal,
+            announce: async (flags) => {
+              this.power = flags;
+              await this.heartbeat().catch((err) => this.warn(`heartbeat failed: ${errMessage(err)}`));
+            },
+            powerCycle: () => this.powerCycle(),
+          },
+          cmd,
+        );
+      case 'capture_screenshot':
+        return runScreenshot(
+          { transport: this.transport, warn: (m) => this.warn(m) },
+          cmd,
+          this.opts.uploadScreenshots !== false,
+          async () => ({
+            machineId: this.machineId,
+            processes: await this.processes.snapshot(),
+          }),
+        );
       default:
-        return runSimulatedCommand({ transport: this.transport, warn: (m) => this.warn(m) }, cmd, this.opts.uploadScreenshots !== false);
+        if (PROCESS_COMMAND_TYPES.includes(cmd.type)) return this.processes.command(cmd);
+        return closeCommand(
+          { transport: this.transport, warn: (m) => this.warn(m) },
+          cmd,
+          'failed',
+          `unsupported command type ${cmd.type}`,
+        );
     }
   }
 }

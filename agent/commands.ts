@@ -1,12 +1,12 @@
 /**
- * Commands of the reference agent other than syncs (docs/decisions/agent-simulated-commands.md): a
- * simulated machine acknowledges reboot_machine, shutdown_machine and restart_process without touching the
- * host; capture_screenshot uploads a 1×1 placeholder PNG (`PUT /api/agent/commands/{commandId}/screenshot`)
- * unless uploads are off; any other type fails. Also the outcome every handled command ends with.
+ * Machine commands of the reference agent other than syncs, and the outcome every handled command ends with.
+ * The machine commands themselves: agent/installer.ts (classic installs), agent/processes.ts (managed
+ * processes), agent/power.ts (reboot, shutdown), `runScreenshot` below (docs/decisions/agent-machine-commands.md).
  */
 import type { SyncCounters } from '../domain/target-state';
 import { errMessage } from './errors';
 import type { AgentCommand, AgentTransport } from './transport';
+import { type ScreenState, captureWindowsScreen, renderStatePng } from './screenshot';
 
 /** Outcome of one handled command (the agent emits it as `command`). */
 export interface CommandOutcome {
@@ -48,12 +48,6 @@ export function emptyStats(): AgentStats {
   };
 }
 
-/** A 1×1 transparent PNG: the simulated screenshot. */
-const PLACEHOLDER_PNG = Buffer.from(
-  'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==',
-  'base64',
-);
-
 /** The API channel and warning sink a command handler reports through. */
 export interface CommandChannel {
   transport: AgentTransport;
@@ -88,26 +82,26 @@ export async function closeCommand(
 }
 
 /**
- * Handles a non-sync command on a simulated machine.
- * @param uploadScreenshots false: capture_screenshot completes without uploading anything
+ * capture_screenshot: the screen on Windows, else a PNG rendered from the machine's state
+ * (agent/screenshot.ts), uploaded with `PUT /api/agent/commands/{commandId}/screenshot`, then completed.
+ * @param upload false: completes without uploading anything (fleets that do not need the bytes)
  */
-export async function runSimulatedCommand(ch: CommandChannel, cmd: AgentCommand, uploadScreenshots: boolean): Promise<CommandOutcome> {
-  switch (cmd.type) {
-    case 'capture_screenshot':
-      if (uploadScreenshots) {
-        try {
-          await ch.transport.uploadScreenshot(cmd.commandId, PLACEHOLDER_PNG);
-        } catch (err) {
-          return closeCommand(ch, cmd, 'failed', `screenshot upload failed: ${errMessage(err)}`);
-        }
-      }
-      return closeCommand(ch, cmd, 'completed');
-    case 'reboot_machine':
-    case 'shutdown_machine':
-    case 'restart_process':
-      // A simulated machine acknowledges without touching the host.
-      return closeCommand(ch, cmd, 'completed');
-    default:
-      return closeCommand(ch, cmd, 'failed', `unsupported command type ${cmd.type}`);
+export async function runScreenshot(
+  ch: CommandChannel,
+  cmd: AgentCommand,
+  upload: boolean,
+  state: () => Promise<ScreenState>,
+): Promise<CommandOutcome> {
+  if (!upload) return closeCommand(ch, cmd, 'completed');
+  try {
+    const monitor = cmd.params?.monitor;
+    const png =
+      process.platform === 'win32'
+        ? await captureWindowsScreen(monitor === 'all' || monitor === 'primary' || typeof monitor === 'number' ? monitor : 0)
+        : renderStatePng(await state());
+    await ch.transport.uploadScreenshot(cmd.commandId, png);
+  } catch (err) {
+    return closeCommand(ch, cmd, 'failed', `screenshot failed: ${errMessage(err)}`);
   }
+  return closeCommand(ch, cmd, 'completed');
 }

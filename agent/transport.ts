@@ -215,8 +215,11 @@ export class AgentTransport {
     );
   }
 
-  /** POST /api/agent/heartbeat with a small simulated snapshot (no retry). */
-  heartbeat(signal?: AbortSignal): Promise<{ pendingCommands: number }> {
+  /**
+   * POST /api/agent/heartbeat with a small snapshot (no retry); `extra` fields (the managed processes, the
+   * rebooting / shuttingDown flags) are sent beside it.
+   */
+  heartbeat(signal?: AbortSignal, extra: Record<string, unknown> = {}): Promise<{ pendingCommands: number }> {
     return this.call('POST', '/api/agent/heartbeat', {
       signal,
       body: {
@@ -230,6 +233,7 @@ export class AgentTransport {
         },
         info: { os: 'simulated', platform: process.platform, agent: 'reference' },
         processes: [],
+        ...extra,
       },
     });
   }

@@ -10,6 +10,8 @@ import { CLI_VERSION } from './version';
 import { registerPush } from './commands/push';
 import { registerDeploy } from './commands/deploy';
 import { registerRollback } from './commands/rollback';
+import { registerDeployments } from './commands/deployments';
+import { registerProcesses } from './commands/processes';
 import { registerVersions } from './commands/versions';
 import { registerDiff } from './commands/diff';
 import { registerRoosts } from './commands/roosts';
@@ -33,6 +35,8 @@ export const COMMANDS: Registrar[] = [
   registerDiff,
   registerDeploy,
   registerRollback,
+  registerDeployments,
+  registerProcesses,
   registerMachines,
   registerKeys,
   registerWebhooks,

@@ -68,6 +68,14 @@ export const MUTATION_KINDS: Record<string, string | null> = {
   'POST /api/sites/:siteId/installer-templates': 'installer_template_created',
   'PATCH /api/sites/:siteId/installer-templates/:templateId': 'installer_template_updated',
   'DELETE /api/sites/:siteId/installer-templates/:templateId': 'installer_template_deleted',
+  'POST /api/sites/:siteId/machines/:machineId/processes': 'process_created',
+  'PATCH /api/sites/:siteId/machines/:machineId/processes/:processId': 'process_updated',
+  'DELETE /api/sites/:siteId/machines/:machineId/processes/:processId': 'process_deleted',
+  'POST /api/sites/:siteId/machines/:machineId/processes/:processId/kill': 'process_command_queued',
+  'POST /api/sites/:siteId/machines/:machineId/processes/:processId/restart': 'process_command_queued',
+  'POST /api/sites/:siteId/machines/:machineId/processes/:processId/start': 'process_command_queued',
+  'POST /api/sites/:siteId/machines/:machineId/processes/:processId/stop': 'process_command_queued',
+  'POST /api/sites/:siteId/machines/:machineId/processes/:processId/schedule': 'process_schedule_set',
 };
 
 /** Routes that issue signed URLs, and how to read what they issued from the response body. */

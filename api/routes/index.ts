@@ -21,6 +21,7 @@ import installerTemplates from './installer-templates';
 import users from './users';
 import conversations from './conversations';
 import sites from './sites';
+import processes from './processes';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -44,4 +45,5 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(users);
   await app.register(conversations);
   await app.register(sites);
+  await app.register(processes);
 }

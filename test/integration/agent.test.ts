@@ -840,13 +840,11 @@ describe('reference agent end to end', () => {
     }
   });
 
-  it('acknowledges reboot, shutdown and screenshot commands queued through the API', async () => {
+  // reboot_machine and shutdown_machine really take the agent offline and back (agent/power.ts): they are
+  // tested in test/integration/processes.test.ts, away from the agents the tests here share.
+  it('uploads a screenshot for capture_screenshot queued through the API', async () => {
     const ids: string[] = [];
-    for (const body of [
-      { type: 'reboot_machine', params: { delaySeconds: 10 } },
-      { type: 'shutdown_machine' },
-      { type: 'capture_screenshot', params: { monitor: 'primary' } },
-    ]) {
+    for (const body of [{ type: 'capture_screenshot', params: { monitor: 'primary' } }]) {
       const res = await h.request({
         method: 'POST',
         url: `/api/sites/${h.siteId}/machines/e2e-1/commands`,
@@ -861,7 +859,7 @@ describe('reference agent end to end', () => {
       const st = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/commands/${id}` });
       expect(st.json()).toMatchObject({ status: 'completed', result: 'success' });
     }
-    const shot = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/commands/${ids[2]}` });
+    const shot = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/commands/${ids[0]}` });
     const png = await fetch(shot.json().screenshotUrl);
     expect(png.status).toBe(200);
     expect(

@@ -42,6 +42,7 @@ const DEPLOYMENT = `dep_${'e'.repeat(24)}`;
 const TEMPLATE = `itp_${'f'.repeat(24)}`;
 /** A site-wide conversation of the harness site (seeded in beforeAll; by-id routes find it, then authorise). */
 const CONVERSATION = `cnv_${'e'.repeat(24)}`;
+const PROCESS = `prc_${'a'.repeat(24)}`;
 
 /** What a route is, for the matrix. */
 type Kind =
@@ -340,6 +341,43 @@ const MATRIX: Row[] = [
     what: { kind: 'site', needs: machine('read') },
     req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/commands/${COMMAND}` }),
   },
+  // ---- managed processes
+  {
+    route: 'GET /api/sites/:siteId/machines/:machineId/processes',
+    what: { kind: 'site', needs: machine('read') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/processes` }),
+  },
+  {
+    route: 'GET /api/sites/:siteId/machines/:machineId/processes/:processId',
+    what: { kind: 'site', needs: machine('read') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/processes/${PROCESS}` }),
+  },
+  {
+    route: 'POST /api/sites/:siteId/machines/:machineId/processes',
+    what: { kind: 'site', needs: machine('write') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/processes`, body: { name: 'm', exe_path: '/bin/true' } }),
+  },
+  {
+    route: 'PATCH /api/sites/:siteId/machines/:machineId/processes/:processId',
+    what: { kind: 'site', needs: machine('write') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/processes/${PROCESS}`, body: { priority: 'high' } }),
+  },
+  {
+    route: 'DELETE /api/sites/:siteId/machines/:machineId/processes/:processId',
+    what: { kind: 'site', needs: machine('write') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/processes/${PROCESS}` }),
+  },
+  ...(['kill', 'restart', 'start', 'stop'] as const).map((a): Row => ({
+    route: `POST /api/sites/:siteId/machines/:machineId/processes/:processId/${a}`,
+    what: { kind: 'site', needs: machine('write') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/processes/${PROCESS}/${a}` }),
+  })),
+  {
+    route: 'POST /api/sites/:siteId/machines/:machineId/processes/:processId/schedule',
+    what: { kind: 'site', needs: machine('write') },
+    req: (s) => ({ url: `/api/sites/${s}/machines/${MACHINE}/processes/${PROCESS}/schedule`, body: { mode: 'off' } }),
+  },
+  { route: 'GET /api/agent/processes', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/processes' }) },
   // ---- classic deployments and installer templates (not roost deploys)
   {
     route: 'POST /api/sites/:siteId/deployments',

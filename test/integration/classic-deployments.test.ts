@@ -10,7 +10,7 @@ import path from 'node:path';
 import { startFleet, type Fleet } from '../../agent/fleet';
 import { classicDeploymentWorkflowId } from '../../domain/classic';
 import { recordHistory } from '../../scripts/record-history';
-import { closeRolloutSuite, openRolloutSuite, scopedKey, enrolMachineRows, type TestWorker } from './rollout-fixtures';
+import { closeRolloutSuite, openRolloutSuite, scopedKey, enrolMachineRows, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { type Harness, idemKey } from '../support/harness';
 import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
 
@@ -270,6 +270,30 @@ describe('classic deployment fan-out to reference agents', () => {
     expect((await detail(b.json().deploymentId)).targets[0].error).toBe(
       `verify_path ${path.join(tmpRoot, 'never-there')} does not exist after the install`,
     );
+  });
+});
+
+describe('durability', () => {
+  it('completes a fan-out after its only worker is shut down mid-deployment and a new worker starts', async () => {
+    const marker = path.join(tmpRoot, 'runs-restart.log');
+    const inst = server.add('restart.sh', installerScript({ marker, installs: path.join(tmpRoot, 'installs-restart'), sleepSeconds: 1 }));
+    const res = await create({
+      name: 'restart',
+      installer_url: inst.url,
+      installer_name: 'restart.sh',
+      silent_flags: '',
+      machines: fleet.machineIds.slice(0, 4),
+    });
+    expect(res.statusCode).toBe(201);
+    const id = res.json().deploymentId;
+    // Wait until the serial fan-out is under way (one target done or running), then take the worker away.
+    await waitFor(async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
+    await w.stop();
+    await new Promise((r) => setTimeout(r, 1500)); // the in-flight install finishes while no worker runs
+    w = await startTestWorker(h, 'classic-after-restart');
+    expect(await finished(id)).toMatchObject({ status: 'completed', counts: expect.objectContaining({ completed: 4 }) });
+    // Every target ran exactly once: nothing was dispatched twice across the restart.
+    expect((await lines(marker)).map((l) => l.split(' ')[0]).sort()).toEqual(fleet.machineIds.slice(0, 4));
   });
 });
 

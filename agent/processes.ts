@@ -1,0 +1,337 @@
+/**
+ * Managed processes on the machine (`/api/sites/{siteId}/machines/{machineId}/processes`;
+ * docs/decisions/managed-processes.md): the reference agent runs each configured process as a real child
+ * process through AgentOs (agent/os.ts).
+ *
+ * - Configs come from `GET /api/agent/processes` every `syncMs` (and before a process command); the site's
+ *   time zone comes with them.
+ * - A process should run when a start command overrides it on, or (no override) when `launch_mode` is
+ *   `always`, or `scheduled` and a schedule block is open now in the site's time zone. A stop command
+ *   overrides it off; an override lasts until the config changes or a scheduled process's window flips.
+ * - Launch: after `time_delay` seconds (status `waiting`), `starting` for `time_to_init` seconds, then `running`.
+ * - A process that exits on its own has crashed: it is relaunched (`relaunching`) up to `relaunch_attempts`
+ *   times, then `failed` until a start command, a config change or a window flip.
+ * - Stop is graceful (SIGTERM / taskkill) and kills after `stopGraceMs`; kill is immediate; restart is
+ *   stop then start.
+ * - `snapshot()` is the heartbeat's `processes` list: processId, name, pid, status, responsive (process
+ *   state not stopped or zombie), restarts, launch_mode, updatedAt.
+ */
+import type { ChildProcess } from 'node:child_process';
+import { type ScheduleBlock, scheduleOpen } from '../domain/processes';
+import type { CommandOutcome } from './commands';
+import { errMessage } from './errors';
+import { type AgentOs, type ProcessPriority, type ProcessVisibility, splitFlags } from './os';
+import type { AgentCommand, AgentTransport } from './transport';
+
+/** A process config as `GET /api/agent/processes` answers it. */
+export interface ProcessConfig {
+  processId: string;
+  name: string;
+  exe_path: string;
+  file_path: string | null;
+  cwd: string | null;
+  priority: ProcessPriority;
+  visibility: ProcessVisibility;
+  launch_mode: 'off' | 'always' | 'scheduled';
+  time_delay: number;
+  time_to_init: number;
+  relaunch_attempts: number;
+  schedules: ScheduleBlock[];
+  updatedAt: string;
+}
+
+/** One entry of the heartbeat's `processes`. */
+export interface ProcessReport {
+  processId: string;
+  name: string;
+  pid: number | null;
+  status: string;
+  responsive: boolean | null;
+  restarts: number;
+  launch_mode: string;
+  updatedAt: string;
+}
+
+interface Managed {
+  cfg: ProcessConfig;
+  child: ChildProcess | null;
+  status: 'stopped' | 'waiting' | 'starting' | 'running' | 'relaunching' | 'failed' | 'stopping';
+  restarts: number;
+  override: 'run' | 'stop' | null;
+  launchAt: number | null;
+  runningAt: number | null;
+  /** We asked it to end: its exit is not a crash. */
+  ending: boolean;
+  lastOpen: boolean | null;
+  changedAt: number;
+  exited: Promise<void> | null;
+}
+
+/** What the supervisor works with. */
+export interface SupervisorContext {
+  transport: AgentTransport;
+  os: AgentOs;
+  warn: (message: string) => void;
+  /** Config read interval (ms). */
+  syncMs: number;
+  /** State machine tick (ms). */
+  tickMs: number;
+  /** Time a graceful stop gets before the kill (ms). */
+  stopGraceMs: number;
+}
+
+/** Runs the machine's managed processes. */
+export class ProcessSupervisor {
+  private readonly procs = new Map<string, Managed>();
+  private timezone = 'UTC';
+  private timer: NodeJS.Timeout | undefined;
+  private lastSync = 0;
+  private syncing: Promise<void> | undefined;
+  private running = false;
+
+  constructor(private readonly ctx: SupervisorContext) {}
+
+  /** Starts the periodic config read and state machine. */
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    const loop = () => {
+      if (!this.running) return;
+      this.tick()
+        .catch((err) => this.ctx.warn(`process supervisor: ${errMessage(err)}`))
+        .finally(() => {
+          if (this.running) this.timer = setTimeout(loop, this.ctx.tickMs).unref();
+        });
+    };
+    this.timer = setTimeout(loop, 0).unref();
+  }
+
+  /** Stops every managed process (gracefully, then killed) and the loop: what a reboot or an agent exit does. */
+  async stop(): Promise<void> {
+    this.running = false;
+    if (this.timer) clearTimeout(this.timer);
+    await this.syncing?.catch(() => undefined);
+    await Promise.all([...this.procs.values()].map((m) => this.end(m, false)));
+  }
+
+  /** The heartbeat's `processes` list. */
+  async snapshot(): Promise<ProcessReport[]> {
+    if (this.procs.size === 0) return [];
+    const states = new Map((await this.ctx.os.listProcesses().catch(() => [])).map((p) => [p.pid, p.state]));
+    return [...this.procs.values()].map((m) => {
+      const pid = m.child?.pid ?? null;
+      const state = pid !== null ? states.get(pid) : undefined;
+      return {
+        processId: m.cfg.processId,
+        name: m.cfg.name,
+        pid,
+        status: m.status,
+        responsive: pid === null ? null : state === undefined ? this.ctx.os.platform === 'win32' : state !== 'T' && state !== 'Z',
+        restarts: m.restarts,
+        launch_mode: m.cfg.launch_mode,
+        updatedAt: new Date(m.changedAt).toISOString(),
+      };
+    });
+  }
+
+  /** Handles kill_process, restart_process, start_process and stop_process. */
+  async command(cmd: AgentCommand): Promise<CommandOutcome> {
+    const processId = String(cmd.params?.processId ?? '');
+    const report = (status: 'completed' | 'failed', error?: string) =>
+      this.ctx.transport
+        .reportCommand(cmd.commandId, status === 'completed' ? { status, result: 'success', progress: 100 } : { status, error })
+        .catch((err) => this.ctx.warn(`could not report ${cmd.commandId}: ${errMessage(err)}`));
+    const done = async (status: 'completed' | 'failed', error?: string): Promise<CommandOutcome> => {
+      await report(status, error);
+      return {
+        commandId: cmd.commandId,
+        type: cmd.type,
+        status,
+        ...(status === 'completed' ? { result: 'success' as const } : {}),
+        ...(error ? { error } : {}),
+      };
+    };
+    try {
+      const first = await this.ctx.transport.reportCommand(cmd.commandId, { status: 'running' });
+      if (!first.applied) return { commandId: cmd.commandId, type: cmd.type, status: 'cancelled' };
+      if (!this.procs.has(processId)) await this.sync();
+      const m = this.procs.get(processId);
+      if (!m) return done('failed', `unknown process ${processId}`);
+      switch (cmd.type) {
+        case 'kill_process':
+          m.override = 'stop';
+          await this.end(m, true);
+          return done('completed');
+        case 'stop_process':
+          m.override = 'stop';
+          await this.end(m, false);
+          return done('completed');
+        case 'start_process':
+        case 'restart_process': {
+          if (cmd.type === 'restart_process') await this.end(m, false);
+          m.override = 'run';
+          m.restarts = 0;
+          const err = this.launch(m);
+          return err ? done('failed', err) : done('completed');
+        }
+        default:
+          return done('failed', `unsupported command type ${cmd.type}`);
+      }
+    } catch (err) {
+      return done('failed', errMessage(err));
+    }
+  }
+
+  /** Reads the configs now (deleted processes are stopped and forgotten; changed ones clear their override). */
+  sync(): Promise<void> {
+    this.syncing ??= (async () => {
+      try {
+        const res = await this.ctx.transport.callRetrying<{ timezone: string; processes: ProcessConfig[] }>('GET', '/api/agent/processes');
+        this.timezone = res.timezone;
+        this.lastSync = Date.now();
+        const seen = new Set<string>();
+        for (const cfg of res.processes) {
+          seen.add(cfg.processId);
+          const m = this.procs.get(cfg.processId);
+          if (!m) {
+            this.procs.set(cfg.processId, {
+              cfg,
+              child: null,
+              status: 'stopped',
+              restarts: 0,
+              override: null,
+              launchAt: null,
+              runningAt: null,
+              ending: false,
+              lastOpen: null,
+              changedAt: Date.now(),
+              exited: null,
+            });
+          } else if (m.cfg.updatedAt !== cfg.updatedAt) {
+            m.cfg = cfg;
+            m.override = null;
+            if (m.status === 'failed') m.status = 'stopped';
+            m.restarts = 0;
+          }
+        }
+        for (const [id, m] of this.procs) {
+          if (seen.has(id)) continue;
+          await this.end(m, false);
+          this.procs.delete(id);
+        }
+      } finally {
+        this.syncing = undefined;
+      }
+    })();
+    return this.syncing;
+  }
+
+  private async tick(): Promise<void> {
+    if (Date.now() - this.lastSync >= this.ctx.syncMs) await this.sync();
+    const now = Date.now();
+    for (const m of this.procs.values()) {
+      const open = m.cfg.launch_mode === 'scheduled' ? scheduleOpen(m.cfg.schedules, this.timezone, now) : null;
+      if (open !== null && m.lastOpen !== null && open !== m.lastOpen) {
+        m.override = null; // the window flipped: the schedule decides again
+        if (m.status === 'failed') m.status = 'stopped';
+        m.restarts = 0;
+      }
+      m.lastOpen = open;
+      const want = m.override
+        ? m.override === 'run'
+        : m.cfg.launch_mode === 'always' || (m.cfg.launch_mode === 'scheduled' && open === true);
+      if (!want) {
+        if (m.child && !m.ending) await this.end(m, false);
+        if (m.status === 'waiting') this.set(m, 'stopped');
+        m.launchAt = null;
+        continue;
+      }
+      if (m.child) {
+        if (m.status === 'starting' && m.runningAt !== null && now >= m.runningAt) this.set(m, 'running');
+        continue;
+      }
+      if (m.status === 'failed' || m.ending) continue;
+      if (m.status === 'relaunching') {
+        this.launch(m);
+        continue;
+      }
+      if (m.launchAt === null) {
+        m.launchAt = now + m.cfg.time_delay * 1000;
+        if (m.cfg.time_delay > 0) this.set(m, 'waiting');
+      }
+      if (now >= m.launchAt) this.launch(m);
+    }
+  }
+
+  private set(m: Managed, status: Managed['status']): void {
+    if (m.status !== status) {
+      m.status = status;
+      m.changedAt = Date.now();
+    }
+  }
+
+  /** Starts the process now. Returns an error message when it could not start. */
+  private launch(m: Managed): string | undefined {
+    if (m.child) return undefined;
+    let child: ChildProcess;
+    try {
+      child = this.ctx.os.launch({
+        exePath: m.cfg.exe_path,
+        args: m.cfg.file_path ? splitFlags(m.cfg.file_path) : [],
+        cwd: m.cfg.cwd ?? undefined,
+        priority: m.cfg.priority,
+        visibility: m.cfg.visibility,
+      });
+    } catch (err) {
+      this.set(m, 'failed');
+      return `could not start ${m.cfg.exe_path}: ${errMessage(err)}`;
+    }
+    m.child = child;
+    m.ending = false;
+    m.launchAt = null;
+    m.runningAt = Date.now() + m.cfg.time_to_init * 1000;
+    this.set(m, m.cfg.time_to_init > 0 ? 'starting' : 'running');
+    let spawnError: string | undefined;
+    child.on('error', (err) => (spawnError = errMessage(err)));
+    m.exited = new Promise((resolve) => {
+      child.on('close', () => {
+        if (m.child === child) {
+          m.child = null;
+          if (m.ending) this.set(m, 'stopped');
+          else if (m.restarts < m.cfg.relaunch_attempts) {
+            m.restarts++;
+            this.set(m, 'relaunching');
+          } else {
+            this.set(m, 'failed');
+            if (spawnError) this.ctx.warn(`process ${m.cfg.name}: ${spawnError}`);
+          }
+        }
+        resolve();
+      });
+    });
+    if (child.pid === undefined) return `could not start ${m.cfg.exe_path}`;
+    return undefined;
+  }
+
+  /** Ends the process: graceful (then killed after stopGraceMs) or forced; resolves once it exited. */
+  private async end(m: Managed, force: boolean): Promise<void> {
+    const child = m.child;
+    m.launchAt = null;
+    if (!child || child.pid === undefined) {
+      if (m.status !== 'failed') this.set(m, 'stopped');
+      return;
+    }
+    m.ending = true;
+    this.set(m, 'stopping');
+    const exited = m.exited ?? Promise.resolve();
+    if (force) await this.ctx.os.kill(child.pid);
+    else {
+      await this.ctx.os.terminate(child.pid);
+      const t = new Promise<boolean>((r) => setTimeout(() => r(false), this.ctx.stopGraceMs).unref());
+      if (!(await Promise.race([exited.then(() => true), t]))) await this.ctx.os.kill(child.pid);
+    }
+    await exited;
+    m.ending = false;
+    this.set(m, 'stopped');
+  }
+}
