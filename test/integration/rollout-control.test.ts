@@ -9,6 +9,7 @@
  * a wave without timing assumptions; the delta-plan test runs real reference agents (agent/fleet.ts).
  * Set ROOST_RECORD_HISTORIES=1 to (re)record the control histories under test/replay/histories/.
  */
+import { EXIT } from '../../cli/context';
 import fs from 'node:fs/promises';
 import { execFile } from 'node:child_process';
 import path from 'node:path';
@@ -713,7 +714,7 @@ describe('the roost CLI', () => {
       expect(history.find((e) => e.action === 'promote')?.detail).toEqual({ reason: 'canary looks good' });
 
       const again = await roost(['rollout', 'promote', roost0.roostId, rolloutId]);
-      expect(again.code).toBe(1);
+      expect(again.code).toBe(EXIT.conflict);
       expect(again.stderr).toMatch(/conflict/);
     } finally {
       await fleet.stop();
