@@ -2,6 +2,7 @@
  * The CLI push pipeline and commands over real HTTP: the harness app listens on a real port, chunks go
  * to Azurite through signed URLs, and the `roost` binary itself is run for the --json contract.
  */
+import { EXIT } from '../../cli/context';
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
@@ -353,8 +354,8 @@ describe('the roost binary', () => {
     expect(noop.stderr).toMatch(/^error: rollback_no_op: /);
 
     const noKey = await roost(['roosts', 'list', '--json'], '');
-    expect(noKey.code).toBe(2);
-    expect(JSON.parse(noKey.stdout).error.code).toBe('usage_error');
+    expect(noKey.code).toBe(EXIT.auth);
+    expect(JSON.parse(noKey.stdout).error.code).toBe('no_credentials');
   });
 });
 
@@ -464,7 +465,7 @@ describe('deploy --watch machine polling', () => {
     it('a key without deploy scope is refused with the required scope on stderr', async () => {
       const key = await scopedKey([{ resource: 'roost', id: '*', permissions: ['read', 'write'] }]);
       const res = await roost(['deploy', roostId, '--machines', 'watch-canary'], key);
-      expect(res.code).toBe(1);
+      expect(res.code).toBe(EXIT.auth);
       expect(res.stderr).toMatch(/^error: scope_insufficient: /);
       expect(res.stderr).toContain(`required scope: roost=${roostId}:deploy`);
     });
