@@ -299,7 +299,7 @@ function within<T>(p: Promise<T>, ms: number): Promise<T> {
 }
 
 /**
- * Asks the database (`SELECT 1`), blob storage (the chunk container's properties) and Temporal
+ * Asks the database (db/sites.ts pingDatabase), blob storage (the chunk container's properties) and Temporal
  * (`GetSystemInfo`) at once, each within HEALTH_TIMEOUT_MS (`GET /healthz`).
  * @returns every dependency's state
  * @throws ApiError service_unavailable (503, Retry-After) naming the dependencies that did not answer, with
