@@ -6,18 +6,14 @@
  * (update-with-start), and a serial run cancelled by an update while an install was in flight. Each must
  * replay against today's workflows/index.ts bundle; a variant with one extra activity call must fail.
  */
-import fs from 'node:fs';
 import path from 'node:path';
-import { DefaultLogger, Worker, bundleWorkflowCode } from '@temporalio/worker';
+import { Worker } from '@temporalio/worker';
 import { DeterminismViolationError } from '@temporalio/workflow';
-import { loadHistory, quietRuntime } from './histories';
+import { historyFiles, loadHistory, quietRuntime, replayAgainstModule } from './histories';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories', 'classic');
-const files = fs
-  .readdirSync(HISTORIES)
-  .filter((f) => f.endsWith('.json'))
-  .sort();
+const files = historyFiles(HISTORIES);
 const load = (file: string) => loadHistory(HISTORIES, file);
 
 beforeAll(quietRuntime);
@@ -43,11 +39,7 @@ it.each(files)('replays %s against the current workflow code', async (file) => {
 });
 
 it('fails replay with a DeterminismViolationError when the workflow gained an activity call', async () => {
-  const changed = await bundleWorkflowCode({
-    workflowsPath: require.resolve('./fixtures/classic-changed'),
-    logger: new DefaultLogger('ERROR'),
-  });
-  await expect(Worker.runReplayHistory({ workflowBundle: changed }, load('classic-partial.json'), 'changed')).rejects.toBeInstanceOf(
+  await expect(replayAgainstModule(require.resolve('./fixtures/classic-changed'), load('classic-partial.json'))).rejects.toBeInstanceOf(
     DeterminismViolationError,
   );
 });

@@ -6,18 +6,14 @@
  * finished. Each must replay against today's workflows/index.ts bundle; a variant with one extra activity
  * call must fail with a DeterminismViolationError.
  */
-import fs from 'node:fs';
 import path from 'node:path';
-import { DefaultLogger, Worker, bundleWorkflowCode } from '@temporalio/worker';
+import { Worker } from '@temporalio/worker';
 import { DeterminismViolationError } from '@temporalio/workflow';
-import { loadHistory, quietRuntime } from './histories';
+import { historyFiles, loadHistory, quietRuntime, replayAgainstModule } from './histories';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories', 'users');
-const files = fs
-  .readdirSync(HISTORIES)
-  .filter((f) => f.endsWith('.json'))
-  .sort();
+const files = historyFiles(HISTORIES);
 
 const load = (file: string) => loadHistory(HISTORIES, file);
 
@@ -36,11 +32,7 @@ it.each(files)('replays %s against the current workflow code', async (file) => {
 });
 
 it('fails replay with a DeterminismViolationError when the cascade gained an activity call', async () => {
-  const changed = await bundleWorkflowCode({
-    workflowsPath: require.resolve('./fixtures/user-delete-changed'),
-    logger: new DefaultLogger('ERROR'),
-  });
-  await expect(Worker.runReplayHistory({ workflowBundle: changed }, load('cascade-completed.json'), 'changed')).rejects.toBeInstanceOf(
-    DeterminismViolationError,
-  );
+  await expect(
+    replayAgainstModule(require.resolve('./fixtures/user-delete-changed'), load('cascade-completed.json')),
+  ).rejects.toBeInstanceOf(DeterminismViolationError);
 });

@@ -5,18 +5,14 @@
  * chunk with bad bytes. It must replay against today's workflows/index.ts bundle; a variant with one extra
  * activity call must fail with a DeterminismViolationError.
  */
-import fs from 'node:fs';
 import path from 'node:path';
-import { DefaultLogger, Worker, bundleWorkflowCode } from '@temporalio/worker';
+import { Worker } from '@temporalio/worker';
 import { DeterminismViolationError } from '@temporalio/workflow';
-import { loadHistory, quietRuntime } from './histories';
+import { historyFiles, loadHistory, quietRuntime, replayAgainstModule } from './histories';
 import { workflowBundle } from '../../worker/worker';
 
 const HISTORIES = path.join(__dirname, 'histories', 'verify');
-const files = fs
-  .readdirSync(HISTORIES)
-  .filter((f) => f.endsWith('.json'))
-  .sort();
+const files = historyFiles(HISTORIES);
 
 const load = (file: string) => loadHistory(HISTORIES, file);
 
@@ -34,11 +30,7 @@ it.each(files)('replays %s against the current workflow code', async (file) => {
 });
 
 it('fails replay with a DeterminismViolationError when the workflow gained an activity call', async () => {
-  const changed = await bundleWorkflowCode({
-    workflowsPath: require.resolve('./fixtures/verify-changed'),
-    logger: new DefaultLogger('ERROR'),
-  });
-  await expect(Worker.runReplayHistory({ workflowBundle: changed }, load('verify-failed.json'), 'changed')).rejects.toBeInstanceOf(
+  await expect(replayAgainstModule(require.resolve('./fixtures/verify-changed'), load('verify-failed.json'))).rejects.toBeInstanceOf(
     DeterminismViolationError,
   );
 });
