@@ -347,6 +347,63 @@ export class RoostClient {
     });
   }
 
+  /**
+   * One request whose 2xx answer is read as a stream (the conversation reply of
+   * `POST /api/cortex/conversations/{conversationId}`): a single attempt, never retried, because the API
+   * never replays a stream (a second send with the same Idempotency-Key is 422). The caller reads
+   * `response.body`. `signal` aborts the request and the body.
+   * @throws ClientError for a non-2xx answer (its problem) or when no answer came (`network_error`)
+   */
+  async openStream(
+    method: string,
+    path: string,
+    opts: Omit<RequestOptions, 'retrySafe' | 'timeoutMs'> & { signal?: AbortSignal } = {},
+  ): Promise<{ response: Response; requestId?: string; idempotencyKey?: string }> {
+    const m = method.toUpperCase();
+    const url = `${this.baseUrl}${path}${buildQuery(opts.query)}`;
+    const idempotencyKey = opts.idempotencyKey === true ? newIdempotencyKey() : opts.idempotencyKey;
+    const headers: Record<string, string> = {
+      accept: 'text/plain, application/problem+json',
+      'user-agent': `roost-cli/${CLI_VERSION}`,
+      ...opts.headers,
+    };
+    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
+    if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
+    let payload: string | undefined;
+    if (opts.body !== undefined) {
+      payload = JSON.stringify(opts.body);
+      headers['content-type'] = 'application/json';
+    }
+    let res: Response;
+    try {
+      res = await fetch(url, { method: m, headers, body: payload, signal: opts.signal });
+    } catch (err) {
+      throw new ClientError({
+        code: 'network_error',
+        status: 0,
+        detail: `${m} ${url}: ${describeNetworkError(err)}`,
+        method: m,
+        url,
+        attempts: 1,
+        cause: err,
+      });
+    }
+    const requestId = res.headers.get('x-request-id') ?? undefined;
+    if (res.ok) return { response: res, requestId, idempotencyKey };
+    const body = await readBody(res);
+    const problem = body && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
+    throw new ClientError({
+      code: typeof problem.code === 'string' ? problem.code : `http_${res.status}`,
+      status: res.status,
+      detail: typeof problem.detail === 'string' ? problem.detail : res.statusText || `HTTP ${res.status}`,
+      body: problem,
+      requestId: requestId ?? (typeof problem.requestId === 'string' ? problem.requestId : undefined),
+      method: m,
+      url,
+      attempts: 1,
+    });
+  }
+
   /** GET returning the body. */
   async get<T = unknown>(path: string, query?: Record<string, QueryValue>): Promise<T> {
     return (await this.request<T>('GET', path, { query })).body;
