@@ -1,5 +1,5 @@
 /**
- * `roost deployments create|list|show|retry|cancel|uninstall|delete` and `roost templates …`: classic
+ * `roost deployments create|list|show|retry|cancel|uninstall|delete`: classic
  * installer deployments (`/api/sites/{siteId}/deployments`, docs/decisions/classic-deployments.md). NOT
  * `roost deploy`, which rolls a roost version out (`POST /api/roosts/{roostId}/deploy`).
  *
@@ -66,7 +66,7 @@ function printDetail(d: Deployment): void {
   }
 }
 
-/** Registers `roost deployments` and `roost templates`. */
+/** Registers `roost deployments` (installer templates: cli/commands/templates.ts). */
 export function registerDeployments(program: Command): void {
   const deployments = program
     .command('deployments')
@@ -194,47 +194,4 @@ export function registerDeployments(program: Command): void {
     const r = await ctx.client().delete<{ deploymentId: string }>(`${base(ctx)}/${seg(id)}`, { idempotencyKey: true });
     ctx.emit(r, () => process.stdout.write(`deleted ${r.deploymentId}\n`));
   });
-
-  const templates = program.command('templates').description('installer templates: defaults for classic deployments');
-  withJson(templates.command('list').description('list installer templates')).action(async (_o: unknown, cmd: Command) => {
-    const ctx = commandContext(cmd);
-    const res = await ctx.client().get<{ templates: Record<string, unknown>[] }>(`/api/sites/${seg(ctx.siteId())}/installer-templates`);
-    ctx.emit(res, () =>
-      process.stdout.write(
-        table(
-          ['TEMPLATE', 'NAME', 'INSTALLER', 'URL'],
-          res.templates.map((t) => [t.templateId as string, t.name as string, t.installer_name as string, t.installer_url as string]),
-        ) + '\n',
-      ),
-    );
-  });
-  withJson(
-    templates
-      .command('create')
-      .description('create an installer template')
-      .argument('<name>')
-      .requiredOption('--url <https-url>', 'installer URL')
-      .requiredOption('--installer <file-name>', 'installer file name')
-      .option('--flags <text>', 'silent flags', '')
-      .option('--verify-path <path>', 'absolute path that must exist after install')
-      .option('--close <names>', 'comma-separated executables closed first', idList)
-      .option('--timeout <seconds>', 'installer run time limit', positiveInt('--timeout')),
-  ).action(async (name: string, o: Record<string, unknown>, cmd: Command) => {
-    const ctx = commandContext(cmd);
-    const body: Record<string, unknown> = { name, installer_url: o.url, installer_name: o.installer, silent_flags: o.flags };
-    if (o.verifyPath !== undefined) body.verify_path = o.verifyPath;
-    if (o.close !== undefined) body.close_processes = o.close;
-    if (o.timeout !== undefined) body.timeout_seconds = o.timeout;
-    const t = await ctx
-      .client()
-      .post<{ templateId: string }>(`/api/sites/${seg(ctx.siteId())}/installer-templates`, body, { idempotencyKey: true });
-    ctx.emit(t, () => process.stdout.write(`created template ${t.templateId}\n`));
-  });
-  withJson(templates.command('delete').description('delete an installer template').argument('<templateId>')).action(
-    async (id: string, _o: unknown, cmd: Command) => {
-      const ctx = commandContext(cmd);
-      const r = await ctx.client().delete(`/api/sites/${seg(ctx.siteId())}/installer-templates/${seg(id)}`, { idempotencyKey: true });
-      ctx.emit(r, () => process.stdout.write(`deleted template ${id}\n`));
-    },
-  );
 }
