@@ -12,6 +12,7 @@ import { registerDeploy } from './commands/deploy';
 import { registerRollback } from './commands/rollback';
 import { registerDeployments } from './commands/deployments';
 import { registerProcesses } from './commands/processes';
+import { registerTemplates } from './commands/templates';
 import { registerVersions } from './commands/versions';
 import { registerDiff } from './commands/diff';
 import { registerRoosts } from './commands/roosts';
@@ -23,6 +24,9 @@ import { registerAudit } from './commands/audit';
 import { registerEvents } from './commands/events';
 import { registerAccount } from './commands/account';
 import { registerAgent } from './commands/agent';
+import { registerSites } from './commands/sites';
+import { registerUsers } from './commands/users';
+import { registerConversations } from './commands/conversations';
 
 /** Registers one command (or command group) on the program. */
 export type Registrar = (program: Command) => void;
@@ -36,12 +40,16 @@ export const COMMANDS: Registrar[] = [
   registerDeploy,
   registerRollback,
   registerDeployments,
+  registerTemplates,
   registerProcesses,
   registerMachines,
   registerKeys,
   registerWebhooks,
   registerAudit,
   registerEvents,
+  registerSites,
+  registerUsers,
+  registerConversations,
   registerAccount,
   registerLogin,
   registerAgent,

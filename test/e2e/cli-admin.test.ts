@@ -1,0 +1,284 @@
+/**
+ * The `roost` CLI for the platform and assistant families (sites, users, conversations, installer
+ * templates), run as a person runs it: the real binary (bin/roost.js) as a child process against a real API
+ * on a port (PostgreSQL, Azurite, Temporal, and a worker for the user-delete cascade). For each family: the
+ * happy path with `--json` parsed, human output, and refused requests showing their problem code, request
+ * id and exit code (cli/context.ts EXIT: 1 failure, 2 usage, 3 conflict, 4 not found, 5 auth).
+ */
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { createHarness, type Harness } from '../support/harness';
+import { makeUser, scopedKey } from '../support/identity';
+import { startTestWorker, type TestWorker } from '../integration/rollout-fixtures';
+import { closeWorkerConnections } from '../../worker/worker';
+
+const BIN = path.resolve(__dirname, '..', '..', 'bin', 'roost.js');
+
+let h: Harness;
+let w: TestWorker;
+let api: string;
+let tmp: string;
+let member: { siteId: string; userId: string; apiKey: string };
+
+interface Run {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs `roost …` with the site's (superadmin) key and site unless overridden, and a private config file. */
+function roost(args: string[], env: Record<string, string | undefined> = {}, input?: string): Promise<Run> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [BIN, ...args], {
+      env: {
+        ...process.env,
+        ROOST_API_URL: api,
+        ROOST_API_KEY: h.apiKey,
+        ROOST_SITE_ID: h.siteId,
+        ROOST_CONFIG: path.join(tmp, 'config.json'),
+        ROOST_ID_TOKEN: undefined,
+        ...env,
+      },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+    child.stdin.end(input ?? '');
+  });
+}
+
+/** Runs and expects exit 0 with one JSON document on stdout. */
+async function json<T = any>(args: string[], env: Record<string, string | undefined> = {}, input?: string): Promise<T> {
+  const r = await roost([...args, '--json'], env, input);
+  if (r.code !== 0) throw new Error(`roost ${args.join(' ')} exited ${r.code}: ${r.stderr}`);
+  return JSON.parse(r.stdout) as T;
+}
+
+/** Runs and expects exit 0 (human output). */
+async function human(args: string[], env: Record<string, string | undefined> = {}): Promise<string> {
+  const r = await roost(args, env);
+  if (r.code !== 0) throw new Error(`roost ${args.join(' ')} exited ${r.code}: ${r.stderr}`);
+  return r.stdout;
+}
+
+/** Runs and expects the exit code, `error: <code>: <detail>` and the request id on stderr, and `{error}` on stdout. */
+async function refused(args: string[], exit: number, code: string, env: Record<string, string | undefined> = {}): Promise<any> {
+  const r = await roost([...args, '--json'], env);
+  expect({ code: r.code, stderr: r.stderr }).toEqual({ code: exit, stderr: expect.stringContaining(`error: ${code}: `) });
+  const body = JSON.parse(r.stdout);
+  expect(body.error.code).toBe(code);
+  expect(typeof body.error.detail).toBe('string');
+  if (body.error.status > 0) {
+    expect(body.error.requestId).toEqual(expect.any(String));
+    expect(r.stderr).toContain(`request ${body.error.requestId}`);
+  }
+  return body.error;
+}
+
+const tag = () => randomBytes(4).toString('hex');
+
+beforeAll(async () => {
+  h = await createHarness();
+  w = await startTestWorker(h, 'cli-admin-test-worker');
+  api = await h.listen();
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'roost-cli-admin-'));
+  member = await h.other(); // a plain member of its own site
+});
+
+afterAll(async () => {
+  await w?.stop();
+  await closeWorkerConnections();
+  await h?.close();
+  fs.rmSync(tmp, { recursive: true, force: true });
+});
+
+describe('roost sites', () => {
+  it('creates, shows, updates and lists a site and its members', async () => {
+    const name = `cli-site-${tag()}`;
+    const created = await json(['sites', 'create', name, '--timezone', 'Europe/Berlin', '--deploy-quota', '7']);
+    expect(created).toMatchObject({ name, owner: h.userId, timezone: 'Europe/Berlin', deployQuota: 7, roostEnabled: true });
+    expect(await json(['sites', 'show', created.siteId])).toEqual(created);
+    const updated = await json(['sites', 'update', created.siteId, '--roost-enabled', 'false', '--timezone', 'UTC']);
+    expect(updated).toMatchObject({ siteId: created.siteId, roostEnabled: false, timezone: 'UTC', deployQuota: 7 });
+    // Without an argument show and members act on --site.
+    expect((await json(['sites', 'show'])).siteId).toBe(h.siteId);
+    const members = await json(['sites', 'members']);
+    expect(members.members).toContainEqual(expect.objectContaining({ uid: h.userId, isOwner: true }));
+    const list = await json(['sites', 'list', '--all']);
+    expect(list.sites.map((s: { siteId: string }) => s.siteId)).toEqual(expect.arrayContaining([h.siteId, created.siteId]));
+    expect(list.next_page_token).toBe('');
+    expect(await human(['sites', 'show', created.siteId])).toMatch(
+      new RegExp(`^${created.siteId} ${name}\\n[\\s\\S]*roostEnabled\\s+false`),
+    );
+    expect(await human(['sites', 'members'])).toMatch(/^UID\s+EMAIL\s+ROLE\s+OWNER/);
+  });
+
+  it('refuses a bad time zone (1), a taken name (3), an unknown site (4), a member creating one (5) and nothing to change (2)', async () => {
+    const tz = await refused(['sites', 'create', `cli-tz-${tag()}`, '--timezone', 'Mars/Olympus'], 1, 'validation_failed');
+    expect(tz.status).toBe(400);
+    const name = `cli-dup-${tag()}`;
+    await json(['sites', 'create', name]);
+    await refused(['sites', 'create', name], 3, 'conflict');
+    await refused(['sites', 'show', `site_${'0'.repeat(24)}`], 4, 'not_found');
+    await refused(['sites', 'create', `cli-m-${tag()}`], 5, 'forbidden', { ROOST_API_KEY: member.apiKey });
+    await refused(['sites', 'update', h.siteId], 2, 'usage_error');
+    await refused(['sites', 'update', h.siteId, '--roost-enabled', 'maybe'], 2, 'usage_error');
+  });
+});
+
+describe('roost users', () => {
+  it('lists, shows, promotes, demotes, assigns and removes sites, and deletes a user with a successor, waiting for the cascade', async () => {
+    const u = await makeUser(h.deps.db);
+    const shown = await json(['users', 'show', u.uid]);
+    expect(shown).toMatchObject({ uid: u.uid, email: u.email, role: 'member', siteIds: [], deleted: false, deletion: null });
+
+    expect(await json(['users', 'promote', u.uid, 'admin'])).toMatchObject({ previousRole: 'member', role: 'admin', changed: true });
+    expect(await json(['users', 'promote', u.uid, 'admin'])).toMatchObject({ role: 'admin', changed: false });
+    const owned = await json(['sites', 'create', `cli-owned-${tag()}`, '--owner', u.uid]);
+
+    const assigned = await json(['users', 'assign-sites', u.uid, h.siteId]);
+    expect(assigned.addedSiteIds).toEqual([h.siteId]);
+    const listed = await json(['users', 'list', '--member-of', h.siteId, '--role', 'admin', '--all']);
+    expect(listed.users.map((x: { uid: string }) => x.uid)).toContain(u.uid);
+    expect(await human(['users', 'list', '--member-of', owned.siteId])).toMatch(
+      new RegExp(`^UID\\s+EMAIL[^\\n]*\\n${u.uid}\\s+${u.email}\\s+admin`),
+    );
+    expect(await json(['users', 'remove-sites', u.uid, h.siteId])).toMatchObject({ removedSiteIds: [h.siteId], cancelledCommandCount: 0 });
+    expect(await json(['users', 'demote', u.uid])).toMatchObject({ previousRole: 'admin', role: 'member', changed: true });
+
+    // Owning a site without a successor is refused (3); with one the cascade moves the site.
+    await refused(['users', 'delete', u.uid], 3, 'orphan_sites');
+    const deleted = await json(['users', 'delete', u.uid, '--successor', h.userId, '--wait', '--timeout', '120']);
+    expect(deleted).toMatchObject({
+      uid: u.uid,
+      deleted: true,
+      alreadyDeleted: false,
+      deletion: { status: 'completed', successorUid: h.userId },
+    });
+    expect(deleted.deletion.sitesTransferred).toEqual([owned.siteId]);
+    expect((await json(['sites', 'show', owned.siteId])).owner).toBe(h.userId);
+    expect((await json(['users', 'delete', u.uid])).alreadyDeleted).toBe(true);
+    const gone = await json(['users', 'list', '--member-of', owned.siteId, '--include-deleted', '--all']);
+    expect(gone.users).toContainEqual(expect.objectContaining({ uid: u.uid, deleted: true }));
+  });
+
+  it('refuses an unknown site (1, unknown_site), an unknown user (4), a bad role (2), a member (5) and a key without user scope (5)', async () => {
+    const u = await makeUser(h.deps.db);
+    const unknown = `site_${'f'.repeat(24)}`;
+    const p = await refused(['users', 'assign-sites', u.uid, `${h.siteId},${unknown}`], 1, 'unknown_site');
+    expect(JSON.stringify(p)).toContain(unknown);
+    expect((await json(['users', 'show', u.uid])).siteIds).toEqual([]); // all or nothing
+    await refused(['users', 'show', `usr_${'0'.repeat(24)}`], 4, 'not_found');
+    await refused(['users', 'promote', u.uid, 'member'], 2, 'usage_error');
+    await refused(['users', 'list', '--role', 'owner'], 2, 'usage_error');
+    await refused(['users', 'list'], 5, 'forbidden', { ROOST_API_KEY: member.apiKey });
+    const siteOnly = await scopedKey(h, [{ resource: 'site', id: '*', permissions: ['read', 'write', 'admin'] }]);
+    const denied = await refused(['users', 'demote', u.uid], 5, 'scope_insufficient', { ROOST_API_KEY: siteOnly });
+    expect(denied.required).toMatchObject({ resource: 'user', permission: 'admin' });
+  });
+});
+
+describe('roost conversations', () => {
+  it('creates a conversation, streams a reply to stdout, shows it, renames, deletes and restores it', async () => {
+    const c = await json(['conversations', 'create', '--title', 'fleet check']);
+    expect(c).toMatchObject({ siteId: h.siteId, machineId: null, title: 'fleet check', messageCount: 0 });
+
+    const streamed = await roost(['conversations', 'send', c.conversationId, 'Which machines are offline?']);
+    expect({ code: streamed.code, stderr: streamed.stderr }).toEqual({ code: 0, stderr: '' });
+    expect(streamed.stdout.trim().length).toBeGreaterThan(0);
+    const viaStdin = await json(['conversations', 'send', c.conversationId, '-'], {}, 'List the machines\n');
+    expect(viaStdin).toMatchObject({ conversationId: c.conversationId, messageId: expect.any(String), content: expect.any(String) });
+    expect(viaStdin.content.length).toBeGreaterThan(0);
+
+    const shown = await json(['conversations', 'show', c.conversationId]);
+    expect(shown.messageCount).toBe(4);
+    expect(shown.messages.map((m: { role: string }) => m.role)).toEqual(['user', 'assistant', 'user', 'assistant']);
+    // What the CLI printed as it streamed is the stored reply, frame for frame.
+    const reply = shown.messages[1];
+    expect(reply.status).toBe('complete');
+    expect(streamed.stdout).toBe(reply.content.endsWith('\n') ? reply.content : `${reply.content}\n`);
+    expect(shown.messages[3]).toMatchObject({ messageId: viaStdin.messageId, content: viaStdin.content, status: 'complete' });
+    expect(await human(['conversations', 'show', c.conversationId])).toContain('Which machines are offline?');
+
+    expect((await json(['conversations', 'rename', c.conversationId, 'renamed'])).title).toBe('renamed');
+    const listed = await json(['conversations', 'list', '--all']);
+    expect(listed.conversations).toContainEqual(expect.objectContaining({ conversationId: c.conversationId, title: 'renamed' }));
+    const del = await json(['conversations', 'delete', c.conversationId]);
+    expect(del).toMatchObject({ deleted: true, alreadyDeleted: false, recoverableUntil: expect.any(String) });
+    expect((await json(['conversations', 'list', '--all'])).conversations.map((x: any) => x.conversationId)).not.toContain(
+      c.conversationId,
+    );
+    const withDeleted = await json(['conversations', 'list', '--include-deleted', '--all']);
+    expect(withDeleted.conversations).toContainEqual(
+      expect.objectContaining({ conversationId: c.conversationId, deletedAt: del.deletedAt }),
+    );
+    expect(await json(['conversations', 'restore', c.conversationId])).toMatchObject({ restored: true, deletedAt: null });
+    expect(await json(['conversations', 'restore', c.conversationId])).toMatchObject({ restored: false });
+  });
+
+  it('refuses an unknown conversation (4), a malformed id (1), an empty message (2) and a key without chat write (5)', async () => {
+    await refused(['conversations', 'show', `cnv_${'0'.repeat(24)}`], 4, 'not_found');
+    await refused(['conversations', 'send', `cnv_${'0'.repeat(24)}`, 'hello'], 4, 'not_found');
+    await refused(['conversations', 'show', 'not-a-conversation'], 1, 'validation_failed');
+    const c = await json(['conversations', 'create']);
+    await refused(['conversations', 'send', c.conversationId, '-'], 2, 'usage_error');
+    const reader = await scopedKey(h, [
+      { resource: 'site', id: '*', permissions: ['read'] },
+      { resource: 'chat', id: '*', permissions: ['read'] },
+    ]);
+    expect((await json(['conversations', 'list'], { ROOST_API_KEY: reader })).siteId).toBe(h.siteId);
+    const denied = await refused(['conversations', 'send', c.conversationId, 'hello'], 5, 'scope_insufficient', { ROOST_API_KEY: reader });
+    expect(denied.required).toMatchObject({ resource: 'chat', permission: 'write' });
+  });
+});
+
+describe('roost templates', () => {
+  it('creates, shows, updates (clearing nullable fields), lists and deletes an installer template', async () => {
+    const t = await json([
+      'templates',
+      'create',
+      'kiosk',
+      '--url',
+      'https://files.example.com/kiosk.msi',
+      '--installer',
+      'kiosk.msi',
+      '--flags',
+      '/qn',
+      '--verify-path',
+      'C:\\Apps\\kiosk.exe',
+      '--close',
+      'kiosk.exe,helper.exe',
+      '--timeout',
+      '600',
+    ]);
+    expect(t).toMatchObject({
+      name: 'kiosk',
+      verify_path: 'C:\\Apps\\kiosk.exe',
+      close_processes: ['kiosk.exe', 'helper.exe'],
+      timeout_seconds: 600,
+    });
+    expect(await json(['templates', 'show', t.templateId])).toEqual(t);
+    const updated = await json(['templates', 'update', t.templateId, '--name', 'kiosk 2', '--no-timeout', '--no-verify-path']);
+    expect(updated).toMatchObject({ name: 'kiosk 2', timeout_seconds: null, verify_path: null, silent_flags: '/qn' });
+    expect(await human(['templates', 'show', t.templateId])).toMatch(/^itp_\S+ kiosk 2\n[\s\S]*time limit\s+-/);
+    const second = await json(['templates', 'create', 'other', '--url', 'https://files.example.com/o.exe', '--installer', 'o.exe']);
+    const firstPage = await json(['templates', 'list', '--page-size', '1']);
+    expect(firstPage.templates.map((x: { templateId: string }) => x.templateId)).toEqual([second.templateId]);
+    expect(firstPage.next_page_token).not.toBe('');
+    const all = await json(['templates', 'list', '--page-size', '1', '--all']);
+    expect(all.templates.map((x: { templateId: string }) => x.templateId)).toEqual(
+      expect.arrayContaining([t.templateId, second.templateId]),
+    );
+    expect(await json(['templates', 'delete', t.templateId])).toMatchObject({ templateId: t.templateId, deleted: true });
+    await refused(['templates', 'show', t.templateId], 4, 'not_found');
+    await refused(['templates', 'update', second.templateId], 2, 'usage_error');
+    await refused(['templates', 'update', second.templateId, '--url', 'ftp://x'], 1, 'validation_failed');
+  });
+});
