@@ -10,6 +10,7 @@ import { type Command } from 'commander';
 import { seg } from '../client';
 import { type CommandContext, UsageError, commandContext, idList, positiveInt, table, withJson } from '../context';
 import { createProgress } from '../progress';
+import { fetchList, type PagingOptions } from '../listing';
 
 /** A classic deployment as the API answers it (fields the CLI reads). */
 interface Deployment {
@@ -122,14 +123,12 @@ export function registerDeployments(program: Command): void {
       .description('list classic deployments, newest first')
       .option('--status <status>', 'only this status')
       .option('--page-size <n>', 'deployments per page (1..100)', positiveInt('--page-size'))
-      .option('--page-token <token>', 'next_page_token of the previous page'),
-  ).action(async (o: { status?: string; pageSize?: number; pageToken?: string }, cmd: Command) => {
+      .option('--page-token <token>', 'next_page_token of the previous page')
+      .option('--all', 'follow every page'),
+  ).action(async (o: PagingOptions & { status?: string }, cmd: Command) => {
     const ctx = commandContext(cmd);
-    const res = await ctx.client().get<{ deployments: Deployment[]; next_page_token: string }>(base(ctx), {
-      status: o.status,
-      page_size: o.pageSize,
-      page_token: o.pageToken,
-    });
+    const page = await fetchList<Deployment>(ctx.client(), base(ctx), 'deployments', { status: o.status }, o);
+    const res = { deployments: page.items, next_page_token: page.next };
     ctx.emit(res, () => {
       if (res.deployments.length === 0) return void process.stdout.write('no deployments\n');
       process.stdout.write(

@@ -1,11 +1,13 @@
 /**
  * `roost processes list|show|create|update|delete|start|stop|restart|kill|schedule <machineId> …`: managed
  * processes of a machine (`/api/sites/{siteId}/machines/{machineId}/processes`,
- * docs/decisions/managed-processes.md). Control commands wait for the agent's answer with `--wait`.
+ * docs/decisions/managed-processes.md). Control commands wait for the agent's answer with `--wait` (a timeout after
+ * `--timeout` seconds exits 1 with code `timeout`, like `roost machines command`).
  */
 import { type Command } from 'commander';
 import { seg } from '../client';
 import { type CommandContext, UsageError, commandContext, positiveInt, table, withJson } from '../context';
+import { waitForCommand } from './machines';
 
 interface ProcessRecord {
   processId: string;
@@ -117,21 +119,17 @@ export function registerProcesses(program: Command): void {
         .argument('<machineId>')
         .argument('<processId>')
         .description(`${action} a process (queues ${action}_process)`)
-        .option('--wait', "wait for the agent's answer"),
-    ).action(async (machineId: string, id: string, o: { wait?: boolean }, cmd: Command) => {
+        .option('--wait', "wait for the agent's answer")
+        .option('--timeout <seconds>', 'how long --wait waits (default 120)', positiveInt('--timeout'), 120),
+    ).action(async (machineId: string, id: string, o: { wait?: boolean; timeout: number }, cmd: Command) => {
       const ctx = commandContext(cmd);
       const client = ctx.client();
       const q = await client.post<{ commandId: string; status: string }>(`${base(ctx, machineId)}/${seg(id)}/${action}`, undefined, {
         idempotencyKey: true,
       });
-      let state: Record<string, unknown> = q;
-      if (o.wait) {
-        for (;;) {
-          state = await client.get(`/api/sites/${seg(ctx.siteId())}/machines/${seg(machineId)}/commands/${seg(q.commandId)}`);
-          if (['completed', 'failed', 'cancelled'].includes(String(state.status))) break;
-          await new Promise((r) => setTimeout(r, 500));
-        }
-      }
+      const state: Record<string, unknown> = o.wait
+        ? await waitForCommand(client, ctx.siteId(), machineId, q.commandId, o.timeout * 1000)
+        : q;
       ctx.emit(state, () =>
         process.stdout.write(
           `${action} ${id}: command ${q.commandId} ${String(state.status)}${state.error ? ` (${String(state.error)})` : ''}\n`,
