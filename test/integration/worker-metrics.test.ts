@@ -86,6 +86,7 @@ afterAll(async () => {
 
 it('counts a real rollout, its agents, a webhook delivery and a sweep; the SDK exporter serves its runtime metrics', async () => {
   const before = await scrape();
+  const hooks: Record<string, string> = {};
   for (const p of ['/ok', '/broken']) {
     const res = await h.request({
       method: 'POST',
@@ -94,6 +95,7 @@ it('counts a real rollout, its agents, a webhook delivery and a sweep; the SDK e
       idempotencyKey: true,
     });
     expect(res.statusCode).toBe(201);
+    hooks[p] = (res.json() as { webhookId: string }).webhookId;
   }
 
   const fleet = await startFleet({
@@ -123,20 +125,37 @@ it('counts a real rollout, its agents, a webhook delivery and a sweep; the SDK e
   });
   expect((sweep as { processed: number }).processed).toBeGreaterThan(0);
 
-  const m = await until('both webhook deliveries to end', async () => {
+  // This site's two deliveries, read through the API. The event relay works over the whole (shared)
+  // test database, so this worker may also deliver other suites' events: its counters below are
+  // lower bounds, never exact.
+  const deliveries = async (p: string) => {
+    const res = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/webhooks/${hooks[p]}/deliveries` });
+    expect(res.statusCode).toBe(200);
+    return (res.json() as { deliveries: { status: string; attempts: unknown[] }[] }).deliveries;
+  };
+  await until('both webhook deliveries to end', async () => {
+    const [ok, broken] = [await deliveries('/ok'), await deliveries('/broken')];
+    return ok.length === 1 && ok[0].status === 'succeeded' && broken.length === 1 && broken[0].status === 'failed';
+  });
+  expect((await deliveries('/broken'))[0].attempts).toHaveLength(1); // ROOST_WEBHOOK_MAX_ATTEMPTS=1
+  // The counters move when the activities return, a moment after the rows change.
+  const m = await until('the delivery counters to move', async () => {
     const s = await scrape();
     const done = (o: string) =>
       s.value('roost_webhook_deliveries_total', { outcome: o }) - before.value('roost_webhook_deliveries_total', { outcome: o });
     return done('delivered') >= 1 && done('failed') >= 1 && s;
   });
   const delta = (name: string, labels?: Record<string, string>) => m.value(name, labels) - before.value(name, labels);
-
   // Activities by type and outcome.
   expect(m.types.get('roost_activity_duration_seconds')).toBe('histogram');
   for (const activity of ['loadRollout', 'dispatchWave', 'watchWave', 'attemptWebhookDelivery', 'verifyChunkSample'])
     expect(delta('roost_activity_duration_seconds_count', { activity, outcome: 'completed' })).toBeGreaterThanOrEqual(1);
-  expect(delta('roost_activity_duration_seconds_count', { activity: 'attemptWebhookDelivery', outcome: 'failed' })).toBe(1);
-  expect(delta('roost_activity_failures_total', { activity: 'attemptWebhookDelivery', failure: 'delivery_attempt_failed' })).toBe(1);
+  expect(delta('roost_activity_duration_seconds_count', { activity: 'attemptWebhookDelivery', outcome: 'failed' })).toBeGreaterThanOrEqual(
+    1,
+  );
+  expect(
+    delta('roost_activity_failures_total', { activity: 'attemptWebhookDelivery', failure: 'delivery_attempt_failed' }),
+  ).toBeGreaterThanOrEqual(1);
 
   // Business counters.
   expect(delta('roost_machine_reports_total', { site: h.siteId, status: 'committed' })).toBe(2);
@@ -144,10 +163,10 @@ it('counts a real rollout, its agents, a webhook delivery and a sweep; the SDK e
   expect(delta('roost_chunk_bytes_total', { direction: 'served' })).toBeGreaterThan(0);
   expect(m.value('roost_rollouts', { stage: 'completed', state: 'completed' })).toBeGreaterThanOrEqual(1);
   expect(m.types.get('roost_rollouts')).toBe('gauge');
-  expect(delta('roost_webhook_attempts_total', { outcome: 'succeeded' })).toBe(1);
-  expect(delta('roost_webhook_attempts_total', { outcome: 'failed' })).toBe(1);
-  expect(delta('roost_webhook_deliveries_total', { outcome: 'delivered' })).toBe(1);
-  expect(delta('roost_webhook_deliveries_total', { outcome: 'failed' })).toBe(1);
+  expect(delta('roost_webhook_attempts_total', { outcome: 'succeeded' })).toBeGreaterThanOrEqual(1);
+  expect(delta('roost_webhook_attempts_total', { outcome: 'failed' })).toBeGreaterThanOrEqual(1);
+  expect(delta('roost_webhook_deliveries_total', { outcome: 'delivered' })).toBeGreaterThanOrEqual(1);
+  expect(delta('roost_webhook_deliveries_total', { outcome: 'failed' })).toBeGreaterThanOrEqual(1);
   expect(delta('roost_sweep_items_total', { sweep: 'chunk-verify', result: 'processed' })).toBe((sweep as { processed: number }).processed);
 
   // The Temporal SDK's own exporter: runtime metrics by activity and workflow type.
