@@ -250,6 +250,32 @@ const classicBody = (seed: string) => ({
   machines: classicMachines,
 });
 
+const processes = () => `/api/sites/${h.siteId}/machines/${machineId}/processes`;
+
+/** A managed process on the enrolled machine (through the API). */
+async function newProcess(seed: string): Promise<string> {
+  const res = await h.request({
+    method: 'POST',
+    url: processes(),
+    idempotencyKey: true,
+    body: { name: `proc ${seed}`, exe_path: 'C:\\Kiosk\\kiosk.exe' },
+  });
+  expect(res.statusCode).toBe(201);
+  return res.json().processId;
+}
+
+/** Commands of one type queued for the enrolled machine. */
+const machineCommands = (type: string) => () =>
+  count('SELECT count(*) AS n FROM commands WHERE site_id = $1 AND machine_id = $2 AND type = $3', [h.siteId, machineId, type]);
+
+/** One fixture per process control action (each queues one command of its type). */
+const processCommandFixtures: KeyedFixture[] = (['kill', 'restart', 'start', 'stop'] as const).map((action) => ({
+  route: `POST /api/sites/:siteId/machines/:machineId/processes/:processId/${action}`,
+  prepare: async (seed: string) => ({ method: 'POST', url: `${processes()}/${await newProcess(seed)}/${action}` }),
+  variant: (req: Req) => ({ ...req, url: `${req.url}?variant=1` }),
+  count: machineCommands(`${action}_process`),
+}));
+
 const templates = () => `/api/sites/${h.siteId}/installer-templates`;
 
 async function newTemplate(seed: string): Promise<string> {
@@ -661,6 +687,35 @@ const KEYED: KeyedFixture[] = [
     route: 'PATCH /api/sites/:siteId',
     prepare: async (seed) => ({ method: 'PATCH', url: `/api/sites/${await newSite(seed)}`, body: { tier: 'pro' } }),
     variant: (req) => ({ ...req, body: { tier: 'free' } }),
+  },
+  {
+    route: 'POST /api/sites/:siteId/machines/:machineId/processes',
+    prepare: async (seed) => ({ method: 'POST', url: processes(), body: { name: `proc ${seed}`, exe_path: 'C:\\Kiosk\\kiosk.exe' } }),
+    variant: (req) => ({ ...req, body: { ...(req.body as object), priority: 'high' } }),
+    count: () => count('SELECT count(*) AS n FROM managed_processes WHERE site_id = $1 AND machine_id = $2', [h.siteId, machineId]),
+  },
+  {
+    route: 'PATCH /api/sites/:siteId/machines/:machineId/processes/:processId',
+    prepare: async (seed) => ({ method: 'PATCH', url: `${processes()}/${await newProcess(seed)}`, body: { time_delay: 5 } }),
+    variant: (req) => ({ ...req, body: { time_delay: 6 } }),
+    verify: async (executed) => expect(executed.time_delay).toBe(5),
+  },
+  {
+    route: 'DELETE /api/sites/:siteId/machines/:machineId/processes/:processId',
+    prepare: async (seed) => ({ method: 'DELETE', url: `${processes()}/${await newProcess(seed)}` }),
+    variant: (req) => ({ ...req, url: `${req.url}?variant=1` }),
+    verify: async (executed) => expect([executed.deleted, executed.alreadyDeleted]).toEqual([true, false]),
+  },
+  ...processCommandFixtures,
+  {
+    route: 'POST /api/sites/:siteId/machines/:machineId/processes/:processId/schedule',
+    prepare: async (seed) => ({
+      method: 'POST',
+      url: `${processes()}/${await newProcess(seed)}/schedule`,
+      body: { mode: 'scheduled', blocks: [{ days: ['mon'], start: '08:00', end: '18:00' }] },
+    }),
+    variant: (req) => ({ ...req, body: { mode: 'off' } }),
+    verify: async (executed) => expect(executed.launch_mode).toBe('scheduled'),
   },
   ...conversationFixtures,
   ...aliasFixtures,
