@@ -29,7 +29,9 @@ export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<Ser
   const db = createPool(cfg.databaseUrl, poolSize);
   const blob = BlobStore.fromConfig(cfg);
   await blob.ensureContainers();
-  const connection = await Connection.connect({ address: cfg.temporalAddress });
+  // 30 s rather than the SDK's 10 s: a Temporal server that is busy (a loaded machine, a restart in
+  // progress) answers late; one that is down still fails start-up with a clear error.
+  const connection = await Connection.connect({ address: cfg.temporalAddress, connectTimeout: '30 seconds' });
   // Workflow starts carry the caller's trace context (a no-op while tracing is off; docs/observability.md).
   const temporal = new Client({
     connection,
