@@ -364,7 +364,7 @@ export async function reconcileDeployment(pool: Pool, siteId: string, deployment
                 ELSE 'installing' END,
               progress = COALESCE(c.progress, t.progress),
               error = CASE WHEN c.status IN ('failed', 'cancelled') THEN c.error ELSE NULL END,
-              finished_at = CASE WHEN c.status IN ('completed', 'failed', 'cancelled') THEN now() ELSE NULL END,
+              finished_at = CASE WHEN c.status IN ('completed', 'failed', 'cancelled') THEN COALESCE(c.completed_at, now()) ELSE NULL END,
               updated_at = now()
          FROM commands AS c
         WHERE t.site_id = $1 AND t.deployment_id = $2 AND t.command_id IS NOT NULL

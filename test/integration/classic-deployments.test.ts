@@ -287,12 +287,25 @@ describe('durability', () => {
     expect(res.statusCode).toBe(201);
     const id = res.json().deploymentId;
     // Wait until the serial fan-out is under way (one target done or running), then take the worker away.
-    await waitFor(async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
+    let inFlight: { commandId: string } | undefined;
+    await waitFor(async () => {
+      inFlight = (await detail(id)).targets.find((t: { status: string }) => t.status === 'installing');
+      return inFlight !== undefined;
+    });
     await w.stop();
-    await new Promise((r) => setTimeout(r, 1500)); // the in-flight install finishes while no worker runs
+    // The in-flight install finishes and its report lands while no worker runs.
+    await waitFor(async () => {
+      const { rows } = await h.deps.db.query<{ status: string }>('SELECT status FROM commands WHERE site_id = $1 AND command_id = $2', [
+        h.siteId,
+        inFlight!.commandId,
+      ]);
+      return rows[0]?.status === 'completed';
+    });
     w = await startTestWorker(h, 'classic-after-restart');
     expect(await finished(id)).toMatchObject({ status: 'completed', counts: expect.objectContaining({ completed: 4 }) });
-    // Every target ran exactly once: nothing was dispatched twice across the restart.
+    // Every machine counted once: each target completed on its first attempt, and its installer ran exactly once.
+    const d = await detail(id);
+    expect(d.targets.map((t: { status: string; attempts: number }) => [t.status, t.attempts])).toEqual(Array(4).fill(['completed', 1]));
     expect((await lines(marker)).map((l) => l.split(' ')[0]).sort()).toEqual(fleet.machineIds.slice(0, 4));
   });
 });
