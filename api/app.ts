@@ -55,14 +55,23 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     // Agents hold keep-alive connections and long-polls; closing the app must not wait for them.
     forceCloseConnections: true,
     genReqId: () => `req_${randomBytes(10).toString('hex')}`,
-    // `x-roost-integer` and `x-roost-closed` are document-only annotations (domain/schemas.ts pagingQuery, api/openapi.ts).
+    // `x-roost-*` keywords are document-only annotations (domain/schemas.ts pagingQuery, api/openapi.ts).
     ajv: {
       customOptions: {
         coerceTypes: 'array',
         removeAdditional: false,
         useDefaults: true,
         allErrors: true,
-        keywords: ['x-roost-integer', 'x-roost-closed', 'x-roost-required'],
+        keywords: [
+          'x-roost-integer',
+          'x-roost-closed',
+          'x-roost-required',
+          'x-roost-pattern',
+          'x-roost-alias',
+          'x-roost-forbidden',
+          'x-roost-document',
+          'x-roost-enum',
+        ],
       },
     },
     // Path parameters of any length reach their schema, which answers 400 validation_failed naming the

@@ -15,6 +15,10 @@
  * - response headers (`X-Request-Id`, `Roost-Version`, `Idempotent-Replayed`), a tag and an
  *   operationId where the route gives none.
  *
+ * Document-only annotations a route schema may carry (the validator ignores them; see stateInputRule):
+ * `x-roost-closed`, `x-roost-required`, `x-roost-document` (the exact shape), `x-roost-enum`, `x-roost-forbidden` (a field always refused), `x-roost-pattern` (a format the handler checks with its own code),
+ * `x-roost-alias` (a query parameter left out of the document because it repeats a body field), `x-roost-integer`.
+ *
  * It also keeps the route table (`app.routeTable`): every route the server registers with its
  * credential kind, idempotency mode and whether it is paged, which the contract tests iterate.
  */
@@ -47,8 +51,10 @@ export interface RouteEntry {
   docsUi: boolean;
   /** Takes the shared pagination parameters (`page_size` in its querystring schema). */
   paged: boolean;
-  /** Property names of the querystring schema. */
+  /** Property names of the querystring schema (without `x-roost-alias` ones). */
   query: string[];
+  /** Query parameters that repeat a body field (`x-roost-alias`): accepted, documented as the body field. */
+  queryAliases: string[];
   /** Declares a body schema. */
   hasBody: boolean;
 }
@@ -277,6 +283,29 @@ function stateInputRule(node: unknown): void {
     Object.assign(n, { type: 'integer', minimum, maximum, default: dflt });
     return;
   }
+  // `x-roost-document`: the exact shape, for the document only, of a value the handler checks itself with codes of
+  // its own (a body whose fields depend on its `type`…); the validator checks the looser schema around it.
+  if (n['x-roost-document'] && typeof n['x-roost-document'] === 'object') {
+    const exact = structuredClone(n['x-roost-document']) as OpenApiNode;
+    for (const k of Object.keys(n)) delete n[k];
+    Object.assign(n, exact);
+  }
+  // `x-roost-enum`: the values the handler accepts, refused with a code of its own (unsupported_command_type…).
+  if (Array.isArray(n['x-roost-enum'])) {
+    n.enum = n['x-roost-enum'];
+    delete n['x-roost-enum'];
+  }
+  // `x-roost-forbidden`: a field the handler refuses whatever its value (400 forbidden_field): `not: {}`.
+  if (n['x-roost-forbidden'] === true) {
+    for (const k of Object.keys(n)) if (k !== 'description') delete n[k];
+    n.not = {};
+    return;
+  }
+  // `x-roost-pattern`: the handler checks the format itself for a code of its own (version_ref_malformed…).
+  if (typeof n['x-roost-pattern'] === 'string') {
+    n.pattern = n['x-roost-pattern'];
+    delete n['x-roost-pattern'];
+  }
   if (n.type === 'string' && n.pattern === undefined && n.enum === undefined && n.const === undefined && n.format === undefined) {
     n.pattern = NO_NUL;
   }
@@ -344,7 +373,10 @@ function transformObject({ openapiObject }: { openapiObject: OpenApiNode }): Ope
       if (!MUTATIONS.has(method)) delete op['x-idempotency'];
       for (const t of op.tags ?? []) usedTags.add(t);
 
-      const params: OpenApiNode[] = (op.parameters ??= []);
+      // `x-roost-alias`: a query parameter that repeats a body field for clients that cannot send a body (the
+      // rollout actions' and chunk mount's `siteId`…). The document states the body form only, since OpenAPI
+      // cannot say "in the body or in the query"; the operation's description names the alias.
+      const params: OpenApiNode[] = (op.parameters = (op.parameters ?? []).filter((p: OpenApiNode) => !p.schema?.['x-roost-alias']));
       for (const p of params) stateInputRule(p.schema);
       for (const media of Object.values<OpenApiNode>(op.requestBody?.content ?? {})) stateInputRule(media.schema);
       const has = (name: string) => params.some((p) => p.in === 'header' && String(p.name).toLowerCase() === name.toLowerCase());
@@ -448,7 +480,12 @@ function routeEntries(route: RouteOptions): RouteEntry[] {
     hidden: schema.hide === true,
     docsUi: route.url === DOCS_PREFIX || route.url.startsWith(`${DOCS_PREFIX}/`),
     paged: schema.querystring?.properties?.page_size !== undefined,
-    query: Object.keys(schema.querystring?.properties ?? {}),
+    query: Object.entries(schema.querystring?.properties ?? {})
+      .filter(([, v]) => !(v as Record<string, unknown>)['x-roost-alias'])
+      .map(([k]) => k),
+    queryAliases: Object.entries(schema.querystring?.properties ?? {})
+      .filter(([, v]) => (v as Record<string, unknown>)['x-roost-alias'])
+      .map(([k]) => k),
     hasBody: schema.body !== undefined,
   }));
 }

@@ -4,6 +4,7 @@
  * Pure: no I/O. Route-specific shapes stay beside their routes.
  */
 import { type TSchema, Type } from '@sinclair/typebox';
+import { CONCRETE_VERSION_ID_RE, VERSION_REF_RE } from './versionRef';
 
 // ---------------------------------------------------------------------------------------------------
 // Ids
@@ -28,6 +29,28 @@ export const UserId = Type.String({ pattern: USER_ID_RE.source, description: 'us
 export const RoostId = Type.String({ pattern: ROOST_ID_RE.source, description: 'roost id (rst_…)' });
 export const MachineId = Type.String({ pattern: MACHINE_ID_RE.source, description: '1..64 chars of [A-Za-z0-9._-]' });
 export const CommandId = Type.String({ pattern: COMMAND_ID_RE.source, description: 'command id (cmd_…)' });
+/**
+ * An absolute https:// URL with a host name (document form, `x-roost-pattern`: host labels start with a letter,
+ * optional port 0..65535, printable ASCII after it); services/classic-deployments.ts checkInstallerUrl refuses
+ * anything the URL parser rejects, another scheme or credentials with 400 validation_failed naming the field.
+ */
+export function HttpsUrl(description: string) {
+  const port = '(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])';
+  const host = '[A-Za-z][A-Za-z0-9-]*(?:\\.[A-Za-z][A-Za-z0-9-]*)*';
+  return Type.String({ minLength: 1, maxLength: 2048, 'x-roost-pattern': `^https://${host}(?::${port})?(?:[/?#][!-~]*)?$`, description });
+}
+/**
+ * A version ref (domain/versionRef.ts): the handler parses it and answers 400 version_ref_malformed, so the
+ * format is stated to the document only (`x-roost-pattern`, api/openapi.ts) and not checked by the validator.
+ */
+export function VersionRefString(description = 'version id, vrs_<hex>, 3, #3, v3, current, previous or first') {
+  return Type.String({ 'x-roost-pattern': VERSION_REF_RE.source, description });
+}
+/** A concrete version id (64 lowercase hex or legacy vrs_<hex>), checked by the service for its own message. */
+export const ConcreteVersionId = Type.String({
+  'x-roost-pattern': CONCRETE_VERSION_ID_RE.source,
+  description: 'concrete version id (64 lowercase hex, or legacy vrs_<hex>)',
+});
 
 /** True when `id` is a well-formed machine id (MACHINE_ID_RE). */
 export function isMachineId(id: unknown): id is string {

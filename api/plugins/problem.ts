@@ -87,7 +87,10 @@ export function sendProblem(request: FastifyRequest, reply: FastifyReply, err: A
 
 export default fp(async function problemPlugin(app: FastifyInstance) {
   app.setErrorHandler((error, request, reply) => {
+    // A request no route matches gets 404 or 405 whatever its body: the framework parses the body of the
+    // not-found route first (and refuses a QUERY without Content-Type), which must not turn it into a 400/415.
     const apiErr = toApiError(error);
+    if (request.is404 && apiErr.status < 500) return notFound(request, reply);
     if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
     return sendProblem(request, reply, apiErr);
   });
@@ -103,7 +106,7 @@ export default fp(async function problemPlugin(app: FastifyInstance) {
       }
     }
   });
-  app.setNotFoundHandler((request, reply) => {
+  function notFound(request: FastifyRequest, reply: FastifyReply): FastifyReply {
     const path = request.url.split('?')[0];
     const allow = ROUTER_METHODS.filter((m) => m !== request.method && known.find(m, path) !== null);
     if (allow.length > 0) {
@@ -116,5 +119,6 @@ export default fp(async function problemPlugin(app: FastifyInstance) {
       );
     }
     return sendProblem(request, reply, new ApiError('not_found', `no route ${request.method} ${path}`));
-  });
+  }
+  app.setNotFoundHandler(notFound);
 });

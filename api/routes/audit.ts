@@ -27,6 +27,17 @@ const RecordParams = Type.Object({
   siteId: SiteId,
   recordHash: Type.String({ pattern: SHA256_HEX.source, description: 'the record hash (lowercase SHA-256 hex, 64 chars)' }),
 });
+/**
+ * The `since` forms parseSince accepts, as one regular expression (also the document's `pattern`): a real
+ * calendar date (leap years included), optionally a time `T` hh:mm[:ss[.fraction]] and an offset Z or ±hh[:]mm.
+ */
+const DATE_SOURCE =
+  '[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|' +
+  '(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29';
+const ISO_8601_SOURCE = `(?:${DATE_SOURCE})(?:[Tt](?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:\\.[0-9]{1,9})?)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):?[0-5][0-9])?)?`;
+const ISO_8601_FORM = new RegExp(`^${ISO_8601_SOURCE}$`);
+const ISO_8601 = /^(\d{4})-(\d{2})-(\d{2})(?:[Tt](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?([Zz]|[+-]\d{2}:?\d{2})?)?$/;
+
 const LogQuery = Type.Object({
   kind: Type.Optional(
     Type.String({ minLength: 1, maxLength: 200, description: 'only records of this kind (exact match), e.g. api_key_used' }),
@@ -35,7 +46,11 @@ const LogQuery = Type.Object({
     Type.String({ minLength: 1, maxLength: 200, description: 'only records of this actor (exact match): apiKey:<keyId> or user:<uid>' }),
   ),
   since: Type.Optional(
-    Type.String({ description: 'ISO 8601 date or date-time (UTC when no offset is given): only records that occurred at or after it' }),
+    Type.String({
+      'x-roost-pattern': `^(?:${ISO_8601_SOURCE})?$`,
+      description:
+        'ISO 8601 date or date-time (UTC when no offset is given): only records that occurred at or after it; empty means no filter',
+    }),
   ),
   ...pagingQuery(AUDIT_PAGE),
 });
@@ -76,11 +91,9 @@ const ListResponse = Type.Object({
 });
 type ListResponse = Static<typeof ListResponse>;
 
-const ISO_8601 = /^(\d{4})-(\d{2})-(\d{2})(?:[Tt](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?([Zz]|[+-]\d{2}:?\d{2})?)?$/;
-
 /** Parses `since` (ISO 8601 date or date-time; no offset means UTC). Anything else → 400 validation_failed (param since). */
 export function parseSince(raw: string): Date {
-  const m = ISO_8601.exec(raw);
+  const m = ISO_8601_FORM.test(raw) ? ISO_8601.exec(raw) : null;
   if (m) {
     const [, y, mo, da, h = '00', mi = '00', s = '00', frac = '', off = 'Z'] = m;
     const daysInMonth = new Date(Date.UTC(Number(y), Number(mo), 0)).getUTCDate();

@@ -56,8 +56,21 @@ type DownloadUrlsResponse = Static<typeof DownloadUrlsResponse>;
 
 const DigestParams = Type.Object({ digest: Digest });
 
-const MountFields = Type.Object({ siteId: Type.Optional(SiteId), from: Type.Optional(RoostId), to: Type.Optional(RoostId) });
+const MountFields = Type.Object(
+  { siteId: Type.Optional(SiteId), from: Type.Optional(RoostId), to: Type.Optional(RoostId) },
+  {
+    'x-roost-required': ['siteId', 'from', 'to'],
+    description:
+      'each field is required here unless sent as the query parameter of the same name (both: they must agree); to differs from from',
+  },
+);
 type MountFields = Static<typeof MountFields>;
+// The query repeats the body's names for clients that build URLs; the document states the body form only (api/openapi.ts `x-roost-alias`).
+const MountQuery = Type.Object({
+  siteId: Type.Optional({ ...SiteId, 'x-roost-alias': true }),
+  from: Type.Optional({ ...RoostId, 'x-roost-alias': true }),
+  to: Type.Optional({ ...RoostId, 'x-roost-alias': true }),
+});
 const MountResponse = Type.Object({
   digest: Type.String(),
   siteId: Type.String(),
@@ -209,7 +222,7 @@ const chunkRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'Mount a stored chunk from one roost into another (no bytes move)',
         tags: ['chunks'],
         params: DigestParams,
-        querystring: MountFields,
+        querystring: MountQuery,
         body: MountFields,
         response: { 201: MountResponse, ...Errors },
       },

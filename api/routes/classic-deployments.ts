@@ -27,6 +27,7 @@ import {
 } from '../../domain/classic';
 import {
   DateTime,
+  HttpsUrl,
   MachineId,
   Nullable,
   PageTokens,
@@ -57,41 +58,46 @@ const SiteParams = Type.Object({ siteId: SiteId });
 const DeploymentParams = Type.Object({ siteId: SiteId, deploymentId: DeploymentId });
 const Names = (what: string) => Type.Array(Type.String({ minLength: 1, maxLength: 255 }), { maxItems: 100, description: what });
 
-const CreateBody = Type.Object(
-  {
-    name: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: 'display name (required unless template_id gives it)' })),
-    installer_url: Type.Optional(Type.String({ minLength: 1, maxLength: 2048, description: 'HTTPS URL of the installer' })),
-    installer_name: Type.Optional(Type.String({ minLength: 1, maxLength: 255, description: 'installer file name (e.g. setup.msi)' })),
-    silent_flags: Type.Optional(Type.String({ maxLength: 2000, description: 'flags passed to the installer (may be empty)' })),
-    machines: Type.Array(MachineId, {
-      minItems: 1,
-      maxItems: MAX_DEPLOYMENT_MACHINES,
-      description: "machine ids of the site; at most the site's deployQuota (default 100)",
-    }),
-    verify_path: Type.Optional(
-      Nullable(Type.String({ minLength: 1, maxLength: 1024, description: 'absolute path that must exist after install' })),
+const createFields = {
+  name: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: 'display name (required unless template_id gives it)' })),
+  installer_url: Type.Optional(HttpsUrl('HTTPS URL of the installer')),
+  installer_name: Type.Optional(Type.String({ minLength: 1, maxLength: 255, description: 'installer file name (e.g. setup.msi)' })),
+  silent_flags: Type.Optional(Type.String({ maxLength: 2000, description: 'flags passed to the installer (may be empty)' })),
+  machines: Type.Array(MachineId, {
+    minItems: 1,
+    maxItems: MAX_DEPLOYMENT_MACHINES,
+    description: "machine ids of the site; at most the site's deployQuota (default 100)",
+  }),
+  verify_path: Type.Optional(
+    Nullable(Type.String({ minLength: 1, maxLength: 1024, description: 'absolute path that must exist after install' })),
+  ),
+  sha256: Type.Optional(Type.String({ pattern: SHA256_RE.source, description: '64 hex: the installer is verified before anything runs' })),
+  close_processes: Type.Optional(Names('executables closed before install (e.g. app.exe)')),
+  suppress_projects: Type.Optional(Names('project names or paths to suppress during install')),
+  parallel_install: Type.Optional(Type.Boolean({ description: 'install on targets concurrently (bounded); default serial' })),
+  timeout_seconds: Type.Optional(
+    Nullable(
+      Type.Integer({
+        minimum: 1,
+        maximum: MAX_INSTALL_TIMEOUT_SECONDS,
+        description: `installer run time limit on the machine (default: the template's, else ${DEFAULT_INSTALL_TIMEOUT_SECONDS})`,
+      }),
     ),
-    sha256: Type.Optional(
-      Type.String({ pattern: SHA256_RE.source, description: '64 hex: the installer is verified before anything runs' }),
-    ),
-    close_processes: Type.Optional(Names('executables closed before install (e.g. app.exe)')),
-    suppress_projects: Type.Optional(Names('project names or paths to suppress during install')),
-    parallel_install: Type.Optional(Type.Boolean({ description: 'install on targets concurrently (bounded); default serial' })),
-    timeout_seconds: Type.Optional(
-      Nullable(
-        Type.Integer({
-          minimum: 1,
-          maximum: MAX_INSTALL_TIMEOUT_SECONDS,
-          description: `installer run time limit on the machine (default: the template's, else ${DEFAULT_INSTALL_TIMEOUT_SECONDS})`,
-        }),
-      ),
-    ),
-    template_id: Type.Optional(
-      Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'installer template whose fields are defaults (explicit fields win)' }),
-    ),
-  },
-  { additionalProperties: false },
-);
+  ),
+  template_id: Type.Optional(
+    Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'installer template whose fields are defaults (explicit fields win)' }),
+  ),
+};
+/** Fields a deployment needs, given directly or through `template_id` (checked in the service: 400 naming each missing one). */
+const REQUIRED_WITHOUT_TEMPLATE = ['name', 'installer_url', 'installer_name', 'silent_flags'];
+const CreateBody = Type.Object(createFields, {
+  additionalProperties: false,
+  'x-roost-document': Type.Object(createFields, {
+    additionalProperties: false,
+    anyOf: [{ required: REQUIRED_WITHOUT_TEMPLATE }, { required: ['template_id'] }],
+    description: `${REQUIRED_WITHOUT_TEMPLATE.join(', ')} are required unless template_id names a template that gives them`,
+  }),
+});
 
 const Counts = Type.Object(Object.fromEntries(TARGET_STATUSES.map((s) => [s, Type.Integer()])));
 

@@ -75,11 +75,18 @@ const CreateBody = Type.Object(
   },
   { additionalProperties: false },
 );
-/** Send and rename bodies: other fields are 400 forbidden_field (checked in the handler). */
-const SendBody = Type.Object({
-  message: Type.String({ minLength: 1, maxLength: MAX_MESSAGE_LENGTH, pattern: '\\S', description: 'the user message (plain text)' }),
-});
-const RenameBody = Type.Object({ title: Type.Optional(Type.Union([Title, Type.Null()], { description: 'new title; null clears it' })) });
+/**
+ * Send and rename bodies: other fields are 400 forbidden_field and a rename without title is 400 (checked in the
+ * handler for those codes; the document states them with `x-roost-closed` / `x-roost-required`, api/openapi.ts).
+ */
+const SendBody = Type.Object(
+  { message: Type.String({ minLength: 1, maxLength: MAX_MESSAGE_LENGTH, pattern: '\\S', description: 'the user message (plain text)' }) },
+  { 'x-roost-closed': true },
+);
+const RenameBody = Type.Object(
+  { title: Type.Optional(Type.Union([Title, Type.Null()], { description: 'new title; null clears it' })) },
+  { 'x-roost-closed': true, 'x-roost-required': ['title'] },
+);
 
 const ListQuery = Type.Object({
   siteId: SiteId,

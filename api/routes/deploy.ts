@@ -23,7 +23,7 @@ import { type FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { MAX_ROLLOUT_MACHINES } from '../../domain/rollout';
 import { policyView } from '../../domain/rollout-policy';
-import { DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
+import { ConcreteVersionId, DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
 import { type DeployResult, deployRollout } from '../../services/rollouts';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
@@ -35,7 +35,7 @@ const DeployBody = Type.Object(
     siteId: SiteId,
     versionId: Type.Optional(
       Type.String({
-        minLength: 1,
+        ...ConcreteVersionId,
         maxLength: 100,
         description: 'concrete version id (64 hex, or legacy vrs_<hex>); default: the current version',
       }),

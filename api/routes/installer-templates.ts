@@ -12,7 +12,7 @@
 import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { DEPLOYMENT_ID_RE, MAX_INSTALL_TIMEOUT_SECONDS } from '../../domain/classic';
-import { DateTime, Nullable, PageTokens, PagingQuery, SiteId, isCreatedAtPosition, problems } from '../../domain/schemas';
+import { DateTime, HttpsUrl, Nullable, PageTokens, PagingQuery, SiteId, isCreatedAtPosition, problems } from '../../domain/schemas';
 import {
   type TemplateRow,
   createTemplate,
@@ -32,7 +32,7 @@ const TemplateParams = Type.Object({ siteId: SiteId, templateId: TemplateId });
 const fields = {
   name: Type.String({ minLength: 1, maxLength: 200 }),
   installer_name: Type.String({ minLength: 1, maxLength: 255, description: 'installer file name' }),
-  installer_url: Type.String({ minLength: 1, maxLength: 2048, description: 'HTTPS URL' }),
+  installer_url: HttpsUrl('HTTPS URL'),
   silent_flags: Type.String({ maxLength: 2000 }),
   verify_path: Nullable(Type.String({ minLength: 1, maxLength: 1024, description: 'absolute path that must exist after install' })),
   close_processes: Type.Array(Type.String({ minLength: 1, maxLength: 255 }), { maxItems: 100 }),

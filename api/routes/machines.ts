@@ -23,6 +23,7 @@ import {
   type ScreenshotLink,
   DEFAULT_COMMAND_TIMEOUT_SECONDS,
   MAX_COMMAND_TIMEOUT_SECONDS,
+  MAX_DELAY_SECONDS,
   commandState,
   deploymentsOfMachine,
   listSiteMachines,
@@ -173,6 +174,55 @@ const Deployment = Type.Object({
   updatedAt: NullableDateTime,
 });
 
+/** What every command body may carry beside `type` and `params`. */
+const commandCommon = () => ({
+  timeout_seconds: Type.Optional(
+    Type.Number({
+      exclusiveMinimum: 0,
+      maximum: MAX_COMMAND_TIMEOUT_SECONDS,
+      description: `seconds before an unfinished command expires (default ${DEFAULT_COMMAND_TIMEOUT_SECONDS})`,
+    }),
+  ),
+  auditCorrelationId: Type.Optional(Type.String({ minLength: 1, maxLength: 128 })),
+});
+/**
+ * The exact command bodies by type, for the document (`x-roost-document`, api/openapi.ts): the handler answers an
+ * unknown type with 400 unsupported_command_type and a wrong parameter with validation_failed naming `params.x`.
+ */
+const CommandBodiesByType = Type.Union([
+  Type.Object(
+    {
+      type: Type.Union([Type.Literal('reboot_machine'), Type.Literal('shutdown_machine')]),
+      params: Type.Optional(
+        Type.Object(
+          { delaySeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_DELAY_SECONDS, description: 'seconds; default 0' })) },
+          { additionalProperties: false },
+        ),
+      ),
+      ...commandCommon(),
+    },
+    { additionalProperties: false },
+  ),
+  Type.Object(
+    {
+      type: Type.Literal('capture_screenshot'),
+      params: Type.Optional(
+        Type.Object(
+          {
+            monitor: Type.Optional(
+              Type.Union([Type.Literal('all'), Type.Literal('primary'), Type.Integer({ minimum: 0, maximum: 255 })], {
+                description: 'default 0',
+              }),
+            ),
+          },
+          { additionalProperties: false },
+        ),
+      ),
+      ...commandCommon(),
+    },
+    { additionalProperties: false },
+  ),
+]);
 const CommandCreateBody = Type.Object(
   {
     type: Type.String({ minLength: 1, maxLength: 64, description: 'reboot_machine | shutdown_machine | capture_screenshot' }),
@@ -195,7 +245,7 @@ const CommandCreateBody = Type.Object(
     ),
     auditCorrelationId: Type.Optional(Type.String({ minLength: 1, maxLength: 128 })),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, 'x-roost-document': CommandBodiesByType },
 );
 
 const CommandCreated = Type.Object({

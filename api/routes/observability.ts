@@ -9,6 +9,7 @@ import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import type { FastifyRequest } from 'fastify';
 import { ApiError } from '../../domain/errors';
+import { Problem } from '../../domain/schemas';
 import { metricsText } from '../../telemetry/metrics';
 
 /** Whether the request carries `Authorization: Bearer <token>` (constant-time comparison). */
@@ -30,7 +31,14 @@ const observabilityRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         tags: ['meta'],
         summary: 'Prometheus metrics of this process (needs ROOST_METRICS_TOKEN as a bearer token; 404 when unset)',
-        response: { 200: Type.String({ description: 'Prometheus text exposition format 0.0.4 (text/plain)' }) },
+        response: {
+          200: {
+            description: 'Prometheus text exposition format 0.0.4',
+            content: { 'text/plain': { schema: Type.String() } },
+          },
+          401: { ...Problem, description: 'ROOST_METRICS_TOKEN is set and the request does not carry it' },
+          404: { ...Problem, description: 'metrics are not served on this listener (ROOST_METRICS_TOKEN unset)' },
+        },
       },
     },
     async (request, reply) => {

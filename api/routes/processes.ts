@@ -77,7 +77,10 @@ const fields = {
   schedulePresetId: Nullable(Type.String({ minLength: 1, maxLength: 64 })),
 };
 /** Server-managed ids a client may not send (answered 400 forbidden_field, not validation_failed). */
-const forbidden = { id: Type.Optional(Type.Unknown()), processId: Type.Optional(Type.Unknown()) };
+const forbidden = {
+  id: Type.Optional(Type.Unknown({ 'x-roost-forbidden': true, description: 'server-managed: 400 forbidden_field' })),
+  processId: Type.Optional(Type.Unknown({ 'x-roost-forbidden': true, description: 'server-managed: 400 forbidden_field' })),
+};
 
 const CreateBody = Type.Object(
   {

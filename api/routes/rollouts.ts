@@ -75,13 +75,19 @@ const DetailQuery = Type.Object({
   wave: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9_-]{1,32}$', description: 'wave name (canary, fleet, wave-<i>, rollback)' })),
   ...pagingQuery(ROLLOUT_MACHINE_PAGE),
 });
-const ControlQuery = Type.Object({ siteId: Type.Optional(SiteId) });
+// siteId comes in the body or, for clients that send no body, in the query (both: they must agree). The document
+// states the body form (`x-roost-required`) and leaves the query alias out (`x-roost-alias`, api/openapi.ts).
+const ControlQuery = Type.Object({ siteId: Type.Optional({ ...SiteId, 'x-roost-alias': true }) });
 const ControlBody = Type.Object(
   {
     siteId: Type.Optional(SiteId),
     reason: Type.Optional(Type.String({ maxLength: 500, description: 'free text kept in the rollout history' })),
   },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    'x-roost-required': ['siteId'],
+    description: 'siteId is required here unless it is sent as the query parameter ?siteId= (a body-less POST); both must agree',
+  },
 );
 
 const Counts = Type.Object({

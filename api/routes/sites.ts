@@ -29,7 +29,13 @@ const Tier = Type.Union(
   { description: SITE_TIERS.join(', ') },
 );
 const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '\\S', description: 'unique site name' });
-const TimeZone = Type.String({ minLength: 1, maxLength: 64, description: 'IANA time zone (e.g. Europe/Berlin)' });
+// services/sites.ts checks the name (domain/users.ts isIanaTimeZone); the document lists the runtime's zones (`x-roost-enum`).
+const TimeZone = Type.String({
+  minLength: 1,
+  maxLength: 64,
+  'x-roost-enum': ['UTC', ...Intl.supportedValuesOf('timeZone')],
+  description: 'IANA time zone (e.g. Europe/Berlin); other IANA names this runtime resolves to themselves (Etc/GMT+5) are accepted too',
+});
 const DeployQuota = Type.Integer({ minimum: 1, maximum: 100000, description: 'classic deployment target ceiling (default 100)' });
 
 const SiteView = Type.Object({

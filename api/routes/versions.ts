@@ -8,7 +8,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { DiffEntry, DiffModified, DiffSummary } from '../../domain/diff';
 import { ApiError } from '../../domain/errors';
-import { DateTime, Nullable, problems, SiteId } from '../../domain/schemas';
+import { DateTime, Nullable, problems, SiteId, VersionRefString } from '../../domain/schemas';
 import { MAX_MISSING_CHUNKS } from '../../domain/version';
 import {
   diffVersions,
@@ -86,7 +86,7 @@ const FileItem = Type.Object({
 
 const VersionParams = Type.Object({
   roostId: RoostParams.properties.roostId,
-  versionRef: Type.String({ description: 'id, vrs_<hex>, 3, %233, v3, current, previous, first' }),
+  versionRef: VersionRefString('id, vrs_<hex>, 3, %233, v3, current, previous, first'),
 });
 const SiteQuery = Type.Object({ siteId: SiteId });
 
@@ -154,7 +154,7 @@ const FilesResponse = Type.Object({
   nextPageToken: Type.String(),
 });
 
-const DiffQuery = Type.Object({ siteId: SiteId, against: Type.String({ description: 'base version ref' }) });
+const DiffQuery = Type.Object({ siteId: SiteId, against: VersionRefString('base version ref') });
 const DiffResponse = Type.Object({
   versionId: Type.String(),
   fromVersion: Type.String(),
@@ -178,7 +178,7 @@ const PATCH_FIELDS = new Set(['siteId', 'description']);
 const PatchResponse = Type.Object({ ...VersionRecord.properties, roostId: Type.String(), siteId: Type.String(), updatedAt: DateTime });
 
 const RollbackBody = Type.Object(
-  { siteId: SiteId, targetVersion: Type.Optional(Type.String({ description: 'any version ref; default previous' })) },
+  { siteId: SiteId, targetVersion: Type.Optional(VersionRefString('any version ref; default previous')) },
   { additionalProperties: false },
 );
 const RollbackResponse = Type.Object({

@@ -142,7 +142,7 @@ describe.each([
     );
     expectRefused(
       await h.request({
-        method: 'POST',
+        method: 'PUT',
         url: `/api/agent/roosts/${roostId}/state`,
         key: agentToken,
         body: { versionId: 'a'.repeat(64), status: 'failed', error: bad },
@@ -351,6 +351,26 @@ describe('framework-level refusals are problem+json with the right status', () =
     expect(String(roost.headers.allow).split(', ').sort()).toEqual(['DELETE', 'GET', 'HEAD', 'PATCH']);
     const none = await h.app.inject({ method: 'GET', url: '/api/nothing-here', headers: auth() });
     expect([none.statusCode, none.json().code]).toEqual([404, 'not_found']);
+  });
+
+  test('a method no route has (QUERY) is 405 with Allow on a known path and 404 elsewhere, whatever its body', async () => {
+    // The framework refuses a QUERY without Content-Type (400) and parses the body of unmatched requests before the not-found handler runs.
+    const query = await h.app.inject({ method: 'QUERY' as 'GET', url: '/api/version', headers: auth() });
+    expect([query.statusCode, query.json().code, query.headers.allow]).toEqual([405, 'method_not_allowed', 'GET, HEAD']);
+    const typed = await h.app.inject({
+      method: 'QUERY' as 'GET',
+      url: `/api/roosts/${roostId}`,
+      headers: { ...auth(), 'content-type': 'text/csv' },
+      payload: 'a,b',
+    });
+    expect([typed.statusCode, typed.json().code]).toEqual([405, 'method_not_allowed']);
+    const badJson = await h.app.inject({
+      method: 'POST',
+      url: '/api/nothing-here',
+      headers: { ...auth(), 'content-type': 'application/json' },
+      payload: '{',
+    });
+    expect([badJson.statusCode, badJson.json().code]).toEqual([404, 'not_found']);
   });
 
   test('over real HTTP: oversized headers, a control character in a header, an empty Idempotency-Key', async () => {

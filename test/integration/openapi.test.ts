@@ -175,8 +175,19 @@ describe('route coverage', () => {
         if (!params.some((x) => x.in === 'query' && x.name === name && x.schema)) problems.push(`${label(r)}: query parameter ${name}`);
       }
       if (r.hasBody && !op.requestBody?.content) problems.push(`${label(r)}: request body`);
+      // A query alias of a body field (rollout actions' and chunk mount's siteId…) is documented as that body field.
+      const bodySchema = op.requestBody?.content?.['application/json']?.schema;
+      for (const name of r.queryAliases) {
+        if (params.some((x) => x.in === 'query' && x.name === name))
+          problems.push(`${label(r)}: alias ${name} listed as a query parameter`);
+        if (!bodySchema?.properties?.[name] || !bodySchema.required?.includes(name))
+          problems.push(`${label(r)}: alias ${name} not a required body field`);
+      }
     }
     expect(problems).toEqual([]);
+    expect(routes.filter((r) => r.queryAliases.length > 0).map(label)).toEqual(
+      expect.arrayContaining(['POST /api/chunks/:digest/mount', 'POST /api/roosts/:roostId/rollouts/:rolloutId/pause']),
+    );
   });
 
   it('states security, Roost-Version and Idempotency-Key per operation', () => {
@@ -351,7 +362,46 @@ describe('the document says what the server enforces', () => {
     const patchVersion = body('/api/roosts/{roostId}/versions/{versionRef}', 'patch');
     expect([patchVersion.additionalProperties, [...patchVersion.required].sort()]).toEqual([false, ['description', 'siteId']]);
     // No custom annotation leaks into the document.
-    expect(JSON.stringify(doc)).not.toMatch(/x-roost-(integer|closed|required)/);
+    expect(JSON.stringify(doc)).not.toMatch(/x-roost-/);
+  });
+
+  it('states the formats, enums and shapes that handlers check with codes of their own', async () => {
+    const pathParam = (path: string, method: string, name: string) =>
+      doc.paths[path][method].parameters.find((p: any) => p.in === 'path' && p.name === name)?.schema;
+    const ref = new RegExp(pathParam('/api/roosts/{roostId}/versions/{versionRef}', 'get', 'versionRef').pattern);
+    for (const ok of ['current', 'v3', '#3', '2147483647', 'a'.repeat(64), `vrs_${'a'.repeat(8)}`])
+      expect([ok, ref.test(ok)]).toEqual([ok, true]);
+    for (const bad of ['0', '2147483648', ' 3', 'latest', '']) expect([bad, ref.test(bad)]).toEqual([bad, false]);
+    // ...and the server answers what the pattern refuses with its own code.
+    const malformed = await h.request({ method: 'GET', url: `/api/roosts/rst_none/versions/0?siteId=${h.siteId}` });
+    expect([malformed.statusCode, malformed.json().code]).toEqual([400, 'version_ref_malformed']);
+    const since = new RegExp(param('/api/sites/{siteId}/audit-log', 'get', 'since').pattern);
+    for (const ok of ['', '2024-02-29', '2026-01-31T12:00:00.5+05:30']) expect([ok, since.test(ok)]).toEqual([ok, true]);
+    for (const bad of ['2026-02-29', '2026-01-31T24:00', '1.w']) {
+      expect([bad, since.test(bad)]).toEqual([bad, false]);
+      const res = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/audit-log?since=${encodeURIComponent(bad)}` });
+      expect([bad, res.statusCode, res.json().param]).toEqual([bad, 400, 'since']);
+    }
+    // A command body's params depend on its type; an unknown type is 400 unsupported_command_type.
+    const command = body('/api/sites/{siteId}/machines/{machineId}/commands', 'post');
+    expect(command.anyOf).toHaveLength(2);
+    for (const variant of command.anyOf) expect([variant.additionalProperties, variant.required]).toEqual([false, ['type']]);
+    for (const t of ['reboot_machine', 'shutdown_machine', 'capture_screenshot'])
+      expect(JSON.stringify(command.anyOf)).toContain(`"enum":["${t}"]`);
+    expect(body('/api/sites/{siteId}/webhooks', 'post').properties.events.items.enum).toContain('version.published');
+    expect(body('/api/sites/{siteId}/machines/{machineId}/processes', 'post').properties.id).toEqual({
+      description: expect.any(String),
+      not: {},
+    });
+    expect(body('/api/sites/{siteId}/deployments', 'post').anyOf).toEqual([
+      { required: ['name', 'installer_url', 'installer_name', 'silent_flags'] },
+      { required: ['template_id'] },
+    ]);
+    // Rollout actions: siteId documented in the body (required); the query form is an undocumented alias.
+    const pause = doc.paths['/api/roosts/{roostId}/rollouts/{rolloutId}/pause'].post;
+    expect(body('/api/roosts/{roostId}/rollouts/{rolloutId}/pause', 'post').required).toContain('siteId');
+    expect(pause.parameters.some((p: any) => p.in === 'query' && p.name === 'siteId')).toBe(false);
+    expect(Object.keys(doc.paths['/metrics'].get.responses)).toEqual(expect.arrayContaining(['200', '401', '404']));
   });
 
   it('the server refuses what the document refuses: sizes past the bound, an empty or non-integer limit', async () => {
