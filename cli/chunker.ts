@@ -20,6 +20,7 @@ import pLimit from 'p-limit';
 import { CHUNK_SIZE, type ChunkRef, type FileEntry, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION, type VersionBody } from '../domain/version';
 import { CLI_VERSION } from './version';
 import { collidingPaths, filePathProblem } from '../domain/paths';
+import { defaultHashThreads, hashFiles } from './hash-pool';
 
 /** The tree cannot be turned into a version body (bad names, no files, a file changed while read). */
 export class ChunkerError extends Error {
@@ -202,8 +203,13 @@ export interface ScanProgress {
 }
 
 export interface ScanOptions {
-  /** Files hashed at once (default 2). Output order never depends on it. */
+  /** Files hashed at once on the main thread (default 2; small trees and `threads: 1`). Output order never depends on it. */
   concurrency?: number;
+  /**
+   * Hashing threads (cli/hash-pool.ts; default one per core). With 1, or for a tree under
+   * POOL_MIN_BYTES, files are hashed on the main thread instead.
+   */
+  threads?: number;
   /** Replaces the default producer config (tests pin createdAt through this). */
   config?: Record<string, unknown>;
   onProgress?: (p: ScanProgress) => void;
@@ -218,6 +224,66 @@ export interface ScanResult {
   bytesTotal: number;
 }
 
+/** Trees smaller than this (bytes) are hashed on the main thread: starting threads would cost more. */
+export const POOL_MIN_BYTES = 8 * 1024 * 1024;
+
+/** Hashes `files` on the main thread, `concurrency` files at once. */
+async function hashInline(
+  files: WalkedFile[],
+  concurrency: number,
+  progress: ScanProgress,
+  onProgress: ScanOptions['onProgress'],
+): Promise<FileEntry[]> {
+  const limit = pLimit(concurrency);
+  return Promise.all(
+    files.map((f) =>
+      limit(async (): Promise<FileEntry> => {
+        const chunks =
+          f.size === 0
+            ? []
+            : await chunkFile(f.absPath, f.size, (n) => {
+                progress.bytesDone += n;
+                onProgress?.({ ...progress });
+              });
+        progress.filesDone += 1;
+        onProgress?.({ ...progress });
+        return { path: f.path, size: f.size, chunks };
+      }),
+    ),
+  );
+}
+
+/**
+ * Hashes `files` on `threads` worker threads (cli/hash-pool.ts). @throws ChunkerError when a file
+ * cannot be read or its size changed since the walk, like `chunkFile`.
+ */
+async function hashOnThreads(
+  files: WalkedFile[],
+  threads: number,
+  progress: ScanProgress,
+  onProgress: ScanOptions['onProgress'],
+): Promise<FileEntry[]> {
+  const outcomes = await hashFiles(files, {
+    threads,
+    onBytes: (n) => {
+      progress.bytesDone += n;
+      onProgress?.({ ...progress });
+    },
+    onFile: () => {
+      progress.filesDone += 1;
+      onProgress?.({ ...progress });
+    },
+  });
+  return files.map((f, i): FileEntry => {
+    const o = outcomes[i];
+    if ('error' in o) throw new ChunkerError(`cannot read ${f.absPath}: ${o.error}`, [f.absPath]);
+    if (o.total !== f.size) {
+      throw new ChunkerError(`${f.absPath} changed while it was read (${f.size} bytes listed, ${o.total} read)`, [f.absPath]);
+    }
+    return { path: f.path, size: f.size, chunks: o.chunks };
+  });
+}
+
 /**
  * Walks and hashes a tree into a version body plus the location of every distinct chunk.
  * @throws ChunkerError when the tree has no regular files (an empty publish is rejected by the API) or
@@ -229,23 +295,11 @@ export async function scanTree(root: string, opts: ScanOptions = {}): Promise<Sc
   const bytesTotal = files.reduce((n, f) => n + f.size, 0);
   const progress: ScanProgress = { filesDone: 0, filesTotal: files.length, bytesDone: 0, bytesTotal };
   opts.onProgress?.({ ...progress });
-  const limit = pLimit(Math.max(1, opts.concurrency ?? 2));
-  const entries = await Promise.all(
-    files.map((f) =>
-      limit(async (): Promise<FileEntry> => {
-        const chunks =
-          f.size === 0
-            ? []
-            : await chunkFile(f.absPath, f.size, (n) => {
-                progress.bytesDone += n;
-                opts.onProgress?.({ ...progress });
-              });
-        progress.filesDone += 1;
-        opts.onProgress?.({ ...progress });
-        return { path: f.path, size: f.size, chunks };
-      }),
-    ),
-  );
+  const threads = opts.threads ?? defaultHashThreads();
+  const entries =
+    threads > 1 && bytesTotal >= POOL_MIN_BYTES
+      ? await hashOnThreads(files, threads, progress, opts.onProgress)
+      : await hashInline(files, Math.max(1, opts.concurrency ?? 2), progress, opts.onProgress);
   const locations = new Map<string, ChunkLocation>();
   entries.forEach((entry, i) => {
     let offset = 0;

@@ -4,6 +4,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { ChunkerError, buildVersionBody, chunkFile, comparePaths, readChunk, scanTree, walkTree } from '../../cli/chunker';
 import { CHUNK_SIZE, VERSION_MEDIA_TYPE, computeVersionId, validateVersionBody } from '../../domain/version';
+import { hashFiles } from '../../cli/hash-pool';
+import { POOL_MIN_BYTES } from '../../cli/chunker';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const PINNED = { producer: 'roost-cli', cliVersion: 'test', createdAt: '2024-01-01T00:00:00.000Z', hostname: 'h', platform: 'linux' };
@@ -184,6 +186,47 @@ describe('scanTree', () => {
   it('rejects a tree with no regular files', async () => {
     await fsp.mkdir(path.join(tmp, 'only-dirs', 'deeper'), { recursive: true });
     await expect(scanTree(tmp)).rejects.toThrow(/no regular files/);
+  });
+});
+
+describe('hashing on threads (cli/hash-pool.ts)', () => {
+  /** A tree above POOL_MIN_BYTES: chunk boundaries, an empty file, and more small files than one batch holds. */
+  async function bigTree(): Promise<void> {
+    await write('big/two-and-a-bit.bin', bytes(2 * CHUNK_SIZE + 3, 11));
+    await write('big/exact.bin', bytes(CHUNK_SIZE, 12));
+    await write('big/empty.bin', '');
+    for (let i = 0; i < 300; i++) await write(`small/f${String(i).padStart(3, '0')}.txt`, `file ${i % 250}`);
+  }
+
+  it('gives the same body, chunks and locations as hashing on the main thread', async () => {
+    await bigTree();
+    const inline = await scanTree(tmp, { config: PINNED, threads: 1 });
+    expect(inline.bytesTotal).toBeGreaterThanOrEqual(POOL_MIN_BYTES);
+    const ticks: Array<{ filesDone: number; bytesDone: number }> = [];
+    const pooled = await scanTree(tmp, { config: PINNED, threads: 3, onProgress: (p) => ticks.push(p) });
+    expect(pooled.body).toEqual(inline.body);
+    expect([...pooled.locations.entries()]).toEqual([...inline.locations.entries()]);
+    expect(pooled.body.files.find((f) => f.path === 'big/two-and-a-bit.bin')?.chunks.map((c) => c.size)).toEqual([
+      CHUNK_SIZE,
+      CHUNK_SIZE,
+      3,
+    ]);
+    expect(ticks[ticks.length - 1]).toMatchObject({ filesDone: 303, bytesDone: inline.bytesTotal });
+  });
+
+  it('reports a file it cannot read per file, in job order, and counts every byte it hashed', async () => {
+    const a = await write('a.bin', bytes(CHUNK_SIZE + 1, 3));
+    let seen = 0;
+    const out = await hashFiles(
+      [
+        { absPath: a, size: CHUNK_SIZE + 1 },
+        { absPath: path.join(tmp, 'missing.bin'), size: 1 },
+      ],
+      { threads: 2, onBytes: (n) => (seen += n) },
+    );
+    expect(out[0]).toEqual({ chunks: await chunkFile(a), total: CHUNK_SIZE + 1 });
+    expect(out[1]).toMatchObject({ code: 'ENOENT' });
+    expect(seen).toBe(CHUNK_SIZE + 1);
   });
 });
 

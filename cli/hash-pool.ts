@@ -1,0 +1,131 @@
+/**
+ * Chunk hashing on every core (docs/benchmarks.md "Hashing"): a pool of worker threads, each reading
+ * whole files a chunk at a time (one CHUNK_SIZE buffer per thread, synchronous reads) and hashing each
+ * chunk with SHA-256, so hashing is bounded by the CPU's SHA-256 speed times the cores rather than by
+ * one thread's event loop. The main thread only hands out batches of files and collects chunk lists.
+ *
+ * The worker is plain JavaScript over Node built-ins, started from source (`eval`), so it runs the same
+ * under tsx, Jest and the packaged single-file executable, where no separate worker file exists.
+ */
+import os from 'node:os';
+import { Worker } from 'node:worker_threads';
+import { CHUNK_SIZE, type ChunkRef } from '../domain/version';
+
+/** One file to hash: absolute path and the size the walk saw (bytes). */
+export interface HashJob {
+  absPath: string;
+  size: number;
+}
+
+/** What a worker found for one file: its chunks and the bytes it read, or the read error. */
+export type HashOutcome = { chunks: ChunkRef[]; total: number } | { error: string; code?: string };
+
+const WORKER_SOURCE = `
+const { parentPort } = require('node:worker_threads');
+const { createHash } = require('node:crypto');
+const fs = require('node:fs');
+const CHUNK = ${CHUNK_SIZE};
+const buf = Buffer.allocUnsafe(CHUNK);
+function hashFile(absPath) {
+  const fd = fs.openSync(absPath, 'r');
+  try {
+    const chunks = [];
+    let total = 0;
+    for (;;) {
+      let got = 0;
+      while (got < CHUNK) {
+        const n = fs.readSync(fd, buf, got, CHUNK - got, null);
+        if (n === 0) break;
+        got += n;
+      }
+      if (got === 0) break;
+      chunks.push({ hash: createHash('sha256').update(buf.subarray(0, got)).digest('hex'), size: got });
+      total += got;
+      parentPort.postMessage({ progress: got });
+      if (got < CHUNK) break;
+    }
+    return { chunks, total };
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+parentPort.on('message', (batch) => {
+  const results = batch.files.map((f) => {
+    try {
+      return hashFile(f.absPath);
+    } catch (err) {
+      return { error: String((err && err.message) || err), code: err && err.code };
+    }
+  });
+  parentPort.postMessage({ id: batch.id, results });
+});
+`;
+
+/** Files per batch at most, and bytes per batch at which a batch is closed (many small files share one message). */
+const BATCH_FILES = 256;
+const BATCH_BYTES = 16 * 1024 * 1024;
+
+/** Threads a pool uses by default: one per core the process may use. */
+export function defaultHashThreads(): number {
+  return Math.max(1, os.availableParallelism());
+}
+
+/**
+ * Hashes `jobs` on `threads` worker threads and returns one outcome per job, in job order.
+ * `onBytes` is called with each chunk's byte count as it is hashed, `onFile` once per finished file.
+ * Read errors come back per file (never thrown); the pool itself throws only when a worker dies.
+ */
+export async function hashFiles(
+  jobs: readonly HashJob[],
+  opts: { threads: number; onBytes?: (n: number) => void; onFile?: () => void },
+): Promise<HashOutcome[]> {
+  const batches: number[][] = [];
+  let current: number[] = [];
+  let bytes = 0;
+  jobs.forEach((job, i) => {
+    current.push(i);
+    bytes += job.size;
+    if (current.length >= BATCH_FILES || bytes >= BATCH_BYTES) {
+      batches.push(current);
+      current = [];
+      bytes = 0;
+    }
+  });
+  if (current.length) batches.push(current);
+
+  const outcomes: HashOutcome[] = new Array<HashOutcome>(jobs.length);
+  const threads = Math.max(1, Math.min(opts.threads, batches.length));
+  const workers = Array.from({ length: threads }, () => new Worker(WORKER_SOURCE, { eval: true }));
+  let next = 0;
+  try {
+    await Promise.all(
+      workers.map(
+        (worker) =>
+          new Promise<void>((resolve, reject) => {
+            const send = () => {
+              if (next >= batches.length) return resolve();
+              const id = next++;
+              worker.postMessage({ id, files: batches[id].map((i) => ({ absPath: jobs[i].absPath })) });
+            };
+            worker.on('message', (m: { progress?: number; id?: number; results?: HashOutcome[] }) => {
+              if (m.progress !== undefined) return opts.onBytes?.(m.progress);
+              const batch = batches[m.id as number];
+              (m.results ?? []).forEach((r, k) => {
+                outcomes[batch[k]] = r;
+                opts.onFile?.();
+              });
+              send();
+            });
+            worker.once('error', reject);
+            worker.once('exit', (code) => {
+              if (next < batches.length || code !== 0) reject(new Error(`a hashing thread exited with code ${code}`));
+            });
+            send();
+          }),
+      ),
+    );
+  } finally {
+    await Promise.all(workers.map((w) => w.terminate()));
+  }
+  return outcomes;
+}
