@@ -49,11 +49,6 @@ export async function addSiteMember(q: Queryable, siteId: string, uid: string): 
   await q.query('INSERT INTO site_members (site_id, uid) VALUES ($1, $2) ON CONFLICT (site_id, uid) DO NOTHING', [siteId, uid]);
 }
 
-/** Answers when the database accepts a query (the liveness probe `GET /healthz`); throws when it does not. */
-export async function pingDatabase(q: Queryable): Promise<void> {
-  await q.query('SELECT 1');
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Site records (`/api/sites`, docs/decisions/sites.md)
 

@@ -18,7 +18,8 @@ import { localJwks, oidcSettings } from '../config/oidc';
 import { machineForAgentToken } from '../db/agent-tokens';
 import { keyForAuth, touchKey } from '../db/keys';
 import { sessionForAuth, touchSession } from '../db/sessions';
-import { accessibleSiteIds, canActOnSite, pingDatabase, siteEnvironment } from '../db/sites';
+import { accessibleSiteIds, canActOnSite, siteEnvironment } from '../db/sites';
+import { pendingMigrations } from '../db/migrate';
 import { createSignInUser, linkIdentity, userForIdTokenClaims } from '../db/users';
 import { ApiError } from '../domain/errors';
 import { hexEqual, sha256Hex } from '../domain/hex';
@@ -281,14 +282,23 @@ export async function whoamiFacts(deps: Pick<ServiceDeps, 'db' | 'cfg'>, user: U
   return { primarySiteId, quota };
 }
 
-/** Each dependency of the API and whether it answered (`GET /healthz`). */
+/** Each dependency of the API and whether it answered (`GET /readyz`). */
 export interface DependencyHealth {
   database: 'up' | 'down';
   blobStorage: 'up' | 'down';
   temporal: 'up' | 'down';
 }
 
-/** How long `GET /healthz` waits for each dependency (ms). */
+/** What `GET /readyz` found: each dependency, and whether this build's migrations are all applied. */
+export interface Readiness {
+  dependencies: DependencyHealth;
+  /** `unknown` while the database does not answer. */
+  migrations: 'applied' | 'pending' | 'unknown';
+  /** Migration files of this build the database has not recorded (db/migrations), in order. */
+  pendingMigrations: string[];
+}
+
+/** How long `GET /readyz` waits for each dependency (ms). */
 export const HEALTH_TIMEOUT_MS = 3000;
 
 /** Rejects after `ms` unless `p` settles first. */
@@ -299,13 +309,14 @@ function within<T>(p: Promise<T>, ms: number): Promise<T> {
 }
 
 /**
- * Asks the database (db/sites.ts pingDatabase), blob storage (the chunk container's properties) and Temporal
- * (`GetSystemInfo`) at once, each within HEALTH_TIMEOUT_MS (`GET /healthz`).
- * @returns every dependency's state
- * @throws ApiError service_unavailable (503, Retry-After) naming the dependencies that did not answer, with
- *   `dependencies` (the same map) in the problem
+ * Readiness (`GET /readyz`, docs/observability.md "Health and readiness"): asks the database (this build's
+ * pending migrations, db/migrate.ts pendingMigrations, which is also the database's ping), blob storage (the
+ * chunk container's properties) and Temporal (`GetSystemInfo`) at once, each within HEALTH_TIMEOUT_MS.
+ * @returns the readiness when every dependency answers and no migration is pending
+ * @throws ApiError service_unavailable (503, Retry-After) naming what is not ready, with `dependencies`,
+ *   `migrations` and `pendingMigrations` (the Readiness fields) in the problem
  */
-export async function checkHealth(deps: Pick<ServiceDeps, 'db' | 'blob' | 'temporal'>): Promise<DependencyHealth> {
+export async function checkReadiness(deps: Pick<ServiceDeps, 'db' | 'blob' | 'temporal'>): Promise<Readiness> {
   const probe = async (p: () => Promise<unknown>): Promise<'up' | 'down'> => {
     try {
       await within(p(), HEALTH_TIMEOUT_MS);
@@ -314,22 +325,30 @@ export async function checkHealth(deps: Pick<ServiceDeps, 'db' | 'blob' | 'tempo
       return 'down';
     }
   };
+  let pending: string[] | undefined;
   const [database, blobStorage, temporal] = await Promise.all([
-    probe(() => pingDatabase(deps.db)),
+    probe(async () => (pending = await pendingMigrations(deps.db))),
     probe(() => deps.blob.ping(HEALTH_TIMEOUT_MS)),
     probe(() => pingTemporal(deps.temporal, HEALTH_TIMEOUT_MS)),
   ]);
-  const health: DependencyHealth = { database, blobStorage, temporal };
+  const dependencies: DependencyHealth = { database, blobStorage, temporal };
+  const readiness: Readiness = {
+    dependencies,
+    migrations: database === 'down' || !pending ? 'unknown' : pending.length > 0 ? 'pending' : 'applied',
+    pendingMigrations: database === 'down' ? [] : (pending ?? []),
+  };
   const names = { database: 'the database', blobStorage: 'blob storage', temporal: 'Temporal' } as const;
-  const down = (Object.keys(health) as (keyof DependencyHealth)[]).filter((k) => health[k] === 'down');
-  if (down.length > 0) {
-    throw new ApiError('service_unavailable', `unavailable: ${down.map((k) => names[k]).join(', ')}; retry shortly`, {
+  const down = (Object.keys(dependencies) as (keyof DependencyHealth)[]).filter((k) => dependencies[k] === 'down');
+  const problems: string[] = down.map((k) => names[k]);
+  if (readiness.migrations === 'pending') problems.push(`migrations not applied (${readiness.pendingMigrations.join(', ')})`);
+  if (problems.length > 0) {
+    throw new ApiError('service_unavailable', `not ready: ${problems.join(', ')}; retry shortly`, {
       headers: { 'Retry-After': String(HEALTH_RETRY_AFTER_SECONDS) },
-      extras: { retryAfter: HEALTH_RETRY_AFTER_SECONDS, dependencies: health },
+      extras: { retryAfter: HEALTH_RETRY_AFTER_SECONDS, ...readiness },
     });
   }
-  return health;
+  return readiness;
 }
 
-/** Retry-After of an unhealthy `GET /healthz` (seconds). */
+/** Retry-After of a `GET /readyz` that is not ready (seconds). */
 const HEALTH_RETRY_AFTER_SECONDS = 5;

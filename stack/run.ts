@@ -1,7 +1,8 @@
 /**
  * The whole stack in one process (`roost stack`, `npm run demo`, benchmarks): the embedded services
  * (PostgreSQL, Azurite, Temporal dev server with its Web UI) as child processes, migrations, the API and
- * a Temporal worker in-process. `stop()` shuts everything down in reverse order: API, worker, services.
+ * a Temporal worker in-process; resolves once `GET /readyz` answers 200. `stop()` shuts everything down in
+ * reverse order: API, worker, services.
  */
 import type { Worker } from '@temporalio/worker';
 import type { Config } from '../config/env';
@@ -90,6 +91,18 @@ export async function startStack(
   if (opts.worker !== false) {
     log('starting worker');
     await startWorker();
+  }
+  // Ready means what `GET /readyz` says (every dependency answers, every migration applied), asked the way
+  // a load balancer would.
+  const deadline = Date.now() + 60_000;
+  for (let ready = await api.app.inject({ url: '/readyz' }); ready.statusCode !== 200; ready = await api.app.inject({ url: '/readyz' })) {
+    if (Date.now() > deadline) {
+      await stopWorker();
+      await api.close().catch(() => undefined);
+      await stopServices(services);
+      throw new Error(`the stack did not become ready within 60 s: GET /readyz answered ${ready.statusCode} ${ready.body}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 250));
   }
   const stack: RunningStack = {
     cfg,

@@ -1,13 +1,13 @@
 /**
  * Identity and service metadata: `GET /api/version` (unauthenticated), `GET /api/openapi.json`, `GET /healthz`
- * (readiness of the database, blob storage and Temporal),
+ * (liveness), `GET /readyz` (readiness: database, blob storage, Temporal, migrations; docs/observability.md),
  * `GET /api/whoami` (services/identity.ts; docs/decisions/whoami.md).
  */
 import { rateLimitHint } from '../ratelimit/limits';
 import { Type } from '@sinclair/typebox';
 import { Problem } from '../../domain/schemas';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { checkHealth, whoamiFacts } from '../../services/identity';
+import { checkReadiness, whoamiFacts } from '../../services/identity';
 import { CURRENT_API_VERSION, SUPPORTED_API_VERSIONS } from '../plugins/api-version';
 import { requireUser } from '../plugins/auth';
 
@@ -51,7 +51,21 @@ const metaRoutes: FastifyPluginAsyncTypebox = async (app) => {
       config: { auth: 'none' },
       schema: {
         tags: ['meta'],
-        summary: 'Readiness: whether the database, blob storage and Temporal answer (503 service_unavailable names those that do not)',
+        summary: 'Liveness: 200 while this process serves requests; asks no dependency (readiness is GET /readyz)',
+        response: { 200: Type.Object({ ok: Type.Literal(true) }) },
+      },
+    },
+    async () => ({ ok: true as const }),
+  );
+
+  app.get(
+    '/readyz',
+    {
+      config: { auth: 'none' },
+      schema: {
+        tags: ['meta'],
+        summary:
+          'Readiness: 200 when the database, blob storage and Temporal answer and every migration of this build is applied; else 503 service_unavailable with the same fields',
         response: {
           200: Type.Object({
             ok: Type.Literal(true),
@@ -63,14 +77,21 @@ const metaRoutes: FastifyPluginAsyncTypebox = async (app) => {
               },
               { description: 'each dependency of the API; a 503 problem carries the same map with `down` entries' },
             ),
+            migrations: Type.Literal('applied', {
+              description: 'a 503 problem says `pending` (with `pendingMigrations`) or `unknown` (database down)',
+            }),
           }),
           503: Problem,
         },
       },
     },
     async () => {
-      await checkHealth(app.deps);
-      return { ok: true as const, dependencies: { database: 'up' as const, blobStorage: 'up' as const, temporal: 'up' as const } };
+      await checkReadiness(app.deps);
+      return {
+        ok: true as const,
+        dependencies: { database: 'up' as const, blobStorage: 'up' as const, temporal: 'up' as const },
+        migrations: 'applied' as const,
+      };
     },
   );
 

@@ -174,8 +174,12 @@ it('calls out to nothing outside the loopback range, and stops API, worker, then
       void exited.then((code) => reject(new Error(`stack exited with ${code} before ready: ${err.slice(-3000)}`)));
     });
     // Use it a little: the API, its readiness (every dependency answers), the Temporal Web UI.
-    const health = await fetch(`${ready.api}/healthz`);
-    expect(await health.json()).toEqual({ ok: true, dependencies: { database: 'up', blobStorage: 'up', temporal: 'up' } });
+    const health = await fetch(`${ready.api}/readyz`);
+    expect(await health.json()).toEqual({
+      ok: true,
+      dependencies: { database: 'up', blobStorage: 'up', temporal: 'up' },
+      migrations: 'applied',
+    });
     expect((await fetch(ready.temporalUi)).status).toBeLessThan(500);
     const stackProcesses = processTree(roots());
     expect(stackProcesses.length).toBeGreaterThanOrEqual(4); // the CLI, Azurite, Temporal, the postmaster

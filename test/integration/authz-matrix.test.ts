@@ -94,6 +94,7 @@ const MATRIX: Row[] = [
   // ---- public
   { route: 'GET /api/version', what: { kind: 'public', status: 200 }, req: () => ({ url: '/api/version' }) },
   { route: 'GET /healthz', what: { kind: 'public', status: 200 }, req: () => ({ url: '/healthz' }) },
+  { route: 'GET /readyz', what: { kind: 'public', status: 200 }, req: () => ({ url: '/readyz' }) },
   // Without ROOST_METRICS_TOKEN the API listener does not serve metrics (docs/observability.md).
   { route: 'GET /metrics', what: { kind: 'public', status: 404, code: 'not_found' }, req: () => ({ url: '/metrics' }) },
   { route: 'GET /api/openapi.json', what: { kind: 'public', status: 200 }, req: () => ({ url: '/api/openapi.json' }) },

@@ -57,13 +57,16 @@ test('reads and writes during the outage are 503 with Retry-After; they work aga
     expect(Number(res.headers['retry-after'])).toBeGreaterThan(0);
     expect(res.json().detail).toMatch(/unavailable; retry shortly/);
   }
-  const health = await h.request({ method: 'GET', url: '/healthz' });
-  expect([health.statusCode, health.json().code, health.json().dependencies]).toEqual([
+  const health = await h.request({ method: 'GET', url: '/readyz' });
+  expect([health.statusCode, health.json().code, health.json().dependencies, health.json().migrations]).toEqual([
     503,
     'service_unavailable',
     { database: 'down', blobStorage: 'up', temporal: 'up' },
+    'unknown',
   ]);
-  expect(health.json().detail).toMatch(/unavailable: the database; retry shortly/);
+  expect(health.json().detail).toMatch(/not ready: the database; retry shortly/);
+  // Liveness asks no dependency: the process still serves.
+  expect((await h.request({ method: 'GET', url: '/healthz' })).json()).toEqual({ ok: true });
   expect(Number(health.headers['retry-after'])).toBeGreaterThan(0);
   await openProxy();
   let res = await list();
@@ -76,9 +79,10 @@ test('reads and writes during the outage are 503 with Retry-After; they work aga
 });
 
 test('a connection lost in the middle of a query (no SQLSTATE: "Connection terminated unexpectedly") is 503 too', async () => {
-  expect((await h.request({ method: 'GET', url: '/healthz' })).json()).toEqual({
+  expect((await h.request({ method: 'GET', url: '/readyz' })).json()).toEqual({
     ok: true,
     dependencies: { database: 'up', blobStorage: 'up', temporal: 'up' },
+    migrations: 'applied',
   });
   const held = new Promise<void>((resolve) => (frozen = resolve));
   const pending = h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` });

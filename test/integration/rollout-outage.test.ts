@@ -124,7 +124,7 @@ it('survives a 60 s database outage mid-wave: syncs and reports land, a dead age
   await deadAgent.stop();
   await closeProxy();
   const outageStart = Date.now();
-  const during = await fetch(`${base}/healthz`);
+  const during = await fetch(`${base}/readyz`);
   expect([during.status, ((await during.json()) as { dependencies: unknown }).dependencies]).toEqual([
     503,
     { database: 'down', blobStorage: 'up', temporal: 'up' },
