@@ -174,6 +174,11 @@ export const EnvSchema = Type.Object({
    * every API and worker process (0 picks a free port). Unset: no separate listener.
    */
   ROOST_METRICS_PORT: Type.Optional(Type.Integer({ minimum: 0, maximum: 65535 })),
+  /**
+   * Most distinct `site` label values a process gives `roost_machine_reports_total` (the first sites to report);
+   * reports of later sites count under `site="_other"`. Bounds that family to (this + 1) × 3 series per process.
+   */
+  ROOST_METRICS_MAX_SITES: Type.Integer({ minimum: 0, maximum: 10000, default: 100 }),
   /** Address the separate metrics listener binds to. Default loopback: expose it to the scraper on purpose. */
   ROOST_METRICS_HOST: Type.String({ default: '127.0.0.1' }),
   /**

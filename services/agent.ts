@@ -359,7 +359,7 @@ export type TargetStateReport = TargetStateInput;
  *         of its versions).
  */
 export async function reportTargetState(
-  deps: Pick<ServiceDeps, 'db'>,
+  deps: Pick<ServiceDeps, 'db' | 'cfg'>,
   input: AgentIdentity & { roostId: string; report: TargetStateReport },
 ): Promise<TargetStateRow> {
   const { siteId, machineId, roostId, report } = input;
@@ -370,6 +370,6 @@ export async function reportTargetState(
       extras: { param: 'reportedVersionId' },
     });
   const stored = await upsertTargetState(deps.db, siteId, machineId, roostId, report);
-  noteTargetReport(siteId, report.status, report.bytes_fetched);
+  noteTargetReport(siteId, report.status, report.bytes_fetched, deps.cfg.ROOST_METRICS_MAX_SITES);
   return stored;
 }

@@ -5,7 +5,7 @@
  */
 import type { ServiceDeps } from './deps';
 import { countRolloutsByStageAndState } from '../db/rollouts';
-import { chunkBytes, machineReports, type RolloutCount } from '../telemetry/metrics';
+import { chunkBytes, machineReports, type RolloutCount, siteLabel } from '../telemetry/metrics';
 import type { TargetStatus } from '../domain/target-state';
 
 /** Rollouts of all sites by stage and control state. @throws the driver's error when the database is unreachable. */
@@ -15,10 +15,13 @@ export function rolloutCounts(deps: Pick<ServiceDeps, 'db'>): Promise<RolloutCou
 
 const TERMINAL: ReadonlySet<TargetStatus> = new Set(['committed', 'failed', 'cancelled']);
 
-/** Counts an agent's target-state report when it ends a sync: the status per site, and the bytes it fetched as served. */
-export function noteTargetReport(siteId: string, status: TargetStatus, bytesFetched: number | undefined): void {
+/**
+ * Counts an agent's target-state report when it ends a sync: the status per site (the first `maxSites`
+ * sites by their id, later ones as `_other`: telemetry/metrics.ts siteLabel), and the bytes it fetched as served.
+ */
+export function noteTargetReport(siteId: string, status: TargetStatus, bytesFetched: number | undefined, maxSites: number): void {
   if (!TERMINAL.has(status)) return;
-  machineReports.inc({ site: siteId, status });
+  machineReports.inc({ site: siteLabel(siteId, maxSites), status });
   if (bytesFetched && bytesFetched > 0) chunkBytes.inc({ direction: 'served' }, bytesFetched);
 }
 

@@ -5,7 +5,8 @@
  *
  * Labels are bounded by construction: route templates (never raw URLs), HTTP methods, status classes,
  * rate-limit bucket and capability names, activity and workflow type names, fixed outcome words and site
- * ids (one series per site that reports). Nothing here carries a machine id, a key or a request id.
+ * ids (one value per site that reports, at most ROOST_METRICS_MAX_SITES of them, then `_other`: siteLabel).
+ * Nothing here carries a machine id, a key or a request id.
  */
 import type { EventEmitter } from 'node:events';
 import http from 'node:http';
@@ -235,7 +236,25 @@ export const chunkBytes = once(
     }),
 );
 
-/** `roost_machine_reports_total{site,status}`: agents' target-state reports (committed, failed, cancelled, …) per site. */
+/** The `site` label value that counts every site past the cap (ROOST_METRICS_MAX_SITES); no site id starts with `_`. */
+export const OTHER_SITES = '_other';
+
+/** Sites that have their own `site` label value in this process, in the order they first reported. */
+const labelledSites = new Set<string>();
+
+/**
+ * The `site` label value for `siteId`: the site id itself for the first `maxSites` distinct sites this
+ * process counts, OTHER_SITES for every later one, so a metric labelled by site has at most `maxSites` + 1
+ * values per process (docs/observability.md "Labels and cardinality").
+ */
+export function siteLabel(siteId: string, maxSites: number): string {
+  if (labelledSites.has(siteId)) return siteId;
+  if (labelledSites.size >= maxSites) return OTHER_SITES;
+  labelledSites.add(siteId);
+  return siteId;
+}
+
+/** `roost_machine_reports_total{site,status}`: agents' target-state reports (committed, failed, cancelled, …) per site (capped: siteLabel). */
 export const machineReports = once(
   'roost_machine_reports_total',
   () =>
