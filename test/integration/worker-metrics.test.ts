@@ -3,8 +3,10 @@
  * sweep (docs/observability.md "Worker", "Business"; worker/metrics.ts, services/observability.ts): the
  * activity histogram and failures by type, machine reports per site, chunk bytes uploaded and served,
  * rollouts by stage and state, webhook attempts and deliveries by outcome, sweep results; and the Temporal
- * SDK's own Prometheus exporter (ROOST_TEMPORAL_METRICS_ADDRESS) serving its runtime metrics.
+ * SDK's own Prometheus exporter (ROOST_TEMPORAL_METRICS_ADDRESS) serving its runtime metrics; and the Grafana
+ * dashboard (docs/grafana/roost-dashboard.json) querying only series that are exported.
  */
+import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
@@ -14,6 +16,7 @@ import { installRuntime } from '../../worker/worker';
 import { ensureEventRelay, eventRelayWorkflowId } from '../../worker/background';
 import { type Harness } from '../support/harness';
 import { parseMetrics, type Exposition } from '../support/metrics';
+import { registry } from '../../telemetry/metrics';
 import { closeRolloutSuite, deployRoute, openRolloutSuite, seedRoost, type TestWorker } from './rollout-fixtures';
 
 const TOKEN = 'worker-metrics-token-0123456789';
@@ -181,4 +184,53 @@ it('counts a real rollout, its agents, a webhook delivery and a sweep; the SDK e
   expect(sdk.samples.some((s) => s.name.startsWith('temporal_workflow_completed') && s.labels.workflow_type === 'rolloutWorkflow')).toBe(
     true,
   );
+});
+
+it('every series the Grafana dashboard (docs/grafana/roost-dashboard.json) queries is exported, with the labels it uses', async () => {
+  const dashboard = JSON.parse(fs.readFileSync(path.join(__dirname, '../../docs/grafana/roost-dashboard.json'), 'utf8')) as {
+    panels: { targets?: { expr: string }[] }[];
+    templating: { list: { query?: { query: string } }[] };
+  };
+  const exprs = [
+    ...dashboard.panels.flatMap((p) => (p.targets ?? []).map((t) => t.expr)),
+    ...dashboard.templating.list.flatMap((v) => (v.query?.query ? [v.query.query] : [])),
+  ];
+  expect(exprs.length).toBeGreaterThanOrEqual(20);
+
+  // What is exported: every sample of Roost's /metrics and of the Temporal SDK exporter after the rollout
+  // above, and every family Roost's registry declares (a labelled series appears once something counts).
+  const exported = new Map<string, Set<string>>();
+  const add = (name: string, labels: string[]) => {
+    const set = exported.get(name) ?? new Set<string>();
+    for (const l of labels) set.add(l);
+    exported.set(name, set);
+  };
+  const roost = await scrape();
+  const sdk = parseMetrics(await (await fetch(`http://${temporalMetrics}/metrics`)).text());
+  for (const s of [...roost.samples, ...sdk.samples]) add(s.name, Object.keys(s.labels));
+  for (const [family, type] of roost.types) {
+    const metric = registry.getSingleMetric(family) as unknown as { labelNames?: string[] } | undefined;
+    const labels = metric?.labelNames ?? [];
+    if (type === 'histogram') {
+      add(`${family}_bucket`, [...labels, 'le']);
+      add(`${family}_sum`, labels);
+      add(`${family}_count`, labels);
+    } else add(family, labels);
+  }
+
+  const scrapeLabels = new Set(['job', 'instance']); // added by Prometheus
+  const missing: string[] = [];
+  for (const expr of exprs) {
+    const names = [...expr.matchAll(/\b((?:roost|temporal)_[a-zA-Z0-9_]+)\b/g)].map((m) => m[1]);
+    expect(names.length).toBeGreaterThan(0);
+    for (const name of names) if (!exported.has(name)) missing.push(`${name} (in ${expr})`);
+    // Labels in selectors belong to the metric they select; grouping labels to some metric of the expression.
+    for (const m of expr.matchAll(/\b((?:roost|temporal)_[a-zA-Z0-9_]+)\{([^}]*)\}/g))
+      for (const l of m[2].matchAll(/([a-zA-Z_]+)\s*(?:=~|!~|!=|=)/g))
+        if (!scrapeLabels.has(l[1]) && !exported.get(m[1])?.has(l[1])) missing.push(`label ${l[1]} of ${m[1]} (in ${expr})`);
+    for (const by of expr.matchAll(/\bby\s*\(([^)]*)\)/g))
+      for (const l of by[1].split(',').map((x) => x.trim()))
+        if (!scrapeLabels.has(l) && !names.some((n) => exported.get(n)?.has(l))) missing.push(`label ${l} (in ${expr})`);
+  }
+  expect(missing).toEqual([]);
 });
