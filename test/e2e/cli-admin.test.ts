@@ -18,6 +18,8 @@ import { type InstallerServer, installerScript, startInstallerServer } from '../
 import { startTestWorker, type TestWorker } from '../integration/rollout-fixtures';
 import { closeWorkerConnections } from '../../worker/worker';
 import { startFleet, type Fleet } from '../../agent/fleet';
+import { MockLanguageModelV3 } from 'ai/test';
+import type { LanguageModelV3StreamPart } from '@ai-sdk/provider';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'roost.js');
 
@@ -223,6 +225,76 @@ describe('roost conversations', () => {
       expect.objectContaining({ conversationId: c.conversationId, deletedAt: del.deletedAt }),
     );
     expect(await json(['conversations', 'restore', c.conversationId])).toMatchObject({ restored: true, deletedAt: null });
+  });
+
+  it('prints each delta the moment it arrives, and exits 1 with reply_failed and the text so far on an error frame', async () => {
+    // A scripted model (the API's deps.cortexModel) that holds its stream open after the first delta until the
+    // CLI has printed it: a CLI that buffered the reply would never see the release.
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let fail = false;
+    const finish: LanguageModelV3StreamPart = {
+      type: 'finish',
+      finishReason: { unified: 'stop', raw: 'stop' },
+      usage: {
+        inputTokens: { total: 3, noCache: 3, cacheRead: undefined, cacheWrite: undefined },
+        outputTokens: { total: 2, text: 2, reasoning: undefined },
+      },
+    };
+    h.deps.cortexModel = new MockLanguageModelV3({
+      doStream: async () => ({
+        stream: new ReadableStream<LanguageModelV3StreamPart>({
+          async start(c) {
+            c.enqueue({ type: 'stream-start', warnings: [] });
+            c.enqueue({ type: 'text-start', id: 't' });
+            c.enqueue({ type: 'text-delta', id: 't', delta: 'first part, ' });
+            if (fail) {
+              c.enqueue({ type: 'error', error: new Error('model server exploded') });
+              return c.close();
+            }
+            await released;
+            c.enqueue({ type: 'text-delta', id: 't', delta: 'second part' });
+            c.enqueue({ type: 'text-end', id: 't' });
+            c.enqueue(finish);
+            c.close();
+          },
+        }),
+      }),
+    });
+    try {
+      const c = await json(['conversations', 'create']);
+      const child = spawn(process.execPath, [BIN, 'conversations', 'send', c.conversationId, 'hello'], {
+        env: {
+          ...process.env,
+          ROOST_API_URL: api,
+          ROOST_API_KEY: h.apiKey,
+          ROOST_SITE_ID: h.siteId,
+          ROOST_CONFIG: path.join(tmp, 'config.json'),
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (d) => (stdout += d));
+      child.stderr.on('data', (d) => (stderr += d));
+      const exited = new Promise<number | null>((resolve) => child.on('close', resolve));
+      for (const deadline = Date.now() + 60_000; !stdout.includes('first part, ');) {
+        if (Date.now() > deadline) throw new Error(`the first delta never reached stdout: ${stderr}`);
+        await new Promise((resolve) => setTimeout(resolve, 25));
+      }
+      expect(stdout).toBe('first part, ');
+      release();
+      expect({ code: await exited, stdout, stderr }).toEqual({ code: 0, stdout: 'first part, second part\n', stderr: '' });
+
+      fail = true;
+      const broken = await roost(['conversations', 'send', c.conversationId, 'again']);
+      expect(broken).toMatchObject({ code: 1, stdout: 'first part, \n' });
+      expect(broken.stderr).toContain('error: reply_failed: ');
+      const p = await refused(['conversations', 'send', c.conversationId, 'and again'], 1, 'reply_failed');
+      expect(p).toMatchObject({ conversationId: c.conversationId, messageId: expect.any(String), content: 'first part, ' });
+    } finally {
+      h.deps.cortexModel = undefined;
+    }
   });
 
   it('refuses an unknown conversation (4), a malformed id (1), an empty message (2) and a key without chat write (5)', async () => {
