@@ -23,6 +23,10 @@ import type { LanguageModelV3StreamPart } from '@ai-sdk/provider';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'roost.js');
 
+// About 100 CLI processes (each starts Node and tsx) and a real install and process run: on a loaded CI
+// machine one test takes well over a minute, so this file allows 5 minutes per test and hook.
+jest.setTimeout(300_000);
+
 let h: Harness;
 let w: TestWorker;
 let api: string;
