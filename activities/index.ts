@@ -14,6 +14,7 @@ import { createClassicDeploymentActivities } from './classic-deployment';
 import { createUserActivities } from './users';
 import { createConversationActivities } from './conversations';
 import { createVerifyActivities } from './verify';
+import { createInstallerActivities } from './installers';
 
 /** All activities keyed by name. */
 export function createActivities(deps: ActivityDeps) {
@@ -26,6 +27,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createUserActivities(deps),
     ...createConversationActivities(deps),
     ...createVerifyActivities(deps),
+    ...createInstallerActivities(deps),
   };
 }
 

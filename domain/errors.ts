@@ -51,6 +51,16 @@ export const ERROR_STATUS = {
   url_not_allowed: 400,
   /** A roost route on a site whose roostEnabled is false (docs/decisions/sites.md). */
   roost_disabled: 403,
+  /** Installer catalog: the uploaded bytes do not hash to the declared SHA-256 (docs/decisions/installer-catalog.md). */
+  checksum_mismatch: 422,
+  /** Installer catalog: delete of the version the latest pointer names. */
+  latest_version_protected: 409,
+  /** Installer catalog: a delete that would leave fewer active versions than the minimum (2). */
+  min_versions_violated: 409,
+  /** Installer catalog: upload of a version that exists (any state) or is reserved by another upload. */
+  version_exists: 409,
+  /** Installer catalog: finalise of a reservation whose bytes were never uploaded. */
+  upload_missing: 409,
 } as const;
 
 export type ErrorCode = keyof typeof ERROR_STATUS;

@@ -5,6 +5,7 @@
  */
 import { type TSchema, Type } from '@sinclair/typebox';
 import { CONCRETE_VERSION_ID_RE, VERSION_REF_RE } from './versionRef';
+import { INSTALLER_VERSION_RE } from './installers';
 
 // ---------------------------------------------------------------------------------------------------
 // Ids
@@ -51,6 +52,13 @@ export const ConcreteVersionId = Type.String({
   'x-roost-pattern': CONCRETE_VERSION_ID_RE.source,
   description: 'concrete version id (64 lowercase hex, or legacy vrs_<hex>)',
 });
+/** An agent-installer catalog version, semver `X.Y.Z` (domain/installers.ts INSTALLER_VERSION_RE). */
+export const InstallerVersion = Type.String({
+  pattern: INSTALLER_VERSION_RE.source,
+  description: 'semver X.Y.Z (no pre-release or build parts)',
+});
+/** Lowercase SHA-256 hex, 64 characters. */
+export const Sha256Hex = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase SHA-256 hex' });
 
 /** True when `id` is a well-formed machine id (MACHINE_ID_RE). */
 export function isMachineId(id: unknown): id is string {

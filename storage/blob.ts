@@ -159,6 +159,14 @@ export class BlobStore {
     return this.sign(this.containerName('chunks'), chunkBlobName(siteId, hash), 'r', DOWNLOAD_URL_TTL_MS);
   }
 
+  /**
+   * Signed PUT URL of an agent installer's blob (`POST /api/installer/upload`): create only, 60 minutes,
+   * so the bytes can be stored once and never overwritten through it (a finalised installer is immutable).
+   */
+  installerUploadUrl(blobName: string): Promise<SignedUrl> {
+    return this.sign(this.containerName('installers'), blobName, 'c', UPLOAD_URL_TTL_MS);
+  }
+
   /** Signed GET URL for any blob of a container: read only, `ttlMs` (default 15 minutes). */
   readUrl(container: keyof typeof CONTAINERS, blobName: string, ttlMs = DOWNLOAD_URL_TTL_MS): Promise<SignedUrl> {
     return this.sign(this.containerName(container), blobName, 'r', ttlMs);
@@ -278,6 +286,55 @@ export class BlobStore {
   async delete(container: keyof typeof CONTAINERS, blobName: string): Promise<void> {
     await this.container(container).getBlobClient(blobName).deleteIfExists();
   }
+}
+
+/** Blob name of an agent-installer catalog version's binary in the `installers` container. */
+export function installerBlobName(version: string): string {
+  return `agent/${version}/roost-agent`;
+}
+
+/** What re-hashing a stored installer found (SHA-256 hex, size in bytes, ETag), or null when no blob exists. */
+export async function installerDigest(blob: BlobStore, blobName: string): Promise<ChunkDigest | null> {
+  let res;
+  try {
+    res = await blob.container('installers').getBlobClient(blobName).download();
+  } catch (err) {
+    if ((err as { statusCode?: number }).statusCode === 404) return null;
+    throw err;
+  }
+  const digest = createHash('sha256');
+  let size = 0;
+  if (res.readableStreamBody) {
+    for await (const part of res.readableStreamBody) {
+      const buf = typeof part === 'string' ? Buffer.from(part) : (part as Buffer);
+      size += buf.length;
+      digest.update(buf);
+    }
+  }
+  return { digest: digest.digest('hex'), size, etag: res.etag ?? '' };
+}
+
+/**
+ * Deletes an installer blob only while its ETag is `etag` (the bytes that were hashed), so bytes uploaded
+ * again meanwhile are never touched. Returns false when it was gone or changed.
+ */
+export async function deleteInstallerBlobIfUnchanged(blob: BlobStore, blobName: string, etag: string): Promise<boolean> {
+  try {
+    await blob
+      .container('installers')
+      .getBlobClient(blobName)
+      .delete({ conditions: { ifMatch: etag } });
+    return true;
+  } catch (err) {
+    const status = (err as { statusCode?: number }).statusCode;
+    if (status === 404 || status === 412) return false;
+    throw err;
+  }
+}
+
+/** True when the installer blob exists (one property read). */
+export async function installerBlobExists(blob: BlobStore, blobName: string): Promise<boolean> {
+  return blob.container('installers').getBlobClient(blobName).exists();
 }
 
 /** Stable URL of a version body blob (`versionUrl` of roost and version records): the blob's plain URL, not a signed one. */

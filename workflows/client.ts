@@ -41,11 +41,13 @@ import {
   ROOST_SEARCH_ATTRIBUTE_KEYS,
   RoostRoostId,
   RoostSiteId,
+  RoostInstallerVersion,
   RoostUserId,
   RoostVersionId,
   classicDeploymentSearchAttributes,
   rolloutSearchAttributes,
 } from './search-attributes';
+import { type InstallerFinalizeOutcome, installerFinalizeWorkflow } from './installer-finalize';
 import { type UserDeleteOutcome, userDeleteWorkflow } from './user-delete';
 import { type VersionVerifyInput, versionVerifyWorkflow } from './verify';
 
@@ -58,7 +60,7 @@ export {
   ROOST_SEARCH_ATTRIBUTE_KEYS,
 };
 export type { ClassicAction, ClassicActionResult, ClassicControlArgs };
-export type { ControlArgs, ControlResult, RolloutRuntime, UserDeleteOutcome };
+export type { ControlArgs, ControlResult, InstallerFinalizeOutcome, RolloutRuntime, UserDeleteOutcome };
 
 /** Temporal Web UI page of a workflow run (history view); the latest run when `runId` is omitted. */
 export function workflowUiUrl(cfg: Pick<Config, 'temporalUiUrl' | 'TEMPORAL_NAMESPACE'>, workflowId: string, runId?: string): string {
@@ -351,4 +353,43 @@ export async function startUserDeleteWorkflow(
     typedSearchAttributes: [{ key: RoostUserId, value: uid }],
   });
   return { workflowId, runId: handle.firstExecutionRunId, url: workflowUiUrl(cfg, workflowId, handle.firstExecutionRunId) };
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Installer finalise (workflows/installer-finalize.ts)
+
+/** Workflow id of the finalise of catalog version `version`. */
+export function installerFinalizeWorkflowId(version: string): string {
+  return `installer-finalize:${version}`;
+}
+
+/**
+ * Starts `installerFinalizeWorkflow` for `version` (search attribute RoostInstallerVersion) with
+ * WorkflowIdConflictPolicy USE_EXISTING (a repeated finalise attaches to a running one; after one ended, a
+ * new run starts) and waits up to `waitMs` for its outcome.
+ * @returns the outcome, or null when it did not end within `waitMs` (it keeps running).
+ * @throws Temporal client errors when the service is unavailable, or the workflow's failure.
+ */
+export async function runInstallerFinalize(
+  client: Client,
+  cfg: Pick<Config, 'ROOST_TASK_QUEUE'>,
+  input: { version: string; setAsLatest: boolean; actor: string },
+  waitMs: number,
+): Promise<InstallerFinalizeOutcome | null> {
+  const handle = await client.workflow.start(installerFinalizeWorkflow, {
+    taskQueue: cfg.ROOST_TASK_QUEUE,
+    workflowId: installerFinalizeWorkflowId(input.version),
+    args: [input],
+    workflowIdConflictPolicy: 'USE_EXISTING',
+    typedSearchAttributes: [{ key: RoostInstallerVersion, value: input.version }],
+  });
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<null>((resolve) => {
+    timer = setTimeout(() => resolve(null), waitMs);
+  });
+  try {
+    return await Promise.race([handle.result(), timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
 }

@@ -10,3 +10,4 @@ export { classicDeploymentWorkflow } from './classic-deployment';
 export { userDeleteWorkflow } from './user-delete';
 export { conversationPurgeSweepWorkflow } from './conversation-purge';
 export { versionVerifyWorkflow } from './verify';
+export { installerFinalizeWorkflow } from './installer-finalize';

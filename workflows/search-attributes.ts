@@ -24,6 +24,9 @@ export const RoostDeploymentStatus = defineSearchAttributeKey('RoostDeploymentSt
 /** The user a user-delete cascade works on (workflows/user-delete.ts). */
 export const RoostUserId = defineSearchAttributeKey('RoostUserId', SearchAttributeType.KEYWORD);
 
+/** The catalog version an installer finalise works on (workflows/installer-finalize.ts). */
+export const RoostInstallerVersion = defineSearchAttributeKey('RoostInstallerVersion', SearchAttributeType.KEYWORD);
+
 /** Every search attribute above: what a namespace must have registered (test servers take the keys). */
 export const ROOST_SEARCH_ATTRIBUTE_KEYS = [
   RoostSiteId,
@@ -33,6 +36,7 @@ export const ROOST_SEARCH_ATTRIBUTE_KEYS = [
   RoostDeploymentId,
   RoostDeploymentStatus,
   RoostUserId,
+  RoostInstallerVersion,
 ] as const;
 
 /** Names of every search attribute above (each of type Keyword), for `temporal server start-dev --search-attribute <name>=Keyword`. */

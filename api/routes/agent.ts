@@ -9,6 +9,7 @@
  *   PUT  /api/agent/commands/{commandId}/screenshot      PNG of a capture_screenshot command
  *   GET  /api/agent/roosts/{roostId}/versions/{versionId} signed read URL of the version body, its signature and key id
  *   PUT  /api/agent/roosts/{roostId}/state               roost target-state report
+ *   GET  /api/agent/installer/{version|latest}           signed read URL of an agent installer and its SHA-256 (self-update)
  *
  * Every /api/agent/* route but enrol takes `Authorization: Bearer sat_…`, which binds the request to one
  * site and one machine (api/plugins/auth.ts). Long-polls wait in one per-process `CommandWaiters`
@@ -32,8 +33,9 @@ import {
   storeScreenshot,
   versionForAgent,
 } from '../../services/agent';
+import { agentUpdateFor, installerDownload } from '../../services/installers';
 import { CommandState, SyncCountersProps, commandView } from './machines';
-import { DateTime, MachineId, Problem, RoostId, SiteId } from '../../domain/schemas';
+import { DateTime, InstallerVersion, MachineId, Nullable, Problem, RoostId, SiteId } from '../../domain/schemas';
 import { SigningKeyJwk } from './signing-keys';
 
 const AnyMap = Type.Record(Type.String(), Type.Unknown());
@@ -212,13 +214,57 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['agent'],
         summary: 'Heartbeat: online = true, lastHeartbeat = now, plus the snapshot fields sent',
         body: HeartbeatBody,
-        response: { 200: Type.Object({ ok: Type.Literal(true), serverTime: DateTime, pendingCommands: Type.Integer() }), ...agentErrors },
+        response: {
+          200: Type.Object({
+            ok: Type.Literal(true),
+            serverTime: DateTime,
+            pendingCommands: Type.Integer(),
+            agentUpdate: Nullable(
+              Type.Object(
+                { version: Type.String(), sha256: Type.String() },
+                {
+                  description:
+                    "the catalog's latest agent version when it is newer than the agentVersion sent (self-update: GET /api/agent/installer/{version}); null otherwise",
+                },
+              ),
+            ),
+          }),
+          ...agentErrors,
+        },
       },
     },
     async (request) => {
       const agent = requireAgent(request);
       const r = await recordAgentHeartbeat(app.deps, { siteId: agent.siteId, machineId: agent.machineId, heartbeat: request.body });
-      return { ok: true as const, serverTime: r.serverTime.toISOString(), pendingCommands: r.pendingCommands };
+      const agentUpdate = await agentUpdateFor(app.deps, request.body.agentVersion);
+      return { ok: true as const, serverTime: r.serverTime.toISOString(), pendingCommands: r.pendingCommands, agentUpdate };
+    },
+  );
+
+  app.get(
+    '/api/agent/installer/:version',
+    {
+      config: { auth: 'agent' },
+      schema: {
+        tags: ['agent'],
+        summary: 'An active agent installer version (or latest): its SHA-256, size and a read-only signed URL (15 min)',
+        params: Type.Object({ version: Type.Union([InstallerVersion, Type.Literal('latest')]) }),
+        response: {
+          200: Type.Object({
+            version: Type.String(),
+            sha256: Type.String({ description: 'verify the downloaded bytes against this before running them' }),
+            sizeBytes: Nullable(Type.Number({ description: 'bytes' })),
+            downloadUrl: Type.String(),
+            expiresAt: Type.String({ description: 'RFC 3339 UTC' }),
+          }),
+          ...agentErrors,
+        },
+      },
+    },
+    async (request) => {
+      requireAgent(request);
+      const d = await installerDownload(app.deps, request.params.version);
+      return { ...d, expiresAt: d.expiresAt.toISOString() };
     },
   );
 

@@ -22,6 +22,7 @@ import users from './users';
 import conversations from './conversations';
 import sites from './sites';
 import processes from './processes';
+import installer from './installer';
 
 export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(meta);
@@ -46,4 +47,5 @@ export async function registerRoutes(app: FastifyInstance): Promise<void> {
   await app.register(conversations);
   await app.register(sites);
   await app.register(processes);
+  await app.register(installer);
 }

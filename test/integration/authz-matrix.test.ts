@@ -475,6 +475,26 @@ const MATRIX: Row[] = [
     req: (s) => ({ url: `/api/users/${member.uid}/remove-sites`, body: { siteIds: [s] } }),
   },
   { route: 'DELETE /api/users/:uid', what: { kind: 'platform' }, req: () => ({ url: `/api/users/${member.uid}` }) },
+  // ---- platform: the agent-installer catalog (api/routes/installer.ts)
+  { route: 'GET /api/installer', what: { kind: 'platform' }, req: () => ({ url: '/api/installer' }) },
+  { route: 'GET /api/installer/latest', what: { kind: 'platform' }, req: () => ({ url: '/api/installer/latest' }) },
+  {
+    route: 'POST /api/installer/upload',
+    what: { kind: 'platform' },
+    req: () => ({ url: '/api/installer/upload', body: { version: '999999999.0.0', sha256: HASH } }),
+  },
+  {
+    route: 'PUT /api/installer/upload',
+    what: { kind: 'platform' },
+    req: () => ({ url: '/api/installer/upload', body: { version: '999999999.0.0' } }),
+  },
+  {
+    route: 'POST /api/installer/:version/set-latest',
+    what: { kind: 'platform' },
+    req: () => ({ url: '/api/installer/999999999.0.0/set-latest' }),
+  },
+  { route: 'DELETE /api/installer/:version', what: { kind: 'platform' }, req: () => ({ url: '/api/installer/999999999.0.0' }) },
+  { route: 'GET /api/agent/installer/:version', what: { kind: 'agent' }, req: () => ({ url: '/api/agent/installer/latest' }) },
   // ---- conversations (api/routes/conversations.ts): chat read to list and read back, chat write for the rest; the
   // /api/chat alias runs the same handlers
   ...['/api/cortex/conversations', '/api/chat'].flatMap((base): Row[] => {

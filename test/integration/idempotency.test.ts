@@ -25,6 +25,8 @@ import { closeWorkerConnections } from '../../worker/worker';
 import { idempotencyScopeHash, purgeExpiredIdempotencyKeys } from '../../services/idempotency';
 import type { RouteEntry } from '../../api/openapi';
 import { createHarness, type Harness, idemKey } from '../support/harness';
+import { lockCatalog } from '../support/catalog-lock';
+import { randomInt } from 'node:crypto';
 import { addMember, insertKey, makeUser } from '../support/identity';
 import { classicDeploymentWorkflowId } from '../../domain/classic';
 import { type TestWorker, dbFleet, deployRoute, enrolMachineRows, startTestWorker, terminateAll } from './rollout-fixtures';
@@ -108,8 +110,11 @@ async function publish(roostId: string, name: string): Promise<string> {
 /** A keyed route: how to make a fresh request for it, a different body on the same path, and what it writes. */
 interface KeyedFixture {
   route: string;
-  /** A request that performs one new mutation. */
-  prepare: (seed: string) => Promise<Req>;
+  /**
+   * A request that performs one new mutation when sent with Idempotency-Key `key` (given when the test
+   * knows it before preparing; the installer finalise must carry the key of its upload reservation).
+   */
+  prepare: (seed: string, key?: string) => Promise<Req>;
   /** Same method and path, different body or query. */
   variant: (req: Req) => Req;
   /** Rows the mutation adds (checked to grow by exactly one per execution). */
@@ -365,6 +370,95 @@ const aliasFixtures = conversationFixtures.map((f): KeyedFixture => ({
     return { ...req, url: toAlias(req.url) };
   },
 }));
+
+// ---- the agent-installer catalog (api/routes/installer.ts). It is platform-wide: each test that prepares
+// one of these holds the catalog lock until it ends (test/support/catalog-lock.ts), so files asserting on
+// latest never see these changes; versions here use a major number of their own.
+let releaseCatalog: (() => Promise<void>) | undefined;
+const installerMajor = randomInt(100_000, 900_000);
+let installerSeq = 0;
+const installerBytes = (version: string) => Buffer.from(`idempotency installer ${version}`);
+const installerCount = (state: string) => () =>
+  count(`SELECT count(*) AS n FROM installer_versions WHERE major = $1 AND state = $2`, [installerMajor, state]);
+
+/** Takes the catalog lock for the running test (released by the top-level afterEach). */
+async function catalogLocked(): Promise<void> {
+  releaseCatalog ??= await lockCatalog(h);
+}
+
+/** Step 1 of a new version's upload with Idempotency-Key `key`, and step 2 (the bytes) unless `bytes` is false. */
+async function reservedInstaller(key: string, bytes = true): Promise<string> {
+  await catalogLocked();
+  const version = `${installerMajor}.${++installerSeq}.0`;
+  const res = await h.request({
+    method: 'POST',
+    url: '/api/installer/upload',
+    body: { version, sha256: sha256Hex(installerBytes(version)) },
+    idempotencyKey: key,
+  });
+  expect(res.statusCode).toBe(201);
+  if (bytes) {
+    const put = await fetch(res.json().uploadUrl, {
+      method: 'PUT',
+      body: installerBytes(version),
+      headers: { 'x-ms-blob-type': 'BlockBlob' },
+    });
+    expect(put.status).toBe(201);
+  }
+  return version;
+}
+
+/** A finalised version that is not latest. */
+async function activeInstaller(): Promise<string> {
+  const key = idemKey();
+  const version = await reservedInstaller(key);
+  const fin = await h.request({ method: 'PUT', url: '/api/installer/upload', body: { version, setAsLatest: false }, idempotencyKey: key });
+  expect(fin.statusCode).toBe(200);
+  return version;
+}
+
+function installerFixtures(): KeyedFixture[] {
+  return [
+    {
+      route: 'POST /api/installer/upload',
+      prepare: async () => {
+        await catalogLocked();
+        const version = `${installerMajor}.${++installerSeq}.0`;
+        return { method: 'POST', url: '/api/installer/upload', body: { version, sha256: sha256Hex(installerBytes(version)) } };
+      },
+      variant: (req) => ({ ...req, body: { ...(req.body as object), releaseNotes: 'other' } }),
+      count: installerCount('uploading'),
+    },
+    {
+      route: 'PUT /api/installer/upload',
+      prepare: async (_seed, key) => {
+        const version = await reservedInstaller(key ?? idemKey());
+        return { method: 'PUT', url: '/api/installer/upload', body: { version, setAsLatest: false } };
+      },
+      variant: (req) => ({ ...req, body: { ...(req.body as object), setAsLatest: true } }),
+      count: installerCount('active'),
+    },
+    {
+      route: 'POST /api/installer/:version/set-latest',
+      prepare: async () => ({ method: 'POST', url: `/api/installer/${await activeInstaller()}/set-latest` }),
+      variant: (req) => ({ ...req, url: `${req.url}?variant=1` }),
+      verify: async (executed) => expect(executed.changed).toBe(true),
+    },
+    {
+      route: 'DELETE /api/installer/:version',
+      prepare: async () => {
+        // Two more active versions, so the delete never meets the minimum of two.
+        const version = await activeInstaller();
+        await activeInstaller();
+        await activeInstaller();
+        return { method: 'DELETE', url: `/api/installer/${version}` };
+      },
+      variant: (req) => ({ ...req, url: `${req.url}?variant=1` }),
+      count: installerCount('deleted'),
+      verify: async (executed) => expect([executed.deleted, executed.alreadyDeleted]).toEqual([true, false]),
+    },
+  ];
+}
 
 const KEYED: KeyedFixture[] = [
   {
@@ -717,6 +811,7 @@ const KEYED: KeyedFixture[] = [
     variant: (req) => ({ ...req, body: { mode: 'off' } }),
     verify: async (executed) => expect(executed.launch_mode).toBe('scheduled'),
   },
+  ...installerFixtures(),
   ...conversationFixtures,
   ...aliasFixtures,
 ];
@@ -747,6 +842,11 @@ beforeAll(async () => {
     body: { siteId: h.siteId, enrolmentSecret: secret, machineId, hostname: 'idem.local', agentVersion: '1.0.0' },
   });
   expect(enrol.statusCode).toBe(201);
+});
+afterEach(async () => {
+  const release = releaseCatalog;
+  releaseCatalog = undefined;
+  await release?.();
 });
 afterAll(async () => {
   await fleet?.stop();
@@ -833,19 +933,20 @@ describe.each(KEYED.map((f) => [f.route, f] as const))('%s', (route, f) => {
   });
 
   it('accepts a 255-character key and rejects a 256-character one with idempotency_key_invalid', async () => {
-    const req = await f.prepare(`long-${idemKey()}`);
+    const okKey = idemKey().padEnd(255, 'x');
+    const req = await f.prepare(`long-${idemKey()}`, okKey);
     const n = await before();
     const tooLong = await send(req, idemKey().padEnd(256, 'x'));
     expect([tooLong.status, tooLong.json.code, tooLong.json.param]).toEqual([400, 'idempotency_key_invalid', 'Idempotency-Key']);
     if (f.count) expect(await f.count()).toBe(n);
-    const ok = await send(req, idemKey().padEnd(255, 'x'));
+    const ok = await send(req, okKey);
     expect(ok.status).toBeLessThan(300);
     if (f.count) expect(await f.count()).toBe(n + 1);
   });
 
   it('replays the first success with Idempotent-Replayed: true, the same status and the same body', async () => {
-    const req = await f.prepare(`replay-${idemKey()}`);
     const key = idemKey();
+    const req = await f.prepare(`replay-${idemKey()}`, key);
     const n = await before();
     const first = await send(req, key);
     expect(first.status).toBeLessThan(300);
@@ -867,8 +968,8 @@ describe.each(KEYED.map((f) => [f.route, f] as const))('%s', (route, f) => {
   });
 
   it('answers 422 idempotency_key_mismatch to a different body or query with the same key', async () => {
-    const req = await f.prepare(`mismatch-${idemKey()}`);
     const key = idemKey();
+    const req = await f.prepare(`mismatch-${idemKey()}`, key);
     const first = await send(req, key);
     expect(first.status).toBeLessThan(300);
     const n = await before();
@@ -881,8 +982,8 @@ describe.each(KEYED.map((f) => [f.route, f] as const))('%s', (route, f) => {
   });
 
   it('does not cache errors: a failed attempt, then a corrected one with the same key runs', async () => {
-    const req = await f.prepare(`error-${idemKey()}`);
     const key = idemKey();
+    const req = await f.prepare(`error-${idemKey()}`, key);
     const n = await before();
     await setActorScopes([]);
     let failed: Res;
@@ -898,8 +999,8 @@ describe.each(KEYED.map((f) => [f.route, f] as const))('%s', (route, f) => {
   });
 
   it('runs the mutation once for concurrent requests with the same key', async () => {
-    const req = await f.prepare(`race-${idemKey()}`);
     const key = idemKey();
+    const req = await f.prepare(`race-${idemKey()}`, key);
     const n = await before();
     const results = await Promise.all([send(req, key), send(req, key), send(req, key), send(req, key)]);
     const executed = results.filter((r) => r.status < 300 && !r.replayed);
