@@ -27,6 +27,7 @@ import { registerAgent } from './commands/agent';
 import { registerSites } from './commands/sites';
 import { registerUsers } from './commands/users';
 import { registerConversations } from './commands/conversations';
+import { registerInstaller } from './commands/installer';
 
 /** Registers one command (or command group) on the program. */
 export type Registrar = (program: Command) => void;
@@ -51,6 +52,7 @@ export const COMMANDS: Registrar[] = [
   registerUsers,
   registerConversations,
   registerAccount,
+  registerInstaller,
   registerLogin,
   registerAgent,
 ];
