@@ -19,7 +19,7 @@ import type { FastifyInstance } from 'fastify';
 import { newId, sha256Hex } from '../../domain/hex';
 import { PERMISSIONS, RESOURCES, type Requirement, type Scope } from '../../domain/scopes';
 import { createHarness, type Harness, idemKey } from '../support/harness';
-import { addMember, idTokenFor, insertKey, makeUser } from '../support/identity';
+import { addMember, idTokenFor, insertKey, makeUser, sessionFor } from '../support/identity';
 import { bootstrap, fullAccessScopes } from '../../db/bootstrap';
 
 let h: Harness;
@@ -863,5 +863,93 @@ describe('svk_test_ keys act on sandbox sites only; svk_live_ keys on live sites
         environment: 'test',
       }),
     ).rejects.toThrow(/live site/);
+  });
+});
+
+/**
+ * Bad input over every route of the same table (docs/decisions/hostile-input.md): with a credential that may act,
+ * a malformed id in each path parameter (U+0000; wrong characters and over-long), U+0000 in a query parameter,
+ * a body of the wrong type, a key with U+0000 and lists far past any documented maximum are each a
+ * problem+json 400 (validation_failed, or the route's own version_ref_malformed; 413 payload_too_large when the
+ * list is past the route's body limit) and change nothing. A route added to MATRIX is covered the day it lands.
+ */
+describe('bad input on every route: problem+json with the documented status and code, nothing changed', () => {
+  // Key lifecycle routes take a session (API keys are 403 there whatever the input): a superadmin's.
+  let session: string;
+  beforeAll(async () => {
+    const admin = await makeUser(h.deps.db, { role: 'superadmin' });
+    await addMember(h.deps.db, h.siteId, admin.uid);
+    session = (await sessionFor(h, admin)).token;
+  });
+  const credential = (row: Row): string | null =>
+    row.what.kind === 'agent' ? agentToken : row.what.kind === 'public' ? null : row.what.kind === 'interactive' ? session : h.apiKey;
+  const params = (row: Row) => [...row.route.split(' ')[1].matchAll(/:([A-Za-z0-9_]+)/g)].map((m) => m[1]);
+
+  /** The row's concrete URL with the `name` path parameter replaced by `value` (already URL-encoded). */
+  function withParam(row: Row, name: string, value: string): string {
+    const [path, query] = row.req(h.siteId).url.split('?');
+    const template = row.route.split(' ')[1].split('/');
+    const parts = path.split('/');
+    parts[template.indexOf(`:${name}`)] = value;
+    return parts.join('/') + (query === undefined ? '' : `?${query}`);
+  }
+
+  async function attempt(row: Row, url: string, body: unknown, raw?: string) {
+    const method = row.route.split(' ')[0];
+    const headers: Record<string, string> = method === 'GET' ? {} : { 'idempotency-key': idemKey() };
+    const key = credential(row);
+    if (key) headers.authorization = `Bearer ${key}`;
+    if (raw !== undefined) headers['content-type'] = 'application/json';
+    const res = await h.app.inject({ method: method as 'GET', url, headers, payload: raw ?? (body as object) });
+    const json = (() => {
+      try {
+        return res.json();
+      } catch {
+        return undefined;
+      }
+    })();
+    return {
+      status: res.statusCode,
+      code: json?.code,
+      problem: String(res.headers['content-type']).startsWith('application/problem+json'),
+    };
+  }
+
+  it.each(MATRIX.filter((r) => !r.route.includes(' /docs')).map((r) => [r.route, r] as const))('%s', async (_name, row) => {
+    const before = await fingerprint();
+    const { url, body } = row.req(h.siteId);
+    const got: Record<string, unknown> = {};
+    const want: Record<string, unknown> = {};
+    const sent = body;
+
+    got.queryNul = await attempt(row, `${url}${url.includes('?') ? '&' : '?'}probe=a%00b`, sent);
+    want.queryNul = { status: 400, code: 'validation_failed', problem: true };
+    for (const name of params(row)) {
+      got[`${name}Nul`] = await attempt(row, withParam(row, name, 'bad%00id'), sent);
+      want[`${name}Nul`] = { status: 400, code: 'validation_failed', problem: true };
+      const long = await attempt(row, withParam(row, name, `${'x'.repeat(80)}%20%2A`), sent);
+      got[`${name}Malformed`] = { ...long, code: long.code === 'version_ref_malformed' ? 'validation_failed' : long.code };
+      want[`${name}Malformed`] = { status: 400, code: 'validation_failed', problem: true };
+    }
+    if (h.app.routeTable.some((r) => `${r.method} ${r.url}` === row.route && r.hasBody)) {
+      got.bodyArray = await attempt(row, url, undefined, '[1]');
+      want.bodyArray = { status: 400, code: 'validation_failed', problem: true };
+      got.bodyNulKey = await attempt(row, url, undefined, JSON.stringify({ ...(body as object), 'a\u0000': 1 }));
+      want.bodyNulKey = { status: 400, code: 'validation_failed', problem: true };
+      // Every list of the body far past any documented maximum (10,000 ids is the largest).
+      const lists = Object.entries((body ?? {}) as Record<string, unknown>).filter(([, v]) => Array.isArray(v) && v.length > 0);
+      for (const [k, v] of lists) {
+        const res = await attempt(row, url, { ...(body as object), [k]: Array.from({ length: 20_001 }, () => (v as unknown[])[0]) });
+        got[`${k}Oversized`] = {
+          ...res,
+          status: res.status === 413 ? 400 : res.status,
+          code: res.code === 'payload_too_large' ? 'validation_failed' : res.code,
+        };
+        want[`${k}Oversized`] = { status: 400, code: 'validation_failed', problem: true };
+      }
+    }
+    got.db = await fingerprint();
+    want.db = before;
+    expect(got).toEqual(want);
   });
 });
