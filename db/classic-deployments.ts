@@ -11,6 +11,7 @@
 import { createHash } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx, type Queryable } from './pool';
+import { newestFirstPage, updateSets } from './sql';
 import {
   CLASSIC_INSTALL,
   CLASSIC_UNINSTALL,
@@ -150,22 +151,14 @@ export async function listDeployments(
   siteId: string,
   opts: { limit: number; after?: [string, string]; status?: DeploymentStatus },
 ): Promise<{ rows: DeploymentRow[]; more: boolean }> {
-  const args: unknown[] = [siteId];
-  let where = 'site_id = $1';
-  if (opts.after) {
-    args.push(opts.after[0], opts.after[1]);
-    where += ` AND (created_at, deployment_id) < ($2::timestamptz, $3)`;
-  }
-  if (opts.status) {
-    args.push(opts.status);
-    where += ` AND status = $${args.length}`;
-  }
-  args.push(opts.limit + 1);
-  const { rows } = await q.query<DeploymentRow>(
-    `SELECT ${DEPLOYMENT_COLUMNS} FROM classic_deployments WHERE ${where} ORDER BY created_at DESC, deployment_id DESC LIMIT $${args.length}`,
-    args,
-  );
-  return { rows: rows.slice(0, opts.limit), more: rows.length > opts.limit };
+  return newestFirstPage<DeploymentRow>(q, {
+    select: `SELECT ${DEPLOYMENT_COLUMNS} FROM classic_deployments`,
+    idColumn: 'deployment_id',
+    where: opts.status ? 'site_id = $1 AND status = $2' : 'site_id = $1',
+    args: opts.status ? [siteId, opts.status] : [siteId],
+    limit: opts.limit,
+    after: opts.after,
+  });
 }
 
 /** Every target of a deployment, in the create body's order. */
@@ -587,18 +580,14 @@ export async function listTemplates(
   siteId: string,
   opts: { limit: number; after?: [string, string] },
 ): Promise<{ rows: TemplateRow[]; more: boolean }> {
-  const args: unknown[] = [siteId];
-  let where = 'site_id = $1';
-  if (opts.after) {
-    args.push(opts.after[0], opts.after[1]);
-    where += ` AND (created_at, template_id) < ($2::timestamptz, $3)`;
-  }
-  args.push(opts.limit + 1);
-  const { rows } = await q.query<TemplateRow>(
-    `SELECT ${TEMPLATE_COLUMNS} FROM installer_templates WHERE ${where} ORDER BY created_at DESC, template_id DESC LIMIT $${args.length}`,
-    args,
-  );
-  return { rows: rows.slice(0, opts.limit), more: rows.length > opts.limit };
+  return newestFirstPage<TemplateRow>(q, {
+    select: `SELECT ${TEMPLATE_COLUMNS} FROM installer_templates`,
+    idColumn: 'template_id',
+    where: 'site_id = $1',
+    args: [siteId],
+    limit: opts.limit,
+    after: opts.after,
+  });
 }
 
 /** Updates the given fields; null when the template is gone, 'duplicate' when the new name is taken. */
@@ -608,13 +597,8 @@ export async function updateTemplate(
   templateId: string,
   f: Partial<TemplateFields>,
 ): Promise<TemplateRow | null | 'duplicate'> {
-  const sets: string[] = [];
   const args: unknown[] = [siteId, templateId];
-  for (const [k, v] of Object.entries(f)) {
-    if (v === undefined) continue;
-    args.push(k === 'close_processes' ? JSON.stringify(v) : v);
-    sets.push(`${k} = $${args.length}`);
-  }
+  const sets = updateSets(f, args, ['close_processes']);
   try {
     const { rows } = await q.query<TemplateRow>(
       `UPDATE installer_templates SET ${[...sets, 'updated_at = now()'].join(', ')} WHERE site_id = $1 AND template_id = $2

@@ -176,6 +176,11 @@ export function requireScopes(user: UserPrincipal, anyOf: Requirement[]): void {
   }
 }
 
+/** Site-level requirement: `permission` on the site (for `authorizeSite`). */
+export function siteRequirement(siteId: string, permission: Requirement['permission']): Requirement[] {
+  return [{ resource: 'site', id: siteId, permission }];
+}
+
 /**
  * Roost-level requirement: a roost scope for this roost (or `*`), or the same permission on the site.
  * (docs/decisions/scopes.md: site scopes cover the resources of the site.)

@@ -46,7 +46,7 @@ import {
   deploymentDetail,
   listSiteDeployments,
 } from '../../services/classic-deployments';
-import { authorizeSite } from '../plugins/auth';
+import { authorizeSite, siteRequirement } from '../plugins/auth';
 import { parsePaging } from '../pagination';
 import { enforceCapability } from '../ratelimit/limits';
 
@@ -194,9 +194,9 @@ const countsOf = (targets: TargetRow[]): TargetCounts => {
   return c;
 };
 
-const read = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'read' as const }];
-const write = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'write' as const }];
-const admin = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'admin' as const }];
+const read = (siteId: string) => siteRequirement(siteId, 'read');
+const write = (siteId: string) => siteRequirement(siteId, 'write');
+const admin = (siteId: string) => siteRequirement(siteId, 'admin');
 
 const classicDeploymentRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const tags = ['classic-deployments'];

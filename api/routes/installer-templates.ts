@@ -21,7 +21,7 @@ import {
   templateDetail,
   updateTemplate,
 } from '../../services/classic-deployments';
-import { authorizeSite } from '../plugins/auth';
+import { authorizeSite, siteRequirement } from '../plugins/auth';
 import { parsePaging } from '../pagination';
 import { enforceCapability } from '../ratelimit/limits';
 
@@ -86,8 +86,8 @@ function record(t: TemplateRow): Static<typeof TemplateRecord> {
   };
 }
 
-const read = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'read' as const }];
-const write = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'write' as const }];
+const read = (siteId: string) => siteRequirement(siteId, 'read');
+const write = (siteId: string) => siteRequirement(siteId, 'write');
 
 const installerTemplateRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const tags = ['classic-deployments'];

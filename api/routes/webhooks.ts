@@ -43,7 +43,7 @@ import {
   WEBHOOK_ID_RE,
   type WebhookRow,
 } from '../../services/webhooks';
-import { authorizeSite } from '../plugins/auth';
+import { authorizeSite, siteRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { parsePaging } from '../pagination';
 import { rejectForeignFields } from './roosts';
@@ -242,8 +242,8 @@ function deliveryView(d: DeliveryRow, attempts: AttemptRow[]): DeliveryView {
 // ---------------------------------------------------------------------------------------------------
 // Routes
 
-const read = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'read' as const }];
-const admin = (siteId: string) => [{ resource: 'site' as const, id: siteId, permission: 'admin' as const }];
+const read = (siteId: string) => siteRequirement(siteId, 'read');
+const admin = (siteId: string) => siteRequirement(siteId, 'admin');
 /** The capability rate limit of webhook mutations, counted once the request is valid (services' `beforeChange`). */
 const manage = (request: FastifyRequest, siteId: string) => () => enforceCapability(request, 'WEBHOOK_MANAGE', siteId);
 
