@@ -159,6 +159,7 @@ export class Agent extends EventEmitter {
       os: this.os,
       warn: (m) => this.warn(m),
       syncMs: opts.processSyncMs ?? (opts.heartbeatMs || 30_000),
+      onConfigRead: () => this.stats.processConfigReads++,
       tickMs: opts.processTickMs ?? 1000,
       stopGraceMs: opts.stopGraceMs ?? 10_000,
     });
@@ -308,8 +309,9 @@ export class Agent extends EventEmitter {
   }
 
   /** POST /api/agent/heartbeat with a small simulated snapshot. */
-  async heartbeat(signal?: AbortSignal): Promise<{ pendingCommands: number }> {
+  async heartbeat(signal?: AbortSignal): Promise<{ pendingCommands: number; processConfigStamp?: string }> {
     const res = await this.transport.heartbeat(signal, { processes: await this.processes.snapshot(), ...this.power });
+    this.processes.noteConfigStamp(res.processConfigStamp);
     this.emit('heartbeat', res);
     return res;
   }
@@ -448,6 +450,7 @@ export class Agent extends EventEmitter {
             ca: this.opts.installerCa,
             progressIntervalMs: this.opts.progressIntervalMs ?? 1000,
             closeGraceMs: this.opts.closeGraceMs ?? 5000,
+            suppress: (entries) => this.processes.suppress(entries),
             signal: this.abort.signal,
             warn: (m) => this.warn(m),
           },

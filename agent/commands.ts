@@ -31,6 +31,8 @@ export type AgentStats = {
   chunksRefetched: number;
   bytesFetched: number;
   filesSkipped: number;
+  /** Reads of GET /api/agent/processes (managed-process configs). */
+  processConfigReads: number;
 };
 
 /** All-zero AgentStats. */
@@ -45,6 +47,7 @@ export function emptyStats(): AgentStats {
     chunksRefetched: 0,
     bytesFetched: 0,
     filesSkipped: 0,
+    processConfigReads: 0,
   };
 }
 

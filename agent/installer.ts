@@ -10,6 +10,9 @@
  * (the installer with its silent flags and a time limit; an uninstall runs it in uninstall mode) →
  * verify_path (must exist after an install, must be gone after an uninstall) → `completed` | `failed`.
  *
+ * `suppress_projects`: while the command runs, managed processes (agent/processes.ts) whose name or path an
+ * entry names are stopped and not relaunched; they run again per their launch mode once it ended.
+ *
  * A first report answered `applied: false` means the server cancelled the command before it started
  * (deployment cancel): the agent stops without doing anything.
  */
@@ -38,6 +41,11 @@ export interface InstallContext {
   progressIntervalMs: number;
   /** Time named processes get to end before they are killed (ms). */
   closeGraceMs: number;
+  /**
+   * Holds the managed processes matching `suppress_projects` stopped (agent/processes.ts `suppress`):
+   * resolves once they ended, with the function that lets them run again. Absent: nothing is suppressed.
+   */
+  suppress?: (entries: string[]) => Promise<() => void>;
   signal: AbortSignal;
   warn: (message: string) => void;
 }
@@ -59,9 +67,12 @@ export async function runClassicCommand(ctx: InstallContext, cmd: AgentCommand):
     ...(error ? { error } : {}),
   });
 
+  let release = () => {};
   try {
     const first = await report('closing_processes', { progress: 0 });
     if (!first.applied) return outcome('cancelled', 'cancelled before it started');
+    // Suppressed projects first: managed processes the supervisor would otherwise relaunch mid-install.
+    if (ctx.suppress && p.suppress_projects?.length) release = await ctx.suppress(p.suppress_projects);
     await closeProcesses(ctx, p.close_processes ?? []);
 
     await report('downloading', { progress: 0 });
@@ -100,6 +111,8 @@ export async function runClassicCommand(ctx: InstallContext, cmd: AgentCommand):
       ctx.warn(`could not report ${cmd.commandId}: ${errMessage(e)}`);
     }
     return outcome('failed', message);
+  } finally {
+    release();
   }
 }
 

@@ -72,13 +72,39 @@ export interface SupervisorContext {
   transport: AgentTransport;
   os: AgentOs;
   warn: (message: string) => void;
-  /** Config read interval (ms). */
+  /**
+   * Config read interval (ms) while the server sends no `processConfigStamp` (heartbeats off, or an older
+   * server); with stamps the configs are read when the stamp changes, and every STAMPED_RESYNC_MS regardless.
+   */
   syncMs: number;
+  /** Counts each config read (the agent's `processConfigReads` stat). */
+  onConfigRead?: () => void;
   /** State machine tick (ms). */
   tickMs: number;
   /** Time a graceful stop gets before the kill (ms). */
   stopGraceMs: number;
 }
+
+/**
+ * True when a `suppress_projects` entry (classic deployments) names this managed process: an entry without
+ * a path separator is compared with the process name; one with `/` or `\\` is a path, matching the
+ * process's exe_path or cwd when equal to it or when they lie inside it. Case-insensitive, separators and a
+ * trailing separator ignored (Windows paths are case-insensitive; on Linux a case-only difference is
+ * treated as the same project).
+ */
+export function suppressedBy(entries: readonly string[], cfg: Pick<ProcessConfig, 'name' | 'exe_path' | 'cwd'>): boolean {
+  const norm = (x: string) => x.trim().replace(/\\/g, '/').replace(/\/+$/, '').toLowerCase();
+  const inside = (p: string | null, dir: string) => p !== null && (norm(p) === dir || norm(p).startsWith(`${dir}/`));
+  return entries.some((raw) => {
+    const e = norm(raw);
+    if (e === '') return false;
+    if (!/[\\/]/.test(raw)) return norm(cfg.name) === e;
+    return inside(cfg.exe_path, e) || inside(cfg.cwd, e);
+  });
+}
+
+/** With heartbeat stamps, the configs are still re-read this often (ms): a safety net, not the mechanism. */
+export const STAMPED_RESYNC_MS = 15 * 60_000;
 
 /** Runs the machine's managed processes. */
 export class ProcessSupervisor {
@@ -86,8 +112,13 @@ export class ProcessSupervisor {
   private timezone = 'UTC';
   private timer: NodeJS.Timeout | undefined;
   private lastSync = 0;
+  /** The latest `processConfigStamp` a heartbeat answered, and the one the last successful read started under. */
+  private stamp: string | undefined;
+  private syncedStamp: string | undefined;
   private syncing: Promise<void> | undefined;
   private running = false;
+  /** `suppress_projects` lists of the classic installs running now. */
+  private readonly suppressions = new Set<readonly string[]>();
 
   constructor(private readonly ctx: SupervisorContext) {}
 
@@ -171,6 +202,8 @@ export class ProcessSupervisor {
           if (cmd.type === 'restart_process') await this.end(m, false);
           m.override = 'run';
           m.restarts = 0;
+          // A classic install holds it stopped (suppress_projects): it starts once the install ended.
+          if (this.suppressed(m)) return done('failed', 'suppressed while a classic install runs; it starts when the install ends');
           const err = this.launch(m);
           return err ? done('failed', err) : done('completed');
         }
@@ -182,13 +215,51 @@ export class ProcessSupervisor {
     }
   }
 
+  /**
+   * Suppresses the managed processes `entries` name (suppressedBy) for a classic install: reads the configs,
+   * stops the matching ones (graceful, then killed after the grace time) and keeps them from being launched
+   * or relaunched, start commands included, until the returned release function is called; then they
+   * run again per their launch mode (after their time_delay). Resolves once they have ended.
+   */
+  async suppress(entries: readonly string[]): Promise<() => void> {
+    const list = [...entries];
+    this.suppressions.add(list);
+    const release = () => void this.suppressions.delete(list);
+    try {
+      await this.sync();
+      const matching = [...this.procs.values()].filter((m) => suppressedBy(list, m.cfg));
+      await Promise.all(matching.map(async (m) => (m.child && !m.ending ? this.end(m, false) : m.exited)));
+      return release;
+    } catch (err) {
+      release();
+      throw err;
+    }
+  }
+
+  private suppressed(m: Managed): boolean {
+    for (const list of this.suppressions) if (suppressedBy(list, m.cfg)) return true;
+    return false;
+  }
+
+  /**
+   * Notes the `processConfigStamp` of a heartbeat answer (POST /api/agent/heartbeat): the configs are read
+   * again on the next tick only when it differs from the stamp of the last read.
+   */
+  noteConfigStamp(stamp: string | undefined): void {
+    if (typeof stamp === 'string') this.stamp = stamp;
+  }
+
   /** Reads the configs now (deleted processes are stopped and forgotten; changed ones clear their override). */
   sync(): Promise<void> {
     this.syncing ??= (async () => {
       try {
+        const stampAtStart = this.stamp;
+        this.ctx.onConfigRead?.();
         const res = await this.ctx.transport.callRetrying<{ timezone: string; processes: ProcessConfig[] }>('GET', '/api/agent/processes');
         this.timezone = res.timezone;
         this.lastSync = Date.now();
+        // A change after stampAtStart shows as a newer stamp on a later heartbeat: read again then.
+        this.syncedStamp = stampAtStart;
         const seen = new Set<string>();
         for (const cfg of res.processes) {
           seen.add(cfg.processId);
@@ -227,7 +298,11 @@ export class ProcessSupervisor {
   }
 
   private async tick(): Promise<void> {
-    if (Date.now() - this.lastSync >= this.ctx.syncMs) await this.sync();
+    const due =
+      this.stamp === undefined
+        ? Date.now() - this.lastSync >= this.ctx.syncMs
+        : this.stamp !== this.syncedStamp || Date.now() - this.lastSync >= STAMPED_RESYNC_MS;
+    if (due) await this.sync();
     const now = Date.now();
     for (const m of this.procs.values()) {
       const open = m.cfg.launch_mode === 'scheduled' ? scheduleOpen(m.cfg.schedules, this.timezone, now) : null;
@@ -237,9 +312,9 @@ export class ProcessSupervisor {
         m.restarts = 0;
       }
       m.lastOpen = open;
-      const want = m.override
-        ? m.override === 'run'
-        : m.cfg.launch_mode === 'always' || (m.cfg.launch_mode === 'scheduled' && open === true);
+      const want =
+        !this.suppressed(m) &&
+        (m.override ? m.override === 'run' : m.cfg.launch_mode === 'always' || (m.cfg.launch_mode === 'scheduled' && open === true));
       if (!want) {
         if (m.child && !m.ending) await this.end(m, false);
         if (m.status === 'waiting') this.set(m, 'stopped');

@@ -219,7 +219,7 @@ export class AgentTransport {
    * POST /api/agent/heartbeat with a small snapshot (no retry); `extra` fields (the managed processes, the
    * rebooting / shuttingDown flags) are sent beside it.
    */
-  heartbeat(signal?: AbortSignal, extra: Record<string, unknown> = {}): Promise<{ pendingCommands: number }> {
+  heartbeat(signal?: AbortSignal, extra: Record<string, unknown> = {}): Promise<{ pendingCommands: number; processConfigStamp?: string }> {
     return this.call('POST', '/api/agent/heartbeat', {
       signal,
       body: {

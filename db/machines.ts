@@ -142,7 +142,7 @@ export async function recordHeartbeat(
   machineId: string,
   hb: HeartbeatInput,
   staleSeconds: number,
-): Promise<{ serverTime: Date; pendingCommands: number } | null> {
+): Promise<{ serverTime: Date; pendingCommands: number; processConfigStamp: string } | null> {
   const beat = await withTx(db, async (tx) => {
     const prev = await tx.query<{ live: boolean }>(
       `SELECT ${onlineExpr('m', '$3')} AS live FROM machines m WHERE m.site_id = $1 AND m.machine_id = $2`,
@@ -187,11 +187,16 @@ export async function recordHeartbeat(
     return rows[0].last_heartbeat;
   });
   if (beat === null) return null;
-  const { rows } = await db.query<{ n: number }>(
-    `SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}`,
+  // One round trip: the deliverable commands and what the agent's managed-process config depends on
+  // (every config row, deleted ones included, and the site's time zone; see processConfigStamp).
+  const { rows } = await db.query<{ n: number; stamp: string }>(
+    `SELECT (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}) AS n,
+            (SELECT count(*)::TEXT || '/' || COALESCE(max(updated_at)::TEXT, '-') FROM managed_processes
+              WHERE site_id = $1 AND machine_id = $2)
+            || '/' || COALESCE((SELECT timezone FROM sites WHERE site_id = $1), '') AS stamp`,
     [siteId, machineId],
   );
-  return { serverTime: beat, pendingCommands: rows[0].n };
+  return { serverTime: beat, pendingCommands: rows[0].n, processConfigStamp: rows[0].stamp };
 }
 
 // ---------------------------------------------------------------------------------------------------

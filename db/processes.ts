@@ -5,35 +5,10 @@
  * name give one row and one `duplicate` (SQLSTATE 23505), on PostgreSQL and CockroachDB alike.
  */
 import type { Queryable } from './pool';
+import { updateSets } from './sql';
 import type { ScheduleBlock } from '../domain/processes';
 
-/** A stored process config. */
-export interface ProcessRow {
-  site_id: string;
-  machine_id: string;
-  process_id: string;
-  name: string;
-  exe_path: string;
-  file_path: string | null;
-  cwd: string | null;
-  priority: string;
-  visibility: string;
-  launch_mode: string;
-  time_delay: number;
-  time_to_init: number;
-  relaunch_attempts: number;
-  schedules: ScheduleBlock[];
-  schedule_preset_id: string | null;
-  created_by: string | null;
-  created_at: Date;
-  updated_at: Date;
-  deleted_at: Date | null;
-}
-
-const COLUMNS = `site_id, machine_id, process_id, name, exe_path, file_path, cwd, priority, visibility, launch_mode, time_delay, time_to_init,
-  relaunch_attempts, schedules, schedule_preset_id, created_by, created_at, updated_at, deleted_at`;
-
-/** The writable fields of a process config (wire names). */
+/** The writable fields of a process config (wire names = column names). */
 export interface ProcessFields {
   name: string;
   exe_path: string;
@@ -48,6 +23,41 @@ export interface ProcessFields {
   schedules: ScheduleBlock[];
   schedule_preset_id: string | null;
 }
+
+/** The columns of ProcessFields, the only ones a PATCH may set. */
+const FIELD_COLUMNS: readonly (keyof ProcessFields)[] = [
+  'name',
+  'exe_path',
+  'file_path',
+  'cwd',
+  'priority',
+  'visibility',
+  'launch_mode',
+  'time_delay',
+  'time_to_init',
+  'relaunch_attempts',
+  'schedules',
+  'schedule_preset_id',
+];
+
+/** Only the ProcessFields keys of `f` (anything else a caller's object carries never reaches SQL). */
+function pickFields(f: Partial<ProcessFields>): Partial<ProcessFields> {
+  return Object.fromEntries(FIELD_COLUMNS.filter((k) => f[k] !== undefined).map((k) => [k, f[k]]));
+}
+
+/** A stored process config. */
+export interface ProcessRow extends ProcessFields {
+  site_id: string;
+  machine_id: string;
+  process_id: string;
+  created_by: string | null;
+  created_at: Date;
+  updated_at: Date;
+  deleted_at: Date | null;
+}
+
+const COLUMNS = `site_id, machine_id, process_id, name, exe_path, file_path, cwd, priority, visibility, launch_mode, time_delay, time_to_init,
+  relaunch_attempts, schedules, schedule_preset_id, created_by, created_at, updated_at, deleted_at`;
 
 const isUniqueViolation = (err: unknown) => (err as { code?: string }).code === '23505';
 
@@ -115,27 +125,8 @@ export async function updateProcess(
   processId: string,
   f: Partial<ProcessFields>,
 ): Promise<ProcessRow | null | 'duplicate'> {
-  const sets: string[] = [];
   const args: unknown[] = [siteId, machineId, processId];
-  const allowed: (keyof ProcessFields)[] = [
-    'name',
-    'exe_path',
-    'file_path',
-    'cwd',
-    'priority',
-    'visibility',
-    'launch_mode',
-    'time_delay',
-    'time_to_init',
-    'relaunch_attempts',
-    'schedules',
-    'schedule_preset_id',
-  ];
-  for (const k of allowed) {
-    if (f[k] === undefined) continue;
-    args.push(k === 'schedules' ? JSON.stringify(f[k]) : f[k]);
-    sets.push(`${k} = $${args.length}`);
-  }
+  const sets = updateSets(pickFields(f), args, ['schedules']);
   try {
     const { rows } = await q.query<ProcessRow>(
       `UPDATE managed_processes SET ${[...sets, 'updated_at = now()'].join(', ')}
@@ -174,8 +165,29 @@ export async function reportedProcesses(q: Queryable, siteId: string, machineId:
   return rows[0] ? (Array.isArray(rows[0].processes) ? rows[0].processes : []) : null;
 }
 
-/** The site's IANA time zone (sites.timezone), or null. */
-export async function siteTimeZone(q: Queryable, siteId: string): Promise<string | null> {
-  const { rows } = await q.query<{ timezone: string }>('SELECT timezone FROM sites WHERE site_id = $1', [siteId]);
-  return rows[0]?.timezone ?? null;
+/**
+ * What `GET /api/agent/processes` answers, in one query: the site's IANA time zone (sites.timezone, null
+ * when the site is unknown) and the machine's live processes by name.
+ */
+export async function agentProcessView(
+  q: Queryable,
+  siteId: string,
+  machineId: string,
+): Promise<{ timezone: string | null; processes: ProcessRow[] }> {
+  const cols = COLUMNS.split(',')
+    .map((c) => `p.${c.trim()}`)
+    .join(', ');
+  const { rows } = await q.query<ProcessRow & { site_timezone: string }>(
+    `SELECT s.timezone AS site_timezone, ${cols}
+       FROM sites s
+       LEFT JOIN managed_processes p ON p.site_id = s.site_id AND p.machine_id = $2 AND p.deleted_at IS NULL
+      WHERE s.site_id = $1
+      ORDER BY p.name, p.process_id`,
+    [siteId, machineId],
+  );
+  if (rows.length === 0) return { timezone: null, processes: [] };
+  return {
+    timezone: rows[0].site_timezone,
+    processes: rows.filter((r) => r.process_id !== null).map(({ site_timezone: _tz, ...p }) => p),
+  };
 }

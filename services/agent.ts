@@ -216,16 +216,18 @@ export async function enrolAgent(
 
 /**
  * Records a heartbeat with whatever snapshot fields were sent.
- * @returns the server time and the number of deliverable pending commands.
+ * @returns the server time, the number of deliverable pending commands and `processConfigStamp` (16 hex
+ *   chars that change whenever the machine's managed-process configs or the site's time zone change).
  * @throws ApiError unauthorized when the machine is no longer enrolled.
  */
 export async function recordAgentHeartbeat(
   deps: Pick<ServiceDeps, 'db' | 'cfg'>,
   input: AgentIdentity & { heartbeat: HeartbeatInput },
-): Promise<{ serverTime: Date; pendingCommands: number }> {
+): Promise<{ serverTime: Date; pendingCommands: number; processConfigStamp: string }> {
   const r = await recordHeartbeat(deps.db, input.siteId, input.machineId, input.heartbeat, deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS);
   if (!r) throw new ApiError('unauthorized', 'this machine is no longer enrolled');
-  return r;
+  // Opaque to the agent: it re-reads GET /api/agent/processes only when this changes.
+  return { ...r, processConfigStamp: sha256Hex(r.processConfigStamp).slice(0, 16) };
 }
 
 // ---------------------------------------------------------------------------------------------------

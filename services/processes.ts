@@ -11,6 +11,7 @@ import { PROCESS_COMMANDS, type ProcessAction, type ScheduleBlock, scheduleProbl
 import { isTimeZone } from '../domain/rollout-policy';
 import { type CommandRow, createCommand, machineExists } from '../db/machines';
 import {
+  agentProcessView,
   type ProcessFields,
   type ProcessRow,
   deleteProcess as deleteProcessRow,
@@ -18,7 +19,6 @@ import {
   insertProcess,
   listProcesses,
   reportedProcesses,
-  siteTimeZone,
   updateProcess,
 } from '../db/processes';
 import type { ServiceDeps } from './deps';
@@ -251,6 +251,6 @@ export async function agentProcessConfigs(
   deps: Pick<ServiceDeps, 'db'>,
   m: MachineRef,
 ): Promise<{ timezone: string; processes: ProcessRow[] }> {
-  const tz = await siteTimeZone(deps.db, m.siteId);
-  return { timezone: tz && isTimeZone(tz) ? tz : 'UTC', processes: await listProcesses(deps.db, m.siteId, m.machineId) };
+  const { timezone: tz, processes } = await agentProcessView(deps.db, m.siteId, m.machineId);
+  return { timezone: tz && isTimeZone(tz) ? tz : 'UTC', processes };
 }

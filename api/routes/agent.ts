@@ -228,6 +228,9 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
                 },
               ),
             ),
+            processConfigStamp: Type.String({
+              description: 'changes whenever GET /api/agent/processes would answer differently; re-read the configs only then',
+            }),
           }),
           ...agentErrors,
         },
@@ -237,7 +240,13 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const agent = requireAgent(request);
       const r = await recordAgentHeartbeat(app.deps, { siteId: agent.siteId, machineId: agent.machineId, heartbeat: request.body });
       const agentUpdate = await agentUpdateFor(app.deps, request.body.agentVersion);
-      return { ok: true as const, serverTime: r.serverTime.toISOString(), pendingCommands: r.pendingCommands, agentUpdate };
+      return {
+        ok: true as const,
+        serverTime: r.serverTime.toISOString(),
+        pendingCommands: r.pendingCommands,
+        processConfigStamp: r.processConfigStamp,
+        agentUpdate,
+      };
     },
   );
 

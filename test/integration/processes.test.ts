@@ -2,7 +2,8 @@
  * Managed processes and machine commands with real reference agents (api/routes/processes.ts,
  * services/processes.ts, agent/processes.ts, agent/power.ts, agent/screenshot.ts): every route and error of
  * the processes table, race-safe creates, and the agent running real child processes (started, crashed and
- * relaunched, stopped gracefully, killed, scheduled), rebooting with its delay (offline, then back), and
+ * relaunched, stopped gracefully, killed, scheduled, held stopped by a classic install's suppress_projects),
+ * re-reading configs only when the heartbeat's processConfigStamp changes, rebooting with its delay (offline, then back), and
  * uploading a real PNG screenshot.
  */
 import fs from 'node:fs/promises';
@@ -10,7 +11,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { PNG } from 'pngjs';
 import { startFleet, type Fleet } from '../../agent/fleet';
+import type { ClassicCommandParams } from '../../domain/classic';
 import { createHarness, type Harness } from '../support/harness';
+import { type InstallerServer, startInstallerServer } from '../support/installers';
 import { scopedKey } from './rollout-fixtures';
 import { closeWorkerConnections } from '../../worker/worker';
 
@@ -19,10 +22,12 @@ let fleet: Fleet;
 let tmpRoot: string;
 let M: string;
 let M2: string;
+let installers: InstallerServer;
 
 beforeAll(async () => {
   h = await createHarness({ ROOST_HEARTBEAT_STALE_SECONDS: '5' });
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-processes-test-'));
+  installers = await startInstallerServer();
   fleet = await startFleet({
     baseUrl: await h.listen(),
     siteId: h.siteId,
@@ -32,12 +37,13 @@ beforeAll(async () => {
     rootDir: tmpRoot,
     pollWaitSeconds: 1,
     heartbeatMs: 300,
-    perAgent: () => ({ processSyncMs: 200, processTickMs: 50, stopGraceMs: 700, rebootDowntimeMs: 6500 }),
+    perAgent: () => ({ processSyncMs: 200, processTickMs: 50, stopGraceMs: 700, rebootDowntimeMs: 6500, installerCa: installers.ca }),
   });
   [M, M2] = fleet.machineIds;
 });
 afterAll(async () => {
   await fleet?.stop();
+  await installers?.close();
   await closeWorkerConnections();
   h?.app.server.closeAllConnections();
   await h?.close();
@@ -290,6 +296,98 @@ describe('the agent runs managed processes for real', () => {
   });
 });
 
+describe('classic installs suppress projects', () => {
+  it('keeps a managed process named in suppress_projects stopped, not relaunched, while the install runs, then runs it again', async () => {
+    const log = path.join(tmpRoot, 'suppress.log');
+    const p = (
+      await post(base(M2), {
+        name: 'suppressed-app',
+        exe_path: '/bin/sh',
+        file_path: `-c "echo start >> ${log}; exec sleep 60"`,
+        launch_mode: 'always',
+      })
+    ).json();
+    const before = await waitFor(async () => {
+      const x = await live(p.processId, M2);
+      return x && x.status === 'running' && x.pid ? x : undefined;
+    });
+    // The installer logs around a 1 s run; the supervisor (tick 50 ms) would relaunch the process within it.
+    const inst = installers.add('suppress.sh', `#!/bin/sh\necho install-begin >> ${log}\nsleep 1\necho install-end >> ${log}\n`);
+    const commandId = `cmd_suppress_${Date.now()}`;
+    const params: ClassicCommandParams = {
+      deploymentId: 'dep_suppress',
+      installer_url: inst.url,
+      installer_name: 'suppress.sh',
+      silent_flags: '',
+      verify_path: null,
+      sha256: inst.sha256,
+      close_processes: [],
+      suppress_projects: ['Suppressed-App'],
+      timeout_seconds: 60,
+      attempt: 1,
+    };
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, created_by, expires_at)
+       VALUES ($1, $2, $3, 'classic_install', 'pending', $4, 'test', now() + INTERVAL '10 minutes')`,
+      [h.siteId, M2, commandId, JSON.stringify(params)],
+    );
+    expect((await commandDone(commandId, M2)).status).toBe('completed');
+    const after = await waitFor(async () => {
+      const x = await live(p.processId, M2);
+      return x && x.status === 'running' && x.pid && x.pid !== before.pid ? x : undefined;
+    });
+    expect(alive(before.pid!)).toBe(false);
+    expect(alive(after.pid!)).toBe(true);
+    // Stopped before the installer began, not launched while it ran, launched again after it ended.
+    const lines = (await fs.readFile(log, 'utf8')).trim().split('\n');
+    expect(lines).toEqual(['start', 'install-begin', 'install-end', 'start']);
+    expect(after.restarts).toBe(0);
+    await h.request({ method: 'DELETE', url: `${base(M2)}/${p.processId}`, idempotencyKey: true });
+  });
+});
+
+describe('config reads', () => {
+  it('re-reads GET /api/agent/processes only when the heartbeat answers a new processConfigStamp', async () => {
+    const agent = fleet.agent(M2)!;
+    const stamps: string[] = [];
+    const onBeat = (r: { processConfigStamp?: string }) => stamps.push(r.processConfigStamp ?? '');
+    agent.on('heartbeat', onBeat);
+    const beats = (n: number) =>
+      new Promise<void>((resolve) => {
+        let left = n;
+        const f = () => {
+          if (--left === 0) {
+            agent.off('heartbeat', f);
+            resolve();
+          }
+        };
+        agent.on('heartbeat', f);
+      });
+    try {
+      // Nothing changes: several heartbeats (each 300 ms; processSyncMs is 200 ms) and no read. A read the
+      // previous tests' changes still owed may land first, so wait for a quiet window.
+      let reads: number;
+      do {
+        reads = agent.stats.processConfigReads;
+        stamps.length = 0;
+        await beats(4);
+      } while (agent.stats.processConfigReads !== reads);
+      expect(new Set(stamps).size).toBe(1);
+
+      // A new config: the stamp changes and the agent reads once, then knows the process (and reports it).
+      const res = await post(base(M2), { name: 'stamp-probe', exe_path: '/bin/true' });
+      expect(res.statusCode).toBe(201);
+      const { processId } = res.json();
+      await waitFor(async () => (await live(processId, M2)) ?? undefined);
+      expect(agent.stats.processConfigReads).toBeGreaterThan(reads);
+      expect(new Set(stamps).size).toBeGreaterThan(1);
+      await h.request({ method: 'DELETE', url: `${base(M2)}/${processId}`, idempotencyKey: true });
+    } finally {
+      agent.off('heartbeat', onBeat);
+    }
+  });
+});
+
 describe('machine commands on the reference agent', () => {
   it('uploads a real PNG rendered from the machine state for capture_screenshot', async () => {
     const res = await post(`/api/sites/${h.siteId}/machines/${M2}/commands`, { type: 'capture_screenshot' });
@@ -321,7 +419,16 @@ describe('machine commands on the reference agent', () => {
     expect(done.status).toBe('completed');
     expect(new Date(done.completedAt).getTime() - queued).toBeGreaterThanOrEqual(1000); // the delay was honoured
     await waitFor(async () => !alive(before.pid!)); // processes end with the "reboot"
-    await waitFor(async () => (await machine()).online === false);
+    // Offline during the downtime: the heartbeat that brings it back finds it stale and records machine.online
+    // (db/machines.ts recordHeartbeat), which a machine seen live throughout never gets. (Polling for
+    // online === false instead races the short offline window on a loaded machine.)
+    await waitFor(async () => {
+      const { rows } = await h.deps.db.query(
+        `SELECT 1 FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = $2 AND occurred_at > $3`,
+        [h.siteId, M2, new Date(queued)],
+      );
+      return rows.length > 0;
+    });
     const back = await waitFor(async () => {
       const m = await machine();
       return m.online && !m.rebooting ? m : undefined;
