@@ -18,6 +18,8 @@ export interface FleetChildStart {
   enrolmentSecret: string;
   count: number;
   rootDir: string;
+  /** PEM of an extra CA every agent trusts for installer downloads (bench/classic.ts's HTTPS installer server). */
+  installerCa?: string;
 }
 
 /** One handled command as reported to the parent. */
@@ -54,7 +56,8 @@ const flusher = setInterval(() => {
 process.on('message', (msg: ToChild) => {
   if (msg.type === 'start') {
     const t0 = Date.now();
-    startFleet({ ...msg.opts })
+    const { installerCa, ...opts } = msg.opts;
+    startFleet({ ...opts, ...(installerCa ? { perAgent: () => ({ installerCa }) } : {}) })
       .then((f) => {
         fleet = f;
         for (const a of f.agents) {

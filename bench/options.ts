@@ -1,9 +1,9 @@
 /**
  * Command-line options of `npm run bench` (node:util parseArgs; unknown options are an error).
  *
- *   --only <names>        comma list of benchmarks: chunker, push, republish, check, rollout (default all)
+ *   --only <names>        comma list of benchmarks: chunker, push, republish, check, rollout, classic (default all)
  *   --size-mib <n>        size of the generated tree for chunker, push, republish (default 1024)
- *   --machines <n>        simulated machines for rollout (default 1000)
+ *   --machines <n>        simulated machines for rollout and classic (default 1000)
  *   --requests <n>        chunks/check requests (default 300)
  *   --stored-chunks <n>   chunks stored for the check benchmark (default 100000)
  *   --concurrency <n>     chunk PUTs in flight, push and its floor (default 4, the CLI's default)
@@ -14,7 +14,7 @@
  */
 import { parseArgs } from 'node:util';
 
-export const BENCHMARKS = ['chunker', 'push', 'republish', 'check', 'rollout'] as const;
+export const BENCHMARKS = ['chunker', 'push', 'republish', 'check', 'rollout', 'classic'] as const;
 export type BenchName = (typeof BENCHMARKS)[number];
 
 export interface BenchOptions {

@@ -80,8 +80,8 @@ async function writeSmallVersion(dir: string): Promise<number> {
   return bytes;
 }
 
-/** The fleet child process and the outcomes it reported. */
-class FleetProcess {
+/** The fleet child process and the outcomes it reported (also used by bench/classic.ts). */
+export class FleetProcess {
   readonly outcomes: FleetOutcome[] = [];
   private readonly listeners = new Set<() => void>();
   private exited = false;
@@ -173,7 +173,7 @@ class FleetProcess {
  * The floor: one reboot_machine command per machine, inserted with one statement; seconds until every
  * machine reported it. @throws when a machine reports anything but completed.
  */
-async function commandFloor(
+export async function commandFloor(
   bench: BenchStack,
   fleet: FleetProcess,
   siteId: string,

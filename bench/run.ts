@@ -7,6 +7,7 @@
  *   republish  no-op republish of the unchanged tree (s)             vs sha256sum of the tree
  *   check      POST /api/chunks/check, 1000 hashes, 100k stored (ms) vs the same SQL through pg
  *   rollout    deploy to N simulated machines, to the last commit (s) vs one trivial command to each
+ *   classic    classic installer deployment to N simulated machines, to the last install (s) vs the same floor
  *
  * Progress goes to stderr; stdout carries one JSON document at the end. Options: bench/options.ts
  * (`--only`, `--size-mib`, `--machines`, …). The stack is the in-process one (stack/run.ts) on its own
@@ -19,6 +20,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { benchCheck } from './check';
 import { benchChunker } from './chunker';
+import { benchClassic } from './classic';
 import { parseOptions, type BenchOptions } from './options';
 import { benchColdPush, benchRepublish, publishTree, type PublishedTree } from './push';
 import { benchRollout } from './rollout';
@@ -75,11 +77,11 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
 
   if (tree && wants('chunker')) await attempt('chunker', () => benchChunker(tree!, { rounds: opts.rounds }));
 
-  const needsStack = wants('push') || wants('republish') || wants('check') || wants('rollout');
+  const needsStack = wants('push') || wants('republish') || wants('check') || wants('rollout') || wants('classic');
   let bench: BenchStack | undefined;
   if (needsStack) {
     try {
-      bench = await startBenchStack({ database: opts.database, worker: wants('rollout') });
+      bench = await startBenchStack({ database: opts.database, worker: wants('rollout') || wants('classic') });
     } catch (err) {
       errors.stack = (err as Error).stack ?? String(err);
       log(`the bench stack did not start: ${(err as Error).message}`);
@@ -106,6 +108,9 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
         // The push benchmarks left ~2 × 17,500 blobs in the bench Azurite; the rollout starts from an empty one.
         if (wants('push') || wants('republish')) await bench.resetStorage();
         await attempt('rollout', () => benchRollout(bench!, { machines: opts.machines, rootDir: path.join(benchDir, 'fleet') }));
+      }
+      if (wants('classic')) {
+        await attempt('classic', () => benchClassic(bench!, { machines: opts.machines, rootDir: path.join(benchDir, 'classic') }));
       }
     } finally {
       await bench.close({ keepDatabase: opts.keepDatabase }).catch((err) => log(`clean-up failed: ${(err as Error).message}`));
@@ -153,7 +158,7 @@ if (require.main === module) {
         // The fleet child exits on its own when this process goes; its machine trees and a half-started
         // bench Azurite's files are ours to remove.
         await new Promise((r) => setTimeout(r, 1000));
-        for (const dir of ['fleet', 'azurite']) {
+        for (const dir of ['fleet', 'classic', 'azurite']) {
           fs.rmSync(path.join(benchConfig(opts.database).ROOST_DATA_DIR, 'bench', dir), { recursive: true, force: true, maxRetries: 3 });
         }
       };
