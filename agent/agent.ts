@@ -26,7 +26,7 @@ import { ChunkStore, type Limiter, createLimiter } from './download';
 import { errMessage } from './errors';
 import { type AgentFaults, FaultInjector } from './faults';
 import type { CommandJournal } from './journal';
-import { type ApiClient, sleep } from './http';
+import { type ApiClient, sleep, withTraceparent } from './http';
 import { MachineRoot, type Manifest } from './machine-root';
 import { recoverActivations } from './assembly';
 import { NOT_STAGED, type SyncContext, reportRecoveredActivation, runActivate, runSyncPull } from './sync';
@@ -371,7 +371,8 @@ export class Agent extends EventEmitter {
     const run = async () => {
       await journal?.taken(cmd);
       this.emit('started', cmd);
-      const outcome = await this.execute(cmd);
+      // The command's requests carry the trace context it was queued in (agent/http.ts withTraceparent).
+      const outcome = await withTraceparent(cmd.traceparent, () => this.execute(cmd));
       // Abandoned (the agent stopped mid-way): it stays journaled and runs again at the next start.
       if (outcome.status !== 'abandoned') await journal?.done(cmd.commandId);
       this.stats.commands++;

@@ -4,6 +4,23 @@
  * which keeps connections alive and reuses them across requests to the same origin.
  */
 
+import { AsyncLocalStorage } from 'node:async_hooks';
+
+/** A W3C `traceparent` value: version, 32-hex trace id, 16-hex parent id, flags. */
+const TRACEPARENT_RE = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
+
+/** The trace context of the command being worked on (its `traceparent`, from the command as the API sent it). */
+const commandTrace = new AsyncLocalStorage<string>();
+
+/**
+ * Runs `fn` with `traceparent` (a command's W3C trace context; ignored unless well formed) sent as the
+ * `traceparent` header on every API request it makes, so the server joins them to the trace the command
+ * was queued in (docs/observability.md "Traces").
+ */
+export function withTraceparent<T>(traceparent: string | undefined, fn: () => T): T {
+  return traceparent && TRACEPARENT_RE.test(traceparent) ? commandTrace.run(traceparent, fn) : fn();
+}
+
 /** A non-2xx answer. `problem` is the parsed problem+json body when there was one. */
 export class HttpError extends Error {
   constructor(
@@ -76,6 +93,8 @@ export class ApiClient {
     }
     const headers: Record<string, string> = { accept: 'application/json' };
     if (this.token) headers.authorization = `Bearer ${this.token}`;
+    const traceparent = commandTrace.getStore();
+    if (traceparent) headers.traceparent = traceparent;
     let body: string | Buffer | undefined;
     if (opts.raw) {
       body = opts.raw;

@@ -47,6 +47,8 @@ export interface AgentCommand {
   params: Record<string, unknown>;
   createdAt: string;
   expiresAt: string | null;
+  /** W3C trace context the command was queued in, when the server traces: sent back on this command's requests. */
+  traceparent?: string;
 }
 
 /** A command report (`POST /api/agent/commands/{commandId}`); `progress` in percent. */

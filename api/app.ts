@@ -2,7 +2,8 @@
  * Builds the Fastify app (docs/architecture.md "Layers"): problem+json errors, request ids, API versioning,
  * authentication, idempotency, the OpenAPI document, and every route family. Stateless: N copies may run.
  */
-import Fastify, { type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, LogController } from 'fastify';
+import type { Logger } from 'pino';
 import { type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { randomBytes } from 'node:crypto';
 import type { AppDeps } from './context';
@@ -17,6 +18,7 @@ import rateLimit from './plugins/rate-limit';
 import metrics from './plugins/metrics';
 import tracing from './plugins/tracing';
 import { registerRoutes } from './routes';
+import { createLogger, logContext, withBoundRequestId } from '../telemetry/logging';
 import openapi from './openapi';
 
 /** A whole HTTP/1.1 response carrying the problem document of `err`, for answers written straight to a socket. */
@@ -41,13 +43,27 @@ function rawProblem(err: ApiError, requestId: string): string {
 export const MAX_HEADER_BYTES = 128 * 1024;
 
 export interface BuildOptions {
+  /** false: no logging; else the level (default ROOST_LOG_LEVEL) of the JSON logger (telemetry/logging.ts). */
   logger?: boolean | { level: string };
+  /** A logger of telemetry/logging.ts createLogger to use instead (tests capture its lines). */
+  loggerInstance?: Logger;
 }
 
 /** Creates the app with its dependencies. Call `app.ready()` (or `listen`) before use. */
 export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<FastifyInstance> {
+  // JSON lines with requestId (every line of a request) and traceId, secrets redacted (docs/observability.md "Logs").
+  const logger =
+    opts.logger === false
+      ? undefined
+      : (opts.loggerInstance ??
+        createLogger({
+          service: 'roost-api',
+          level: typeof opts.logger === 'object' ? opts.logger.level : deps.cfg.ROOST_LOG_LEVEL,
+        }));
   const app = Fastify({
-    logger: opts.logger ?? { level: deps.cfg.ROOST_LOG_LEVEL },
+    ...(logger ? { loggerInstance: logger as FastifyBaseLogger } : { logger: false }),
+    logController: new LogController({ requestIdLogLabel: 'requestId' }),
+    childLoggerFactory: (parent, bindings, options) => withBoundRequestId(parent.child(bindings, options)),
     bodyLimit: 1024 * 1024,
     // GET /api/chunks/download-urls takes up to 1,000 repeated `hash` parameters (about 70 KB of URL), which
     // Node's default 16 KB header limit would refuse with 431.
@@ -99,8 +115,11 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
   }).withTypeProvider<TypeBoxTypeProvider>();
 
   app.decorate('deps', deps);
-  app.addHook('onRequest', async (request, reply) => {
+  // The rest of the request runs with its id in the log context: lines logged outside request.log, and the
+  // workflows it starts (services/deps.ts), carry it.
+  app.addHook('onRequest', (request, reply, done) => {
     reply.header('X-Request-Id', request.id);
+    logContext.run({ requestId: request.id }, done);
   });
   await app.register(problem);
   // Request, rate-limit, idempotency, pool and stream metrics (api/plugins/metrics.ts; docs/observability.md).

@@ -222,10 +222,12 @@ export interface CommandRow {
   completed_at: Date | null;
   updated_at: Date;
   artifact_blob: string | null;
+  /** W3C trace context the command was queued in (tracing on), sent back by the agent on its requests. */
+  traceparent: string | null;
 }
 
 const COMMAND_COLUMNS = `site_id, machine_id, command_id, type, status, params, result, error, progress, rollout_id, deployment_id,
-  audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob`;
+  audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob, traceparent`;
 
 /**
  * Closes the machine's pending commands whose expiry has passed (status failed, error `expired`).

@@ -347,6 +347,8 @@ export interface WaveTarget {
   extractRoot: string;
   createdBy: string;
   policy: RolloutPolicy;
+  /** W3C trace context the dispatched sync_pull commands carry (the dispatching activity's span), if any. */
+  traceparent?: string;
 }
 
 /** Loads the rollout plus the version number its sync_pull commands carry. Null when either is gone. */
@@ -423,12 +425,12 @@ export async function dispatchDueIn(
       const attempts = rows.map((r) => r.attempts + 1);
       const commandIds = rows.map((r, i) => syncPullCommandId(t.rolloutId, r.machine_id, attempts[i]));
       await tx.query(
-        `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, created_by, expires_at)
+        `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, created_by, expires_at, traceparent)
          SELECT $1, u.machine_id, u.command_id, 'sync_pull', 'pending',
                 jsonb_build_object('roostId', $2::text, 'versionId', u.version_id, 'versionNumber', u.version_number, 'rolloutId', $5::text,
                                    'extractRoot', $6::text, 'attempt', u.attempt)
                   || CASE WHEN $12::bool THEN jsonb_build_object('activation', 'staged') ELSE '{}'::jsonb END,
-                $5, $7, now() + $8::float8 * INTERVAL '1 millisecond'
+                $5, $7, now() + $8::float8 * INTERVAL '1 millisecond', $13::text
            FROM UNNEST($9::text[], $10::text[], $11::int[], $3::text[], $4::int[]) AS u (machine_id, command_id, attempt, version_id, version_number)
          ON CONFLICT (site_id, machine_id, command_id) DO NOTHING`,
         [
@@ -444,6 +446,7 @@ export async function dispatchDueIn(
           commandIds,
           attempts,
           opts.staged === true,
+          t.traceparent ?? null,
         ],
       );
       const upd = await tx.query(

@@ -5,6 +5,7 @@
  */
 import { Client, Connection } from '@temporalio/client';
 import { OpenTelemetryWorkflowClientInterceptor } from '@temporalio/interceptors-opentelemetry';
+import { RequestIdClientInterceptor } from '../telemetry/logging';
 import type { Pool } from 'pg';
 import type { LanguageModelV3 } from '@ai-sdk/provider';
 import type { Config } from '../config/env';
@@ -32,11 +33,12 @@ export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<Ser
   // 30 s rather than the SDK's 10 s: a Temporal server that is busy (a loaded machine, a restart in
   // progress) answers late; one that is down still fails start-up with a clear error.
   const connection = await Connection.connect({ address: cfg.temporalAddress, connectTimeout: '30 seconds' });
-  // Workflow starts carry the caller's trace context (a no-op while tracing is off; docs/observability.md).
+  // Workflow starts carry the request id for the activities' logs and the caller's trace context (a no-op
+  // while tracing is off; docs/observability.md).
   const temporal = new Client({
     connection,
     namespace: cfg.TEMPORAL_NAMESPACE,
-    interceptors: { workflow: [new OpenTelemetryWorkflowClientInterceptor()] },
+    interceptors: { workflow: [new RequestIdClientInterceptor(), new OpenTelemetryWorkflowClientInterceptor()] },
   });
   return { cfg, db, blob, temporal };
 }

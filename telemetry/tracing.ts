@@ -10,7 +10,7 @@
  *
  * One tracing set-up per process: the first `startTracing` decides, later calls return it.
  */
-import { context, trace, type SpanContext, TraceFlags } from '@opentelemetry/api';
+import { context, propagation, trace, type SpanContext, TraceFlags } from '@opentelemetry/api';
 import { NodeSDK } from '@opentelemetry/sdk-node';
 import { BatchSpanProcessor, type ReadableSpan, type SpanProcessor } from '@opentelemetry/sdk-trace';
 import { resourceFromAttributes, type Resource } from '@opentelemetry/resources';
@@ -94,6 +94,16 @@ export function activeTraceId(): string | undefined {
   const span = trace.getSpan(context.active());
   const id = span?.spanContext().traceId;
   return id && id !== '00000000000000000000000000000000' ? id : undefined;
+}
+
+/**
+ * The W3C `traceparent` header value of the active span (`00-<trace id>-<span id>-<flags>`), when tracing is
+ * on and a span is active: stored with a command so the agent's requests for it join this trace.
+ */
+export function activeTraceparent(): string | undefined {
+  const carrier: Record<string, string> = {};
+  propagation.inject(context.active(), carrier);
+  return carrier.traceparent;
 }
 
 /** Span of Temporal's workflow sandbox (@temporalio/interceptors-opentelemetry, built on the 1.x SDK). */

@@ -15,26 +15,30 @@ import { closeWorkerConnections, installRuntime, runWorker } from './worker';
 import { ensureBackgroundWorkflows } from './background';
 import { collectProcessMetrics, observePool, startMetricsListener } from '../telemetry/metrics';
 import { activeTracing } from '../telemetry/tracing';
+import { createLogger } from '../telemetry/logging';
+
+/** The process's JSON logger (telemetry/logging.ts); the SDK's Runtime writes through it too. */
+const log = createLogger({ service: 'roost-worker', level: process.env.ROOST_LOG_LEVEL ?? 'info' });
 
 async function main(): Promise<void> {
   // Signals are handled below (one graceful path), not by the SDK's default handlers.
   const cfg = loadConfig();
-  installRuntime(cfg);
+  installRuntime(cfg, { logger: log });
   const db = createPool(cfg.databaseUrl, 20);
   // The worker's pool and activities in the process registry, served on ROOST_METRICS_PORT (docs/observability.md).
   const unobservePool = observePool(db, 'worker');
   collectProcessMetrics();
   const metrics =
     cfg.ROOST_METRICS_PORT === undefined ? undefined : await startMetricsListener(cfg.ROOST_METRICS_HOST, cfg.ROOST_METRICS_PORT);
-  if (metrics) console.error(`roost worker: metrics on ${metrics.url}`);
+  if (metrics) log.info({ url: metrics.url }, 'metrics listener started');
   if (cfg.ROOST_TEMPORAL_METRICS_ADDRESS)
-    console.error(`roost worker: Temporal SDK metrics on http://${cfg.ROOST_TEMPORAL_METRICS_ADDRESS}/metrics`);
+    log.info({ url: `http://${cfg.ROOST_TEMPORAL_METRICS_ADDRESS}/metrics` }, 'Temporal SDK metrics exporter started');
   try {
     const blob = BlobStore.fromConfig(cfg);
     await blob.ensureContainers();
     const stop = new AbortController();
     const onSignal = (signal: NodeJS.Signals) => {
-      console.error(`roost worker: ${signal} received, shutting down`);
+      log.info({ signal }, 'signal received, shutting down');
       stop.abort();
     };
     process.once('SIGINT', onSignal);
@@ -46,13 +50,11 @@ async function main(): Promise<void> {
       } finally {
         await connection.close();
       }
-      console.error('roost worker: event relay and sweep schedules ensured');
+      log.info('event relay and sweep schedules ensured');
     }
-    console.error(
-      `roost worker: serving task queue ${cfg.ROOST_TASK_QUEUE} on ${cfg.temporalAddress} (namespace ${cfg.TEMPORAL_NAMESPACE})`,
-    );
+    log.info({ taskQueue: cfg.ROOST_TASK_QUEUE, temporal: cfg.temporalAddress, namespace: cfg.TEMPORAL_NAMESPACE }, 'serving task queue');
     await runWorker(cfg, { cfg, db, blob }, { signal: stop.signal });
-    console.error('roost worker: stopped');
+    log.info('stopped');
   } finally {
     await closeWorkerConnections();
     unobservePool();
@@ -67,7 +69,7 @@ async function main(): Promise<void> {
 main().then(
   () => process.exit(0),
   (err) => {
-    console.error('roost worker: failed:', err);
+    log.error({ err }, 'failed');
     process.exit(1);
   },
 );

@@ -7,20 +7,15 @@
  * Workers of one process share one NativeConnection per address (a restarted worker reuses it); close
  * them with `closeWorkerConnections()` when the process is done with Temporal.
  */
-import {
-  DefaultLogger,
-  type LogLevel,
-  NativeConnection,
-  Runtime,
-  Worker,
-  bundleWorkflowCode,
-  type WorkflowBundleWithSourceMap,
-} from '@temporalio/worker';
+import { type LogLevel, NativeConnection, Runtime, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import type { Duration } from '@temporalio/common';
 import type { Config } from '../config/env';
 import { createActivities } from '../activities';
 import type { ActivityDeps } from '../activities/deps';
 import { activityMetrics } from './metrics';
+import { activityLogContext, runtimeLogger } from './logging';
+import type { Logger } from 'pino';
+import { createLogger } from '../telemetry/logging';
 import type { Context as ActivityContext } from '@temporalio/activity';
 import {
   makeWorkflowExporter,
@@ -43,14 +38,16 @@ let runtimeInstalled = false;
  * SDK's own Prometheus exporter on that address (docs/observability.md "Worker"). A Runtime installed
  * earlier by the host is kept; the first call decides.
  */
-export function installRuntime(cfg?: Pick<Config, 'ROOST_TEMPORAL_METRICS_ADDRESS'>): void {
+export function installRuntime(cfg?: Pick<Config, 'ROOST_TEMPORAL_METRICS_ADDRESS'>, opts: { logger?: Logger } = {}): void {
   if (runtimeInstalled) return;
   runtimeInstalled = true;
   const level = (process.env.ROOST_WORKER_LOG_LEVEL ?? 'WARN').toUpperCase() as LogLevel;
   const address = cfg?.ROOST_TEMPORAL_METRICS_ADDRESS;
+  // JSON lines through the process logger (worker/logging.ts); both levels apply, the SDK's first.
+  const logger = opts.logger ?? createLogger({ service: 'roost-worker', level: process.env.ROOST_LOG_LEVEL ?? 'info' });
   try {
     Runtime.install({
-      logger: new DefaultLogger(level),
+      logger: runtimeLogger(logger, level),
       shutdownSignals: [],
       ...(address
         ? {
@@ -64,6 +61,9 @@ export function installRuntime(cfg?: Pick<Config, 'ROOST_TEMPORAL_METRICS_ADDRES
     /* already installed (e.g. by a test): keep it */
   }
 }
+
+/** Workflow interceptors passing the starting request's id on to activities (workflows/request-id.ts; always bundled). */
+const REQUEST_ID_INTERCEPTORS = require.resolve('../workflows/request-id');
 
 /** Workflow interceptors of @temporalio/interceptors-opentelemetry (bundled only while tracing is on). */
 const OTEL_WORKFLOW_INTERCEPTORS = require.resolve('@temporalio/interceptors-opentelemetry/lib/workflow-interceptors');
@@ -79,7 +79,7 @@ export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
   bundleTraced = traced;
   bundle ??= bundleWorkflowCode({
     workflowsPath: WORKFLOWS_PATH,
-    workflowInterceptorModules: traced ? [OTEL_WORKFLOW_INTERCEPTORS] : [],
+    workflowInterceptorModules: [REQUEST_ID_INTERCEPTORS, ...(traced ? [OTEL_WORKFLOW_INTERCEPTORS] : [])],
     logger: Runtime.instance().logger,
   }).catch((err) => {
     bundle = undefined;
@@ -138,6 +138,7 @@ export async function createWorker(cfg: Config, deps: ActivityDeps, opts: Create
     // on, spans for workflows and activities, joined to the trace that started the workflow.
     interceptors: {
       activity: [
+        activityLogContext,
         activityMetrics,
         ...(tracing
           ? [

@@ -125,6 +125,12 @@ const PendingCommand = Type.Object({
   params: AnyMap,
   createdAt: DateTime,
   expiresAt: Type.Union([DateTime, Type.Null()]),
+  traceparent: Type.Optional(
+    Type.String({
+      description:
+        'W3C trace context the command was queued in (only while the server traces): send it as the `traceparent` header on the requests made for this command',
+    }),
+  ),
 });
 
 /**
@@ -307,6 +313,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
             params: r.params ?? {},
             createdAt: r.created_at.toISOString(),
             expiresAt: r.expires_at ? r.expires_at.toISOString() : null,
+            ...(r.traceparent ? { traceparent: r.traceparent } : {}),
           })),
         };
       } finally {

@@ -3,6 +3,7 @@
  * fresh site with a full-access key, and offers small helpers around `app.inject`.
  */
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
+import type { Logger } from 'pino';
 import { randomBytes } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { buildApp } from '../../api/app';
@@ -40,11 +41,14 @@ export function idemKey(): string {
   return `idem-${randomBytes(8).toString('hex')}`;
 }
 
-/** Builds the harness; `overrides` adjust configuration (task queue etc.). */
-export async function createHarness(overrides: Record<string, string> = {}): Promise<Harness> {
+/**
+ * Builds the harness; `overrides` adjust configuration (task queue etc.); `opts.logger` logs the app's
+ * lines there (telemetry/logging.ts createLogger), else the app logs nothing.
+ */
+export async function createHarness(overrides: Record<string, string> = {}, opts: { logger?: Logger } = {}): Promise<Harness> {
   const cfg = testConfig({ ROOST_TASK_QUEUE: `roost-test-${randomBytes(4).toString('hex')}`, ...overrides });
   const deps = await createDeps(cfg);
-  const app = await buildApp(deps, { logger: false });
+  const app = await buildApp(deps, opts.logger ? { loggerInstance: opts.logger } : { logger: false });
   await app.ready();
   const secret = 'test-bootstrap-secret';
   const tag = randomBytes(4).toString('hex');
