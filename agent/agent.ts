@@ -30,6 +30,7 @@ import { type ApiClient, sleep, withTraceparent } from './http';
 import { MachineRoot, type Manifest } from './machine-root';
 import { recoverActivations } from './assembly';
 import { NOT_STAGED, type SyncContext, reportRecoveredActivation, runActivate, runSyncPull } from './sync';
+import { applySelfUpdate, type SelfUpdateOptions } from './self-update';
 import { AGENT_VERSION, type AgentCommand, type AgentIdentity, AgentTransport, type DownloadUrls } from './transport';
 import { KeyRing, SIGNATURE_INVALID } from './trust';
 import { type AgentOs, hostOs } from './os';
@@ -44,6 +45,8 @@ export { STAGING_DIR, type StagedManifest, resolveExtractDir } from './machine-r
 
 /** Options of one agent: who it is (AgentIdentity), where it keeps its files, its pace, and its faults. */
 export interface AgentOptions extends AgentFaults, AgentIdentity {
+  /** Upgrade from the agent-installer catalog when a heartbeat offers a newer version (agent/self-update.ts). */
+  selfUpdate?: SelfUpdateOptions;
   /** Machine root: chunk store, state and every extract root live under it. */
   rootDir: string;
   /** Heartbeat interval (ms, default 30000; 0 turns periodic heartbeats off). */
@@ -313,7 +316,27 @@ export class Agent extends EventEmitter {
     const res = await this.transport.heartbeat(signal, { processes: await this.processes.snapshot(), ...this.power });
     this.processes.noteConfigStamp(res.processConfigStamp);
     this.emit('heartbeat', res);
+    if (res.agentUpdate && this.opts.selfUpdate && !this.updating) this.updating = this.selfUpdate(res.agentUpdate, this.opts.selfUpdate);
     return res;
+  }
+
+  /** The self-update in flight, if any (one at a time; agent/self-update.ts). */
+  private updating: Promise<void> | undefined;
+
+  /**
+   * Upgrades this agent to the offered catalog version (agent/self-update.ts); emits `self-update` with the
+   * result, or `self-update-failed` with the error (then a later heartbeat's offer may try again).
+   */
+  private async selfUpdate(offer: { version: string; sha256: string }, opts: SelfUpdateOptions): Promise<void> {
+    try {
+      const download = await this.transport.installerDownload(offer.version);
+      const done = await applySelfUpdate(download, offer.sha256, opts);
+      this.emit('self-update', done);
+    } catch (err) {
+      this.warn(`self-update to ${offer.version} failed: ${errMessage(err)}`);
+      this.emit('self-update-failed', err);
+      this.updating = undefined;
+    }
   }
 
   /**

@@ -38,6 +38,8 @@ import {
 
 /** Exit code when the API refuses the agent's token for good (EX_CONFIG): enrol again. */
 export const EXIT_TOKEN_REFUSED = 78;
+/** Exit code after a self-update swapped the executable: the service wrapper restarts into the new one. */
+export const EXIT_SELF_UPDATED = 75;
 
 /** What the installed agent tells the API it can do. */
 export const SERVICE_CAPABILITIES: Record<string, unknown> = { sync_pull: true, roost_activate: true, screenshot: true };
@@ -92,6 +94,11 @@ export async function enrolService(input: EnrolInput): Promise<{ identity: Servi
 export interface RunOptions {
   rootDir: string;
   agentVersion: string;
+  /**
+   * The executable to replace when the catalog offers a newer agent (agent/self-update.ts): the packaged
+   * binary's own path. Unset (running from the repository with Node): no self-update.
+   */
+  selfUpdateExe?: string;
   /** Human log lines instead of JSON. */
   pretty?: boolean;
   /** Log level (default info). */
@@ -178,6 +185,9 @@ export async function runService(opts: RunOptions): Promise<number> {
     pollWaitSeconds: opts.pollWaitSeconds ?? 25,
     downloadConcurrency: opts.downloadConcurrency ?? 8,
     journal,
+    selfUpdate: opts.selfUpdateExe
+      ? { exePath: opts.selfUpdateExe, restart: (version) => requestStop(`self-updated to ${version}`, EXIT_SELF_UPDATED) }
+      : undefined,
   });
 
   // One stop request ends the run: a signal, the caller's abort, or a refused token.

@@ -4,6 +4,7 @@
  * retries of transient failures with jittered backoff, the saved credentials (`<rootDir>/state/agent.json`:
  * token and pinned signing keys), and one method per agent route.
  */
+import type { InstallerDownload } from './self-update';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import type { SyncCounters, TargetStatus } from '../domain/target-state';
@@ -221,7 +222,10 @@ export class AgentTransport {
    * POST /api/agent/heartbeat with a small snapshot (no retry); `extra` fields (the managed processes, the
    * rebooting / shuttingDown flags) are sent beside it.
    */
-  heartbeat(signal?: AbortSignal, extra: Record<string, unknown> = {}): Promise<{ pendingCommands: number; processConfigStamp?: string }> {
+  heartbeat(
+    signal?: AbortSignal,
+    extra: Record<string, unknown> = {},
+  ): Promise<{ pendingCommands: number; processConfigStamp?: string; agentUpdate?: { version: string; sha256: string } | null }> {
     return this.call('POST', '/api/agent/heartbeat', {
       signal,
       body: {
@@ -238,6 +242,11 @@ export class AgentTransport {
         ...extra,
       },
     });
+  }
+
+  /** GET /api/agent/installer/{version}: an agent installer's checksum and signed download URL (self-update). */
+  installerDownload(version: string): Promise<InstallerDownload> {
+    return this.call('GET', `/api/agent/installer/${encodeURIComponent(version)}`);
   }
 
   /** GET /api/agent/commands?wait=… (long-poll, `wait` in seconds; no retry). */

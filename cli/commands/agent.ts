@@ -12,6 +12,7 @@
  * Windows). `run` exits 0 after SIGTERM/SIGINT/the service stop control, 78 when the API refuses the
  * token (enrol again), 2 when the root is not enrolled.
  */
+import { isSea } from 'node:sea';
 import path from 'node:path';
 import { type Command, Option } from 'commander';
 import { ClientError } from '../client';
@@ -111,6 +112,10 @@ export function registerAgent(program: Command): void {
       },
       20,
     )
+    .option(
+      '--self-update',
+      'replace this executable with a newer catalog version when the API offers one, then exit 75 for the service wrapper to restart it (packaged executable only)',
+    )
     .action(
       async (
         opts: {
@@ -121,6 +126,7 @@ export function registerAgent(program: Command): void {
           pollWaitSeconds: number;
           downloadConcurrency: number;
           stopGraceSeconds: number;
+          selfUpdate?: boolean;
         },
         cmd: Command,
       ) => {
@@ -135,6 +141,8 @@ export function registerAgent(program: Command): void {
         process.exitCode = await runService({
           rootDir,
           agentVersion: CLI_VERSION,
+          // Only the packaged single-file executable replaces itself from the installer catalog.
+          selfUpdateExe: opts.selfUpdate && isSea() ? process.execPath : undefined,
           pretty: opts.pretty,
           logLevel: opts.logLevel,
           heartbeatMs: opts.heartbeatSeconds * 1000,
