@@ -6,6 +6,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, LogController } 
 import type { Logger } from 'pino';
 import { type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { randomBytes } from 'node:crypto';
+import AjvCompiler, { type BuildCompilerFromPool } from '@fastify/ajv-compiler';
 import type { AppDeps } from './context';
 import problem, { sendProblem, toApiError } from './plugins/problem';
 import { ApiError, titleFor } from '../domain/errors';
@@ -20,6 +21,9 @@ import tracing from './plugins/tracing';
 import { registerRoutes } from './routes';
 import { createLogger, logContext, withBoundRequestId } from '../telemetry/logging';
 import openapi from './openapi';
+
+/** One pool of ajv validators per option set (the framework's own compiler), shared by every app of the process. */
+const ajvCompilers = AjvCompiler() as BuildCompilerFromPool;
 
 /** A whole HTTP/1.1 response carrying the problem document of `err`, for answers written straight to a socket. */
 function rawProblem(err: ApiError, requestId: string): string {
@@ -88,6 +92,25 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
           'x-roost-document',
           'x-roost-enum',
         ],
+      },
+    },
+    // Query strings, path parameters and headers are text, so their values are coerced to the schema's type
+    // (`?limit=5`, repeated `hash`); a JSON body is not: `null` or `false` where a string is required is 400,
+    // not the text "" or "false" (the OpenAPI document's types are what the server enforces).
+    schemaController: {
+      compilersFactory: {
+        buildValidator: ((externalSchemas, options) => {
+          const coercing = ajvCompilers(externalSchemas, options);
+          const opts = (options ?? {}) as { customOptions?: Record<string, unknown> };
+          const exact = ajvCompilers(externalSchemas, {
+            ...opts,
+            customOptions: { ...opts.customOptions, coerceTypes: false },
+          } as typeof options);
+          // The framework calls the compiler with its route definition ({ schema, httpPart, … }), which the
+          // package's typings spell as a bare schema.
+          return ((route: { httpPart?: string }) =>
+            (route.httpPart === 'body' ? exact : coercing)(route as never)) as unknown as ReturnType<typeof ajvCompilers>;
+        }) satisfies typeof ajvCompilers,
       },
     },
     // Path parameters of any length reach their schema, which answers 400 validation_failed naming the

@@ -29,5 +29,7 @@ declare module 'fastify' {
     idempotency?: 'required' | 'optional' | 'ignored';
     /** Accept `?api_key=` (event-stream style clients). `x-api-key` is accepted everywhere keys are. */
     allowQueryKey?: boolean;
+    /** A POST without a body is taken as `{}` (the OpenAPI document marks the request body optional). */
+    bodyOptional?: boolean;
   }
 }

@@ -244,6 +244,7 @@ function transform({ schema, url, route }: { schema: OpenApiNode | undefined; ur
     idempotency?: RouteEntry['idempotency'];
     allowQueryKey?: boolean;
     rateLimit?: unknown;
+    bodyOptional?: boolean;
   };
   const s: OpenApiNode = { ...(schema ?? {}) };
   const auth = config.auth ?? 'user';
@@ -255,6 +256,8 @@ function transform({ schema, url, route }: { schema: OpenApiNode | undefined; ur
   s['x-roost-auth'] = auth;
   s['x-idempotency'] = config.idempotency ?? 'ignored';
   s['x-roost-body'] = s.body !== undefined;
+  // `config.bodyOptional`: the route takes a POST without a body as `{}` (heartbeat, key and secret rotation).
+  if (config.bodyOptional === true) s['x-roost-body-optional'] = true;
   if (!Array.isArray(s.tags) || s.tags.length === 0) s.tags = [fallbackTag(url)];
   if (!s.operationId && typeof route.method === 'string') s.operationId = operationIdFor(route.method, url);
   return { schema: s, url };
@@ -320,6 +323,9 @@ function stateInputRule(node: unknown): void {
     delete n['x-roost-required'];
   }
   if (n.type === 'object' && n.additionalProperties !== false && n.propertyNames === undefined) n.propertyNames = { pattern: NO_NUL };
+  // An open object's unknown fields are any JSON under the input rule (their keys and strings carry no U+0000 either).
+  if (n.type === 'object' && (n.additionalProperties === undefined || n.additionalProperties === true))
+    n.additionalProperties = { $ref: JSON_VALUE_REF };
   for (const key of ['properties', 'patternProperties', '$defs', 'definitions']) {
     const children = n[key] as OpenApiNode | undefined;
     if (children && typeof children === 'object') {
@@ -370,6 +376,8 @@ function transformObject({ openapiObject }: { openapiObject: OpenApiNode }): Ope
       delete op['x-roost-auth'];
       delete op['x-roost-rate-limited'];
       delete op['x-roost-body'];
+      if (op['x-roost-body-optional'] === true && op.requestBody) op.requestBody.required = false;
+      delete op['x-roost-body-optional'];
       if (!MUTATIONS.has(method)) delete op['x-idempotency'];
       for (const t of op.tags ?? []) usedTags.add(t);
 
@@ -397,7 +405,8 @@ function transformObject({ openapiObject }: { openapiObject: OpenApiNode }): Ope
           description:
             `${idem === 'required' ? 'Required' : 'Optional'}: at most ${IDEMPOTENCY_MAX_LENGTH} characters. A successful response is replayed for 24 h ` +
             'to the same user, key, method, path, query and body (`Idempotent-Replayed: true`); the same key with a different body is 422 idempotency_key_mismatch.',
-          schema: { type: 'string', minLength: 1, maxLength: IDEMPOTENCY_MAX_LENGTH },
+          // An empty header counts as absent: refused where the key is required, accepted where it is optional.
+          schema: { type: 'string', ...(idem === 'required' ? { minLength: 1 } : {}), maxLength: IDEMPOTENCY_MAX_LENGTH },
         });
       }
       if (params.length === 0) delete op.parameters;

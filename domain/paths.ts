@@ -127,6 +127,13 @@ export function extractRootProblem(root: string): string | null {
  * reference agent uses on Linux). Drive-relative (`C:app.exe`), root-relative (`\app.exe`) and relative
  * paths are refused: they resolve differently per process. docs/decisions/managed-processes.md.
  */
+/**
+ * The paths absolutePathProblem accepts, as one regular expression (the `pattern` the OpenAPI document states
+ * for exe_path, cwd and verify_path; length is bounded separately by MAX_PATH_LENGTH).
+ */
+export const ABSOLUTE_PATH_RE =
+  /^(?:[A-Za-z]:[\\/][^\u0000-\u001f\u007f<>"|?*:]*|\\\\[^\\/\u0000-\u001f\u007f]+[\\/][^\\/\u0000-\u001f\u007f][^\u0000-\u001f\u007f]*|\/(?:[^/\u0000-\u001f\u007f][^\u0000-\u001f\u007f]*)?)$/;
+
 export function absolutePathProblem(p: string): string | null {
   if (p.length === 0) return 'is empty';
   if (p.length > MAX_PATH_LENGTH) return `is longer than ${MAX_PATH_LENGTH} characters`;

@@ -4,6 +4,7 @@
  * Pure: no I/O. Route-specific shapes stay beside their routes.
  */
 import { type TSchema, Type } from '@sinclair/typebox';
+import { ABSOLUTE_PATH_RE, MAX_PATH_LENGTH } from './paths';
 import { CONCRETE_VERSION_ID_RE, VERSION_REF_RE } from './versionRef';
 import { INSTALLER_VERSION_RE } from './installers';
 
@@ -32,13 +33,23 @@ export const MachineId = Type.String({ pattern: MACHINE_ID_RE.source, descriptio
 export const CommandId = Type.String({ pattern: COMMAND_ID_RE.source, description: 'command id (cmd_…)' });
 /**
  * An absolute https:// URL with a host name (document form, `x-roost-pattern`: host labels start with a letter,
- * optional port 0..65535, printable ASCII after it); services/classic-deployments.ts checkInstallerUrl refuses
+ * optional port 0..65535, printable ASCII after it, `fragment: false` without `#`); the handlers (checkInstallerUrl,
+ * domain/webhook-signature.ts checkWebhookUrl) refuse
  * anything the URL parser rejects, another scheme or credentials with 400 validation_failed naming the field.
  */
-export function HttpsUrl(description: string) {
+export function HttpsUrl(description: string, opts: { fragment?: boolean } = {}) {
   const port = '(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])';
   const host = '[A-Za-z][A-Za-z0-9-]*(?:\\.[A-Za-z][A-Za-z0-9-]*)*';
-  return Type.String({ minLength: 1, maxLength: 2048, 'x-roost-pattern': `^https://${host}(?::${port})?(?:[/?#][!-~]*)?$`, description });
+  const rest = opts.fragment === false ? '(?:[/?][!-"$-~]*)?' : '(?:[/?#][!-~]*)?';
+  return Type.String({ minLength: 1, maxLength: 2048, 'x-roost-pattern': `^https://${host}(?::${port})?${rest}$`, description });
+}
+/**
+ * A machine-side absolute path (exe_path, cwd, verify_path): the service refuses anything domain/paths.ts
+ * absolutePathProblem refuses with 400 validation_failed naming the field and the rule; the document states the
+ * same rule as `pattern` (`x-roost-pattern`, ABSOLUTE_PATH_RE).
+ */
+export function MachinePath(description: string) {
+  return Type.String({ minLength: 1, maxLength: MAX_PATH_LENGTH, 'x-roost-pattern': ABSOLUTE_PATH_RE.source, description });
 }
 /**
  * A version ref (domain/versionRef.ts): the handler parses it and answers 400 version_ref_malformed, so the

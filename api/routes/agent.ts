@@ -211,7 +211,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/api/agent/heartbeat',
     {
-      config: { auth: 'agent' },
+      config: { auth: 'agent', bodyOptional: true },
       // A heartbeat without a body is a plain liveness ping.
       preValidation: async (request) => {
         request.body ??= {};

@@ -28,6 +28,7 @@ import {
 import {
   DateTime,
   HttpsUrl,
+  MachinePath,
   MachineId,
   Nullable,
   PageTokens,
@@ -56,7 +57,10 @@ export const MAX_DEPLOYMENT_MACHINES = 10_000;
 const DeploymentId = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'deployment id (dep_…)' });
 const SiteParams = Type.Object({ siteId: SiteId });
 const DeploymentParams = Type.Object({ siteId: SiteId, deploymentId: DeploymentId });
-const Names = (what: string) => Type.Array(Type.String({ minLength: 1, maxLength: 255 }), { maxItems: 100, description: what });
+// Executable and project names: the service refuses control characters (400 naming the entry).
+const NO_CONTROL_CHARACTERS = '^[^\\u0000-\\u001f\\u007f]*$';
+const Names = (what: string) =>
+  Type.Array(Type.String({ minLength: 1, maxLength: 255, 'x-roost-pattern': NO_CONTROL_CHARACTERS }), { maxItems: 100, description: what });
 
 const createFields = {
   name: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: 'display name (required unless template_id gives it)' })),
@@ -68,9 +72,7 @@ const createFields = {
     maxItems: MAX_DEPLOYMENT_MACHINES,
     description: "machine ids of the site; at most the site's deployQuota (default 100)",
   }),
-  verify_path: Type.Optional(
-    Nullable(Type.String({ minLength: 1, maxLength: 1024, description: 'absolute path that must exist after install' })),
-  ),
+  verify_path: Type.Optional(Nullable(MachinePath('absolute path that must exist after install'))),
   sha256: Type.Optional(Type.String({ pattern: SHA256_RE.source, description: '64 hex: the installer is verified before anything runs' })),
   close_processes: Type.Optional(Names('executables closed before install (e.g. app.exe)')),
   suppress_projects: Type.Optional(Names('project names or paths to suppress during install')),

@@ -65,13 +65,15 @@ const Title = Type.String({
   pattern: '\\S',
   description: 'display title (an empty string counts as no title)',
 });
+/** An empty title is no title (stored as null): bodies are not coerced, so it is its own branch. */
+const NoTitle = Type.Literal('');
 const Params = Type.Object({ conversationId: ConversationId });
 
 const CreateBody = Type.Object(
   {
     siteId: SiteId,
     machineId: Type.Optional(Type.Union([MachineId, Type.Null()], { description: 'narrow the conversation to one machine of the site' })),
-    title: Type.Optional(Type.Union([Title, Type.Null()])),
+    title: Type.Optional(Type.Union([Title, NoTitle, Type.Null()])),
   },
   { additionalProperties: false },
 );
@@ -84,7 +86,7 @@ const SendBody = Type.Object(
   { 'x-roost-closed': true },
 );
 const RenameBody = Type.Object(
-  { title: Type.Optional(Type.Union([Title, Type.Null()], { description: 'new title; null clears it' })) },
+  { title: Type.Optional(Type.Union([Title, NoTitle, Type.Null()], { description: 'new title; null or "" clears it' })) },
   { 'x-roost-closed': true, 'x-roost-required': ['title'] },
 );
 
@@ -271,7 +273,7 @@ function routesAt(base: (typeof CONVERSATION_BASES)[number]): FastifyPluginAsync
         const b = request.body;
         const target = { siteId: b.siteId, machineId: b.machineId ?? null };
         const caller = await authorizer(request, 'write')(target);
-        const row = await createConversation(app.deps, { ...target, title: b.title ?? null, caller });
+        const row = await createConversation(app.deps, { ...target, title: b.title || null, caller });
         reply.code(201);
         return conversationView(row, recovery);
       },
@@ -382,7 +384,7 @@ function routesAt(base: (typeof CONVERSATION_BASES)[number]): FastifyPluginAsync
         }
         const row = await renameConversation(app.deps, {
           conversationId: request.params.conversationId,
-          title: body.title,
+          title: body.title || null,
           authorize: authorizer(request, 'write'),
         });
         return conversationView(row, recovery);

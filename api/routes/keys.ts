@@ -248,7 +248,7 @@ const keyRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/api/keys/:keyId/rotate',
     {
-      config: { idempotency: 'ignored' },
+      config: { idempotency: 'ignored', bodyOptional: true },
       preValidation: [
         interactive,
         async (request) => {

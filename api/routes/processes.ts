@@ -32,7 +32,7 @@ import {
   VISIBILITIES,
 } from '../../domain/processes';
 import type { Requirement } from '../../domain/scopes';
-import { DateTime, MachineId, Nullable, SiteId, problems } from '../../domain/schemas';
+import { DateTime, MachineId, MachinePath, Nullable, SiteId, problems } from '../../domain/schemas';
 import {
   type MergedProcess,
   type ProcessRow,
@@ -64,9 +64,9 @@ const Block = Type.Object(
 
 const fields = {
   name: Type.String({ minLength: 1, maxLength: 128 }),
-  exe_path: Type.String({ minLength: 1, maxLength: 1024, description: 'absolute path of the executable' }),
+  exe_path: MachinePath('absolute path of the executable'),
   file_path: Nullable(Type.String({ maxLength: 1024, description: 'document or arguments passed to the executable' })),
-  cwd: Nullable(Type.String({ minLength: 1, maxLength: 1024, description: 'absolute working directory' })),
+  cwd: Nullable(MachinePath('absolute working directory')),
   priority: lit(PRIORITIES),
   visibility: lit(VISIBILITIES),
   launch_mode: lit(LAUNCH_MODES),
@@ -97,7 +97,7 @@ const CreateBody = Type.Object(
 );
 const PatchBody = Type.Object(
   { ...Object.fromEntries(Object.entries(fields).map(([k, v]) => [k, Type.Optional(v)])), ...forbidden },
-  { additionalProperties: false },
+  { additionalProperties: false, minProperties: 1, description: 'at least one field to change' },
 );
 type FieldsIn = Partial<{ [K in keyof typeof fields]: Static<(typeof fields)[K]> }> & { id?: unknown; processId?: unknown };
 

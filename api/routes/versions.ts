@@ -9,7 +9,7 @@ import { type Static, Type } from '@sinclair/typebox';
 import { DiffEntry, DiffModified, DiffSummary } from '../../domain/diff';
 import { ApiError } from '../../domain/errors';
 import { DateTime, Nullable, problems, SiteId, VersionRefString } from '../../domain/schemas';
-import { MAX_MISSING_CHUNKS } from '../../domain/version';
+import { CHUNK_SIZE, MAX_MISSING_CHUNKS, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION } from '../../domain/version';
 import {
   diffVersions,
   getVersion,
@@ -90,11 +90,47 @@ const VersionParams = Type.Object({
 });
 const SiteQuery = Type.Object({ siteId: SiteId });
 
+/**
+ * The version body's shape for the document (`x-roost-document`, api/openapi.ts): domain/version.ts
+ * validateVersionBody checks it and the rules JSON Schema cannot state (listed in the description), with 400
+ * validation_failed naming each field. The version id covers the body as received, extra keys included.
+ */
+const VersionBodyDocument = Type.Object(
+  {
+    schemaVersion: Type.Literal(VERSION_SCHEMA_VERSION),
+    mediaType: Type.Literal(VERSION_MEDIA_TYPE),
+    config: Type.Object({}, { additionalProperties: true }),
+    files: Type.Array(
+      Type.Object(
+        {
+          path: Type.String({ minLength: 1, description: 'safe forward-slash relative path (domain/paths.ts filePathProblem)' }),
+          size: Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER }),
+          chunks: Type.Array(
+            Type.Object(
+              { hash: Type.String({ pattern: '^[0-9a-f]{64}$' }), size: Type.Integer({ minimum: 1, maximum: CHUNK_SIZE }) },
+              { additionalProperties: true },
+            ),
+          ),
+        },
+        { additionalProperties: true },
+      ),
+      { minItems: 1 },
+    ),
+  },
+  {
+    additionalProperties: true,
+    description:
+      `also: paths unique and distinct on Windows (case, trailing dots, a file used as a folder); every chunk but a file's last is exactly ${CHUNK_SIZE} bytes; ` +
+      'a zero-byte file has no chunks and a non-empty file has some',
+  },
+);
+
 const PublishBody = Type.Object(
   {
     siteId: SiteId,
     version: Type.Unknown({
       description: 'the version body: schemaVersion 2, mediaType, config, files (docs/decisions/version-publish.md)',
+      'x-roost-document': VersionBodyDocument,
     }),
     description: Type.Optional(Nullable(Description)),
     expectedCurrentVersionId: Type.Optional(

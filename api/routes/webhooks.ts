@@ -20,7 +20,7 @@ import type { FastifyRequest } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { DateTime, NullableDateTime, pagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
+import { DateTime, HttpsUrl, NullableDateTime, pagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
 import {
   type AttemptRow,
   createWebhook,
@@ -58,10 +58,10 @@ export const DELIVERY_PAGE = { defaultSize: 20, maxSize: 100 };
 const WebhookId = Type.String({ pattern: WEBHOOK_ID_RE.source, description: 'webhook id (wh_…)' });
 const DeliveryId = Type.String({ pattern: DELIVERY_ID_RE.source, description: 'delivery id (dlv_…)' });
 
-const Url = Type.String({
-  minLength: 1,
-  maxLength: 2048,
-  description: 'https URL receiving the deliveries (http and private addresses only with ROOST_WEBHOOK_ALLOW_PRIVATE)',
+// The document states the https form (no fragment); domain/webhook-signature.ts checkWebhookUrl also refuses non-public
+// addresses and, with ROOST_WEBHOOK_ALLOW_PRIVATE, accepts http.
+const Url = HttpsUrl('https URL receiving the deliveries (http and private addresses only with ROOST_WEBHOOK_ALLOW_PRIVATE)', {
+  fragment: false,
 });
 const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '\\S', description: 'label' });
 // The handler names the unknown event in its 400 validation_failed; the document lists the catalog (`x-roost-enum`).
@@ -365,7 +365,7 @@ const webhookRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/api/sites/:siteId/webhooks/:webhookId/rotate-secret',
     {
-      config: { idempotency: 'required' },
+      config: { idempotency: 'required', bodyOptional: true },
       // The body is optional: no body means the defaults.
       preValidation: async (request) => {
         if (request.body === undefined || request.body === null) request.body = {};

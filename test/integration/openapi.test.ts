@@ -414,4 +414,21 @@ describe('the document says what the server enforces', () => {
     const patch = await h.request({ method: 'PATCH', url: '/api/roosts/rst_none', body: { siteId: h.siteId } });
     expect([patch.statusCode, patch.json().code]).toEqual([400, 'validation_failed']);
   });
+
+  it('a JSON body is not coerced: null or false where a string is required is 400 and nothing is created', async () => {
+    for (const [field, value] of [
+      ['extractPath', null],
+      ['name', false],
+      ['name', 5],
+    ] as const) {
+      const name = `coerced-${field}-${String(value)}`;
+      const res = await h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name, [field]: value } });
+      expect([field, value, res.statusCode, res.json().code, res.json().param]).toEqual([field, value, 400, 'validation_failed', field]);
+    }
+    const listed = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&page_size=100` });
+    expect(listed.json().roosts.filter((r: { name: string }) => r.name.startsWith('coerced-'))).toEqual([]);
+    // Query parameters are text and still coerced to their type (?includeDeleted=true, ?page_size=5).
+    const q = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}&includeDeleted=true&page_size=5` });
+    expect(q.statusCode).toBe(200);
+  });
 });
