@@ -6,6 +6,7 @@
  * walk over every page returning every item exactly once, in the order of one big page.
  */
 import { newId, sha256Hex } from '../../domain/hex';
+import { lockCatalog } from '../support/catalog-lock';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { createHash, randomBytes } from 'node:crypto';
 import { PAGE_TOKEN_KEY_PURPOSE } from '../../api/pagination';
@@ -37,6 +38,8 @@ interface ListFixture {
   seed: () => Promise<{ url: string; key: string; expected: string[] }>;
   items: string;
   id: (item: any) => string;
+  /** Undoes what seed did that other test files could see (run after the route's tests). */
+  done?: () => Promise<void>;
 }
 
 /** `n` empty files named by index (no chunks: nothing to upload). */
@@ -107,6 +110,9 @@ async function insertHook(siteId: string, name: string): Promise<string> {
   });
   return webhookId;
 }
+
+/** Clean-ups registered by seeds (see ListFixture.done). */
+const fixtureDone = new Map<string, () => Promise<void>>();
 
 const FIXTURES: ListFixture[] = [
   {
@@ -300,6 +306,35 @@ const FIXTURES: ListFixture[] = [
     },
   },
   {
+    route: 'GET /api/installer',
+    defaultSize: 20,
+    maxSize: 100,
+    items: 'versions',
+    id: (v) => v.version,
+    seed: async () => {
+      // The catalog is platform-wide: hold its lock (test/support/catalog-lock.ts) from seeding to the last
+      // page walk, so no other file's upload or delete changes the list under these tests.
+      const unlock = await lockCatalog(h);
+      const major = 800 + Math.floor(Math.random() * 100);
+      const versions = Array.from({ length: 23 }, (_, i) => `${major}.${i % 3}.${i}`);
+      await h.deps.db.query(
+        `INSERT INTO installer_versions (version, major, minor, patch, state, sha256, blob_name, size_bytes, upload_key_hash, upload_expires_at, created_by, finalized_by, finalized_at)
+         SELECT v, split_part(v, '.', 1)::INT, split_part(v, '.', 2)::INT, split_part(v, '.', 3)::INT, 'active', repeat('a', 64), 'paged/' || v, 1, repeat('b', 64), now(), 'pagination-test', 'pagination-test', now()
+           FROM UNNEST($1::text[]) AS t (v)`,
+        [versions],
+      );
+      const { rows } = await h.deps.db.query<{ version: string }>(
+        `SELECT version FROM installer_versions WHERE state = 'active' ORDER BY major DESC, minor DESC, patch DESC`,
+      );
+      fixtureDone.set('GET /api/installer', async () => {
+        await h.deps.db.query('DELETE FROM installer_versions WHERE version = ANY($1::text[])', [versions]);
+        await unlock();
+      });
+      return { url: '/api/installer', key: h.apiKey, expected: rows.map((r) => r.version) };
+    },
+    done: async () => fixtureDone.get('GET /api/installer')?.(),
+  },
+  {
     route: 'GET /api/keys',
     defaultSize: 50,
     maxSize: 100,
@@ -434,6 +469,7 @@ describe.each(FIXTURES.map((f) => [f.route, f] as const))('%s', (_route, f) => {
     ({ url, key, expected } = await f.seed());
     expect(expected.length).toBeGreaterThan(f.defaultSize);
   });
+  afterAll(async () => f.done?.());
 
   const get = async (q: string) => {
     const res = await h.request({ method: 'GET', url: with_(url, q), key });
