@@ -136,6 +136,13 @@ export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, 
   for (let attempt = 1; ; attempt++) {
     const client = await pool.connect();
     let broken = false;
+    // A checked-out client has no error listener of the pool's: a connection cut while the callback awaits
+    // something else (a database outage) would otherwise be an unhandled 'error' event. The next query fails
+    // with the same error, which the code below handles; the client is discarded.
+    const onError = () => {
+      broken = true;
+    };
+    client.on('error', onError);
     // Under an observer, notice whether this transaction writes (the observer acts only then).
     let wrote = false;
     const clientQuery = client.query;
@@ -170,6 +177,7 @@ export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, 
       throw err;
     } finally {
       if (observer) client.query = clientQuery;
+      client.removeListener('error', onError);
       client.release(broken);
     }
   }

@@ -90,7 +90,8 @@ export default fp(async function problemPlugin(app: FastifyInstance) {
     // A request no route matches gets 404 or 405 whatever its body: the framework parses the body of the
     // not-found route first (and refuses a QUERY without Content-Type), which must not turn it into a 400/415.
     const apiErr = toApiError(error);
-    if (request.is404 && apiErr.status < 500) return notFound(request, reply);
+    // Roost-Version is still checked first (api/plugins/api-version.ts), on unknown routes too.
+    if (request.is404 && apiErr.status < 500 && apiErr.code !== 'unsupported_version') return notFound(request, reply);
     if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
     return sendProblem(request, reply, apiErr);
   });
