@@ -231,18 +231,17 @@ export class RoostClient {
   }
 
   /**
-   * One logical API call with the retry policy above. Resolves with the 2xx response.
-   * @throws ClientError for any non-2xx answer (after retries where allowed) and for network failures.
+   * The URL, headers and JSON payload every call shares: `accept` as given, the CLI's user agent, the
+   * caller's extra headers, the bearer key, the Idempotency-Key (`true` draws a fresh one) and the body.
    */
-  async request<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<ApiResponse<T>> {
-    const m = method.toUpperCase();
+  private prepare(
+    path: string,
+    opts: Pick<RequestOptions, 'query' | 'idempotencyKey' | 'headers' | 'body'>,
+    accept: string,
+  ): { url: string; idempotencyKey?: string; headers: Record<string, string>; payload?: string } {
     const url = `${this.baseUrl}${path}${buildQuery(opts.query)}`;
     const idempotencyKey = opts.idempotencyKey === true ? newIdempotencyKey() : opts.idempotencyKey;
-    const headers: Record<string, string> = {
-      accept: 'application/json, application/problem+json',
-      'user-agent': `roost-cli/${CLI_VERSION}`,
-      ...opts.headers,
-    };
+    const headers: Record<string, string> = { accept, 'user-agent': `roost-cli/${CLI_VERSION}`, ...opts.headers };
     if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
     if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
     let payload: string | undefined;
@@ -250,6 +249,16 @@ export class RoostClient {
       payload = JSON.stringify(opts.body);
       headers['content-type'] = 'application/json';
     }
+    return { url, idempotencyKey, headers, payload };
+  }
+
+  /**
+   * One logical API call with the retry policy above. Resolves with the 2xx response.
+   * @throws ClientError for any non-2xx answer (after retries where allowed) and for network failures.
+   */
+  async request<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<ApiResponse<T>> {
+    const m = method.toUpperCase();
+    const { url, idempotencyKey, headers, payload } = this.prepare(path, opts, 'application/json, application/problem+json');
     const replayable = m === 'GET' || m === 'HEAD' || opts.retrySafe === true || idempotencyKey !== undefined;
 
     const started = Date.now();
@@ -360,20 +369,7 @@ export class RoostClient {
     opts: Omit<RequestOptions, 'retrySafe' | 'timeoutMs'> & { signal?: AbortSignal } = {},
   ): Promise<{ response: Response; requestId?: string; idempotencyKey?: string }> {
     const m = method.toUpperCase();
-    const url = `${this.baseUrl}${path}${buildQuery(opts.query)}`;
-    const idempotencyKey = opts.idempotencyKey === true ? newIdempotencyKey() : opts.idempotencyKey;
-    const headers: Record<string, string> = {
-      accept: 'text/plain, application/problem+json',
-      'user-agent': `roost-cli/${CLI_VERSION}`,
-      ...opts.headers,
-    };
-    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
-    if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
-    let payload: string | undefined;
-    if (opts.body !== undefined) {
-      payload = JSON.stringify(opts.body);
-      headers['content-type'] = 'application/json';
-    }
+    const { url, idempotencyKey, headers, payload } = this.prepare(path, opts, 'text/plain, application/problem+json');
     let res: Response;
     try {
       res = await fetch(url, { method: m, headers, body: payload, signal: opts.signal });

@@ -12,11 +12,12 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { cliRunner, ROOST_BIN } from '../support/cli';
 import { createHarness, type Harness } from '../support/harness';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy';
 import { deployRoute, publishFiles, startTestWorker, terminateAll, type TestWorker } from '../integration/rollout-fixtures';
 
-const BIN = path.resolve(__dirname, '..', '..', 'bin', 'roost.js');
+const BIN = ROOST_BIN;
 
 let h: Harness;
 let worker: TestWorker;
@@ -32,17 +33,7 @@ function env(): NodeJS.ProcessEnv {
 }
 
 /** Runs `roost …` to its end. */
-function roost(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], { env: env(), stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const { roost } = cliRunner(() => ({ ROOST_CONFIG: path.join(tmp, 'cli.json'), ROOST_API_KEY: '', ROOST_SITE_ID: '', ROOST_API_URL: '' }));
 
 /** A running `roost agent run` and its JSON log lines. */
 class AgentProcess {

@@ -12,6 +12,7 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { cliRunner, ROOST_BIN } from '../support/cli';
 import { createHarness, type Harness } from '../support/harness';
 import { makeUser, scopedKey } from '../support/identity';
 import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
@@ -20,8 +21,6 @@ import { closeWorkerConnections } from '../../worker/worker';
 import { startFleet, type Fleet } from '../../agent/fleet';
 import { MockLanguageModelV3 } from 'ai/test';
 import type { LanguageModelV3StreamPart } from '@ai-sdk/provider';
-
-const BIN = path.resolve(__dirname, '..', '..', 'bin', 'roost.js');
 
 // About 100 CLI processes (each starts Node and tsx) and a real install and process run: on a loaded CI
 // machine one test takes well over a minute, so this file allows 5 minutes per test and hook.
@@ -33,64 +32,14 @@ let api: string;
 let tmp: string;
 let member: { siteId: string; userId: string; apiKey: string };
 
-interface Run {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs `roost …` with the site's (superadmin) key and site unless overridden, and a private config file. */
-function roost(args: string[], env: Record<string, string | undefined> = {}, input?: string): Promise<Run> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], {
-      env: {
-        ...process.env,
-        ROOST_API_URL: api,
-        ROOST_API_KEY: h.apiKey,
-        ROOST_SITE_ID: h.siteId,
-        ROOST_CONFIG: path.join(tmp, 'config.json'),
-        ROOST_ID_TOKEN: undefined,
-        ...env,
-      },
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-    child.stdin.end(input ?? '');
-  });
-}
-
-/** Runs and expects exit 0 with one JSON document on stdout. */
-async function json<T = any>(args: string[], env: Record<string, string | undefined> = {}, input?: string): Promise<T> {
-  const r = await roost([...args, '--json'], env, input);
-  if (r.code !== 0) throw new Error(`roost ${args.join(' ')} exited ${r.code}: ${r.stderr}`);
-  return JSON.parse(r.stdout) as T;
-}
-
-/** Runs and expects exit 0 (human output). */
-async function human(args: string[], env: Record<string, string | undefined> = {}): Promise<string> {
-  const r = await roost(args, env);
-  if (r.code !== 0) throw new Error(`roost ${args.join(' ')} exited ${r.code}: ${r.stderr}`);
-  return r.stdout;
-}
-
-/** Runs and expects the exit code, `error: <code>: <detail>` and the request id on stderr, and `{error}` on stdout. */
-async function refused(args: string[], exit: number, code: string, env: Record<string, string | undefined> = {}): Promise<any> {
-  const r = await roost([...args, '--json'], env);
-  expect({ code: r.code, stderr: r.stderr }).toEqual({ code: exit, stderr: expect.stringContaining(`error: ${code}: `) });
-  const body = JSON.parse(r.stdout);
-  expect(body.error.code).toBe(code);
-  expect(typeof body.error.detail).toBe('string');
-  if (body.error.status > 0) {
-    expect(body.error.requestId).toEqual(expect.any(String));
-    expect(r.stderr).toContain(`request ${body.error.requestId}`);
-  }
-  return body.error;
-}
+/** `roost …` with the site's (superadmin) key and site unless overridden, and a private config file. */
+const { roost, json, human, refused } = cliRunner(() => ({
+  ROOST_API_URL: api,
+  ROOST_API_KEY: h.apiKey,
+  ROOST_SITE_ID: h.siteId,
+  ROOST_CONFIG: path.join(tmp, 'config.json'),
+  ROOST_ID_TOKEN: undefined,
+}));
 
 const tag = () => randomBytes(4).toString('hex');
 
@@ -267,7 +216,7 @@ describe('roost conversations', () => {
     });
     try {
       const c = await json(['conversations', 'create']);
-      const child = spawn(process.execPath, [BIN, 'conversations', 'send', c.conversationId, 'hello'], {
+      const child = spawn(process.execPath, [ROOST_BIN, 'conversations', 'send', c.conversationId, 'hello'], {
         env: {
           ...process.env,
           ROOST_API_URL: api,

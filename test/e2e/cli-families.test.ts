@@ -11,13 +11,12 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
+import { cliRunner, ROOST_BIN } from '../support/cli';
 import { createHarness, type Harness } from '../support/harness';
 import { idTokenFor, scopedKey } from '../support/identity';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy';
 import { publishFiles, seedRoost } from '../integration/rollout-fixtures';
 import { Agent } from '../../agent/agent';
-
-const BIN = path.resolve(__dirname, '..', '..', 'bin', 'roost.js');
 
 let h: Harness;
 let api: string;
@@ -25,53 +24,14 @@ let tmp: string;
 let configFile: string;
 let owner: { uid: string; email: string };
 
-interface Run {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs `roost …` with the site's key and site (unless overridden) and a private config file. */
-function roost(args: string[], env: Record<string, string | undefined> = {}, input?: string): Promise<Run> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], {
-      env: {
-        ...process.env,
-        ROOST_API_URL: api,
-        ROOST_API_KEY: h.apiKey,
-        ROOST_SITE_ID: h.siteId,
-        ROOST_CONFIG: configFile,
-        ROOST_ID_TOKEN: undefined,
-        ...env,
-      },
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-    child.stdin.end(input ?? '');
-  });
-}
-
-/** Runs and expects exit 0 with one JSON document on stdout. */
-async function json<T = any>(args: string[], env: Record<string, string | undefined> = {}): Promise<T> {
-  const r = await roost([...args, '--json'], env);
-  if (r.code !== 0) throw new Error(`roost ${args.join(' ')} exited ${r.code}: ${r.stderr}`);
-  return JSON.parse(r.stdout) as T;
-}
-
-/** Runs and expects the given exit code, a problem code on stderr with the request id, and `{error}` on stdout. */
-async function refused(args: string[], exit: number, code: string, env: Record<string, string | undefined> = {}): Promise<any> {
-  const r = await roost([...args, '--json'], env);
-  expect({ code: r.code, stderr: r.stderr }).toEqual({ code: exit, stderr: expect.stringContaining(`error: ${code}: `) });
-  const body = JSON.parse(r.stdout);
-  expect(body.error.code).toBe(code);
-  if (body.error.status > 0) expect(r.stderr).toContain(`request ${body.error.requestId}`);
-  return body.error;
-}
+/** `roost …` with the site's key and site (unless overridden) and a private config file. */
+const { roost, json, refused } = cliRunner(() => ({
+  ROOST_API_URL: api,
+  ROOST_API_KEY: h.apiKey,
+  ROOST_SITE_ID: h.siteId,
+  ROOST_CONFIG: configFile,
+  ROOST_ID_TOKEN: undefined,
+}));
 
 beforeAll(async () => {
   h = await createHarness({ ROOST_WEBHOOK_ALLOW_PRIVATE: 'true', ROOST_STREAM_KEEPALIVE_MS: '300', ROOST_STREAM_POLL_MS: '40' });
@@ -283,7 +243,7 @@ describe('roost events tail', () => {
 
   it('follows the stream, resumes after a cut connection with Last-Event-ID (the missed event once), and stops after --count', async () => {
     const seeded = await seedRoost(h, { files: { 'a.txt': 'a\n' } });
-    const child = spawn(process.execPath, [BIN, 'events', 'tail', '--events', 'version.published', '--count', '2', '--json'], {
+    const child = spawn(process.execPath, [ROOST_BIN, 'events', 'tail', '--events', 'version.published', '--count', '2', '--json'], {
       env: {
         ...process.env,
         ROOST_API_URL: `http://127.0.0.1:${proxy.port}`,

@@ -4,50 +4,28 @@
  * latest, set-latest, a refused delete of latest (exit 3), a malformed version (exit 2) and a key without
  * the installer scope (exit 5). Holds the catalog lock (test/support/catalog-lock.ts) while it runs.
  */
-import { spawn } from 'node:child_process';
 import { randomInt } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { cliRunner } from '../support/cli';
 import { createHarness, type Harness } from '../support/harness';
 import { scopedKey } from '../support/identity';
 import { lockCatalog } from '../support/catalog-lock';
 import { startTestWorker, type TestWorker } from '../integration/rollout-fixtures';
 import { closeWorkerConnections } from '../../worker/worker';
 
-const BIN = path.resolve(__dirname, '..', '..', 'bin', 'roost.js');
 let h: Harness;
 let w: TestWorker;
 let api: string;
 let tmp: string;
 let unlock: (() => Promise<void>) | undefined;
 
-function roost(args: string[], env: Record<string, string> = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], {
-      env: { ...process.env, ROOST_API_URL: api, ROOST_API_KEY: h.apiKey, ROOST_CONFIG: path.join(tmp, 'config.json'), ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
-
-async function json(args: string[]): Promise<any> {
-  const r = await roost([...args, '--json']);
-  if (r.code !== 0) throw new Error(`roost ${args.join(' ')} exited ${r.code}: ${r.stderr}`);
-  return JSON.parse(r.stdout);
-}
-
-async function refused(args: string[], exit: number, code: string, env: Record<string, string> = {}): Promise<void> {
-  const r = await roost([...args, '--json'], env);
-  expect({ exit: r.code, code: JSON.parse(r.stdout).error.code }).toEqual({ exit, code });
-  expect(r.stderr).toContain(`error: ${code}: `);
-}
+const { roost, json, refused } = cliRunner(() => ({
+  ROOST_API_URL: api,
+  ROOST_API_KEY: h.apiKey,
+  ROOST_CONFIG: path.join(tmp, 'config.json'),
+}));
 
 beforeAll(async () => {
   h = await createHarness();

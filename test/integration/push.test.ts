@@ -3,7 +3,6 @@
  * to Azurite through signed URLs, and the `roost` binary itself is run for the --json contract.
  */
 import { EXIT } from '../../cli/context';
-import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
@@ -16,6 +15,7 @@ import { type Rollout, watchRollout } from '../../cli/commands/deploy';
 import { rolloutWorkflowId } from '../../workflows/client';
 import { sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, computeVersionId } from '../../domain/version';
+import { cliRunner } from '../support/cli';
 import { createHarness, type Harness } from '../support/harness';
 import type { Scope } from '../../domain/scopes';
 import { scopedKey as scopedKeyOf } from '../support/identity';
@@ -62,17 +62,9 @@ async function makeTree(name: string): Promise<{ dir: string; big: Buffer }> {
   return { dir, big };
 }
 
-/** Runs the real `roost` binary; resolves with exit code, stdout and stderr (never blocks this process). */
-function roost(args: string[], key = h.apiKey): Promise<{ code: number; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    execFile(
-      process.execPath,
-      [path.join(ROOT, 'bin', 'roost.js'), ...args],
-      { cwd: ROOT, env: { ...process.env, ROOST_API_URL: base, ROOST_API_KEY: key, ROOST_SITE_ID: h.siteId }, maxBuffer: 16 * 1024 * 1024 },
-      (err, stdout, stderr) => resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
-    );
-  });
-}
+/** Runs the real `roost` binary with this harness's key (or `key`) and site. */
+const cli = cliRunner(() => ({ ROOST_API_URL: base, ROOST_API_KEY: h.apiKey, ROOST_SITE_ID: h.siteId }), { cwd: ROOT });
+const roost = (args: string[], key = h.apiKey) => cli.roost(args, { ROOST_API_KEY: key });
 
 const scopedKey = (scopes: unknown[]) => scopedKeyOf(h, scopes as Scope[]);
 

@@ -11,8 +11,8 @@
  */
 import { EXIT } from '../../cli/context';
 import fs from 'node:fs/promises';
-import { execFile } from 'node:child_process';
 import path from 'node:path';
+import { cliRunner } from '../support/cli';
 import { type Harness, idemKey } from '../support/harness';
 import { recordHistory } from '../../scripts/record-history';
 import { rollbackWorkflowId, rolloutWorkflowId } from '../../workflows/client';
@@ -668,18 +668,12 @@ describe('dry-run delta plan', () => {
 });
 
 describe('the roost CLI', () => {
-  /** Runs the real `roost` binary against this harness on a real port. */
-  async function roost(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-    const base = await h.listen();
-    return new Promise((resolve) => {
-      execFile(
-        process.execPath,
-        [path.join(__dirname, '..', '..', 'bin', 'roost.js'), ...args],
-        { env: { ...process.env, ROOST_API_URL: base, ROOST_API_KEY: h.apiKey, ROOST_SITE_ID: h.siteId } },
-        (err, stdout, stderr) => resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
-      );
-    });
-  }
+  let base = '';
+  /** The real `roost` binary against this harness on a real port. */
+  const { roost } = cliRunner(() => ({ ROOST_API_URL: base, ROOST_API_KEY: h.apiKey, ROOST_SITE_ID: h.siteId }));
+  beforeAll(async () => {
+    base = await h.listen();
+  });
 
   it('deploys with --policy, then lists, shows and promotes the rollout with `roost rollout`; a second promote is refused', async () => {
     const ids = machineIds(3);
