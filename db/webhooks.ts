@@ -10,6 +10,7 @@
  */
 import type { Pool } from 'pg';
 import { newId } from '../domain/hex';
+import { isCreatedAtPosition } from '../domain/schemas';
 import { listEventsAfter } from './events';
 import { withTx, type Queryable } from './pool';
 
@@ -86,14 +87,7 @@ export type WebhookPosition = [string, string];
 
 /** True for a position `listWebhooks` issues. */
 export function isWebhookPosition(p: unknown): p is WebhookPosition {
-  return (
-    Array.isArray(p) &&
-    p.length === 2 &&
-    typeof p[0] === 'string' &&
-    p[0].length <= 64 &&
-    typeof p[1] === 'string' &&
-    WEBHOOK_ID_RE.test(p[1])
-  );
+  return isCreatedAtPosition(p) && WEBHOOK_ID_RE.test(p[1]);
 }
 
 /** The site's subscriptions, newest first, `limit` + 1 rows (the extra one says there is a next page). */
@@ -219,14 +213,7 @@ export type DeliveryPosition = [string, string];
 
 /** True for a position `listDeliveries` issues. */
 export function isDeliveryPosition(p: unknown): p is DeliveryPosition {
-  return (
-    Array.isArray(p) &&
-    p.length === 2 &&
-    typeof p[0] === 'string' &&
-    p[0].length <= 64 &&
-    typeof p[1] === 'string' &&
-    DELIVERY_ID_RE.test(p[1])
-  );
+  return isCreatedAtPosition(p) && DELIVERY_ID_RE.test(p[1]);
 }
 
 /** The subscription's deliveries, newest first, `limit` + 1 rows, each with its attempts (oldest first). */
