@@ -13,7 +13,7 @@
  * with ChunkerError rather than silently leaving the file out.
  */
 import { createHash } from 'node:crypto';
-import { createReadStream, promises as fsp } from 'node:fs';
+import { createReadStream, lstatSync, promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import pLimit from 'p-limit';
@@ -93,7 +93,9 @@ export async function walkTree(root: string): Promise<WalkResult> {
       else if (entry.isFile()) {
         const why = filePathProblem(relPath);
         if (why) bad.push([relPath, why]);
-        else files.push({ path: relPath, absPath: abs, size: (await fsp.lstat(abs)).size });
+        // lstat synchronously: a stat is microseconds, while an awaited one pays a thread-pool round trip
+        // and every scheduling delay of a loaded machine once per file (docs/benchmarks.md "Hashing").
+        else files.push({ path: relPath, absPath: abs, size: lstatSync(abs).size });
       } else if (entry.isSocket()) skipped.push({ path: relPath, reason: 'socket' });
       else if (entry.isFIFO()) skipped.push({ path: relPath, reason: 'fifo' });
       else if (entry.isBlockDevice() || entry.isCharacterDevice()) skipped.push({ path: relPath, reason: 'device' });

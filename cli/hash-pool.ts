@@ -1,8 +1,10 @@
 /**
  * Chunk hashing on every core (docs/benchmarks.md "Hashing"): a pool of worker threads, each reading
- * whole files a chunk at a time (one CHUNK_SIZE buffer per thread, synchronous reads) and hashing each
- * chunk with SHA-256, so hashing is bounded by the CPU's SHA-256 speed times the cores rather than by
- * one thread's event loop. The main thread only hands out batches of files and collects chunk lists.
+ * files with synchronous reads of READ_BLOCK bytes into one reused buffer and feeding every block to the
+ * running SHA-256 of its 4 MiB chunk, so hashing is bounded by the CPU's SHA-256 speed times the cores
+ * rather than by one thread's event loop. A block small enough to stay in the core's L2 cache is hashed
+ * while still there (a whole 4 MiB chunk read first is written to memory and read back). The main thread
+ * only hands out batches of files and collects chunk lists; progress comes back at most once per 4 MiB.
  *
  * The worker is plain JavaScript over Node built-ins, started from source (`eval`), so it runs the same
  * under tsx, Jest and the packaged single-file executable, where no separate worker file exists.
@@ -10,6 +12,9 @@
 import os from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { CHUNK_SIZE, type ChunkRef } from '../domain/version';
+
+/** Bytes per read (256 KiB): one reused buffer per thread, hashed while it is still in the L2 cache. */
+export const READ_BLOCK = 256 * 1024;
 
 /** One file to hash: absolute path and the size the walk saw (bytes). */
 export interface HashJob {
@@ -25,23 +30,32 @@ const { parentPort } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
 const fs = require('node:fs');
 const CHUNK = ${CHUNK_SIZE};
-const buf = Buffer.allocUnsafe(CHUNK);
+const BLOCK = ${READ_BLOCK};
+const PROGRESS_EVERY = ${CHUNK_SIZE};
+const buf = Buffer.allocUnsafe(BLOCK);
+let pending = 0;
 function hashFile(absPath) {
   const fd = fs.openSync(absPath, 'r');
   try {
     const chunks = [];
     let total = 0;
     for (;;) {
+      const hash = createHash('sha256');
       let got = 0;
       while (got < CHUNK) {
-        const n = fs.readSync(fd, buf, got, CHUNK - got, null);
+        const n = fs.readSync(fd, buf, 0, Math.min(BLOCK, CHUNK - got), null);
         if (n === 0) break;
+        hash.update(n === BLOCK ? buf : buf.subarray(0, n));
         got += n;
       }
       if (got === 0) break;
-      chunks.push({ hash: createHash('sha256').update(buf.subarray(0, got)).digest('hex'), size: got });
+      chunks.push({ hash: hash.digest('hex'), size: got });
       total += got;
-      parentPort.postMessage({ progress: got });
+      pending += got;
+      if (pending >= PROGRESS_EVERY) {
+        parentPort.postMessage({ progress: pending });
+        pending = 0;
+      }
       if (got < CHUNK) break;
     }
     return { chunks, total };
@@ -57,13 +71,19 @@ parentPort.on('message', (batch) => {
       return { error: String((err && err.message) || err), code: err && err.code };
     }
   });
+  if (pending > 0) parentPort.postMessage({ progress: pending });
+  pending = 0;
   parentPort.postMessage({ id: batch.id, results });
 });
 `;
 
-/** Files per batch at most, and bytes per batch at which a batch is closed (many small files share one message). */
-const BATCH_FILES = 256;
-const BATCH_BYTES = 16 * 1024 * 1024;
+/**
+ * Files per batch at most, and bytes per batch at which a batch is closed: many small files share one
+ * message, yet batches stay small enough that the last ones balance across threads and a pipelined
+ * push (cli/push.ts) gets its first chunk lists early.
+ */
+const BATCH_FILES = 64;
+const BATCH_BYTES = 8 * 1024 * 1024;
 
 /** Threads a pool uses by default: one per core the process may use. */
 export function defaultHashThreads(): number {
@@ -72,12 +92,19 @@ export function defaultHashThreads(): number {
 
 /**
  * Hashes `jobs` on `threads` worker threads and returns one outcome per job, in job order.
- * `onBytes` is called with each chunk's byte count as it is hashed, `onFile` once per finished file.
- * Read errors come back per file (never thrown); the pool itself throws only when a worker dies.
+ * `onBytes` is called with byte counts as they are hashed (at most once per 4 MiB per thread, and at the
+ * end of each batch), `onFile` once per finished file, `onOutcome` with each job's index and outcome as
+ * soon as its batch is back (batches finish out of job order). Read errors come back per file (never
+ * thrown); the pool itself throws only when a worker dies or a callback throws.
  */
 export async function hashFiles(
   jobs: readonly HashJob[],
-  opts: { threads: number; onBytes?: (n: number) => void; onFile?: () => void },
+  opts: {
+    threads: number;
+    onBytes?: (n: number) => void;
+    onFile?: () => void;
+    onOutcome?: (index: number, outcome: HashOutcome) => void;
+  },
 ): Promise<HashOutcome[]> {
   const batches: number[][] = [];
   let current: number[] = [];
@@ -108,13 +135,19 @@ export async function hashFiles(
               worker.postMessage({ id, files: batches[id].map((i) => ({ absPath: jobs[i].absPath })) });
             };
             worker.on('message', (m: { progress?: number; id?: number; results?: HashOutcome[] }) => {
-              if (m.progress !== undefined) return opts.onBytes?.(m.progress);
-              const batch = batches[m.id as number];
-              (m.results ?? []).forEach((r, k) => {
-                outcomes[batch[k]] = r;
-                opts.onFile?.();
-              });
-              send();
+              try {
+                if (m.progress !== undefined) return opts.onBytes?.(m.progress);
+                const batch = batches[m.id as number];
+                send();
+                (m.results ?? []).forEach((r, k) => {
+                  outcomes[batch[k]] = r;
+                  opts.onFile?.();
+                  opts.onOutcome?.(batch[k], r);
+                });
+              } catch (err) {
+                next = batches.length;
+                reject(err);
+              }
             });
             worker.once('error', reject);
             worker.once('exit', (code) => {

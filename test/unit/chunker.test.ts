@@ -228,6 +228,21 @@ describe('hashing on threads (cli/hash-pool.ts)', () => {
     expect(out[1]).toMatchObject({ code: 'ENOENT' });
     expect(seen).toBe(CHUNK_SIZE + 1);
   });
+
+  it('hands each outcome to onOutcome once, as its batch comes back, equal to the returned list', async () => {
+    await bigTree();
+    const { files } = await walkTree(tmp);
+    const streamed = new Map<number, unknown>();
+    const out = await hashFiles(files, {
+      threads: 2,
+      onOutcome: (i, o) => {
+        expect(streamed.has(i)).toBe(false);
+        streamed.set(i, o);
+      },
+    });
+    expect(streamed.size).toBe(files.length);
+    out.forEach((o, i) => expect(streamed.get(i)).toEqual(o));
+  });
 });
 
 describe('readChunk', () => {
