@@ -43,8 +43,11 @@ export const EnvSchema = Type.Object({
   TEMPORAL_UI_URL: Type.Optional(Type.String()),
   /** Task queue served by the worker. */
   ROOST_TASK_QUEUE: Type.String({ default: 'roost' }),
-  /** Classic deployments (docs/decisions/classic-deployments.md): ms between the workflow's reconcile passes over agent reports. */
-  ROOST_CLASSIC_POLL_MS: Type.Integer({ minimum: 20, maximum: 60000, default: 1000 }),
+  /**
+   * Classic deployments (docs/decisions/classic-deployments.md): ms between the workflow's reconcile passes over
+   * agent reports. Each pass heartbeats, so the bound stays below the drive activity's 15 s heartbeat timeout.
+   */
+  ROOST_CLASSIC_POLL_MS: Type.Integer({ minimum: 20, maximum: 10000, default: 1000 }),
   /** Most concurrent installs of a `parallel_install` classic deployment (serial deployments run one at a time). */
   ROOST_CLASSIC_PARALLELISM: Type.Integer({ minimum: 1, maximum: 10000, default: 50 }),
   /** Seconds without a heartbeat after which a machine counts as offline. */

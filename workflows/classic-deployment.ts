@@ -92,7 +92,8 @@ export async function classicDeploymentWorkflow(input: ClassicRef): Promise<Clas
 
   const { driveClassicDeployment } = proxyActivities<Activities>({
     startToCloseTimeout: plan.driveTimeoutMs,
-    heartbeatTimeout: '30 seconds',
+    // Every reconcile pass heartbeats (ROOST_CLASSIC_POLL_MS ≤ 10 s): a killed worker's drive resumes on another within 15 s.
+    heartbeatTimeout: '15 seconds',
     retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
   });
 

@@ -13,6 +13,8 @@ import { recordHistory } from '../../scripts/record-history';
 import { closeRolloutSuite, openRolloutSuite, scopedKey, enrolMachineRows, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { type Harness, idemKey } from '../support/harness';
 import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
+import { killHard } from '../support/api-child';
+import { startWorkerChild } from '../support/worker-child';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
 const HISTORIES = path.join(__dirname, '..', 'replay', 'histories', 'classic');
@@ -307,6 +309,31 @@ describe('durability', () => {
     const d = await detail(id);
     expect(d.targets.map((t: { status: string; attempts: number }) => [t.status, t.attempts])).toEqual(Array(4).fill(['completed', 1]));
     expect((await lines(marker)).map((l) => l.split(' ')[0]).sort()).toEqual(fleet.machineIds.slice(0, 4));
+  });
+  it('completes a fan-out after its worker process is SIGKILLed mid-install and another worker process takes over', async () => {
+    // The production worker (worker/main.ts) as a process on this file's task queue, in place of the in-process one.
+    await w.stop();
+    const env = { ROOST_TASK_QUEUE: h.deps.cfg.ROOST_TASK_QUEUE };
+    let child = await startWorkerChild(env);
+    try {
+      const marker = path.join(tmpRoot, 'runs-kill.log');
+      const inst = server.add('kill.sh', installerScript({ marker, installs: path.join(tmpRoot, 'installs-kill'), sleepSeconds: 1 }));
+      const machines = fleet.machineIds.slice(4, 7);
+      const res = await create({ name: 'kill', installer_url: inst.url, installer_name: 'kill.sh', silent_flags: '', machines });
+      expect(res.statusCode).toBe(201);
+      const id = res.json().deploymentId;
+      await waitFor(async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
+      await killHard(child);
+      child = await startWorkerChild(env);
+      expect(await finished(id)).toMatchObject({ status: 'completed', counts: expect.objectContaining({ completed: 3 }) });
+      // No target dispatched twice: one attempt each, and each machine ran the installer once.
+      const d = await detail(id);
+      expect(d.targets.map((t: { status: string; attempts: number }) => [t.status, t.attempts])).toEqual(Array(3).fill(['completed', 1]));
+      expect((await lines(marker)).map((l) => l.split(' ')[0]).sort()).toEqual([...machines].sort());
+    } finally {
+      await killHard(child);
+      w = await startTestWorker(h, 'classic-after-kill');
+    }
   });
 });
 
