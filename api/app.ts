@@ -51,7 +51,17 @@ export interface BuildOptions {
   logger?: boolean | { level: string };
   /** A logger of telemetry/logging.ts createLogger to use instead (tests capture its lines). */
   loggerInstance?: Logger;
+  /**
+   * Plugins left out, for the API-overhead benchmark only (bench/api.ts measures what each one costs a read);
+   * production and tests never pass it. Leaving out `rateLimit` also leaves `app.rateLimits` undefined, so only
+   * routes without capability limits answer (the benchmark's `GET /api/roosts/{roostId}/versions/{versionRef}`).
+   */
+  without?: readonly OptionalPlugin[];
 }
+
+/** The plugins `BuildOptions.without` may leave out. */
+export const OPTIONAL_PLUGINS = ['metrics', 'tracing', 'input', 'apiVersion', 'rateLimit', 'idempotency', 'audit'] as const;
+export type OptionalPlugin = (typeof OPTIONAL_PLUGINS)[number];
 
 /** Creates the app with its dependencies. Call `app.ready()` (or `listen`) before use. */
 export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<FastifyInstance> {
@@ -144,20 +154,21 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     reply.header('X-Request-Id', request.id);
     logContext.run({ requestId: request.id }, done);
   });
+  const wanted = (name: OptionalPlugin) => !opts.without?.includes(name);
   await app.register(problem);
   // Request, rate-limit, idempotency, pool and stream metrics (api/plugins/metrics.ts; docs/observability.md).
-  await app.register(metrics);
+  if (wanted('metrics')) await app.register(metrics);
   // Request spans when tracing is on (api/plugins/tracing.ts); before the routes it wraps.
-  await app.register(tracing);
+  if (wanted('tracing')) await app.register(tracing);
   // One rule for client text and JSON: no U+0000, no lone surrogates, bounded depth (api/plugins/input.ts).
-  await app.register(input);
+  if (wanted('input')) await app.register(input);
   // The route table, the OpenAPI document (/api/openapi.json) and the public reference page (/docs).
   await app.register(openapi);
-  await app.register(apiVersion);
+  if (wanted('apiVersion')) await app.register(apiVersion);
   await app.register(auth);
-  await app.register(rateLimit);
-  await app.register(idempotency);
-  await app.register(audit);
+  if (wanted('rateLimit')) await app.register(rateLimit);
+  if (wanted('idempotency')) await app.register(idempotency);
+  if (wanted('audit')) await app.register(audit);
   await registerRoutes(app);
   return app;
 }

@@ -1,20 +1,23 @@
 /**
  * Command-line options of `npm run bench` (node:util parseArgs; unknown options are an error).
  *
- *   --only <names>        comma list of benchmarks: chunker, push, republish, check, rollout, classic (default all)
+ *   --only <names>        comma list of benchmarks: chunker, push, republish, check, rollout, classic, api, scaleout (default all)
  *   --size-mib <n>        size of the generated tree for chunker, push, republish (default 1024)
- *   --machines <n>        simulated machines for rollout and classic (default 1000)
+ *   --machines <n>        simulated machines for rollout, classic and scaleout (default 1000)
  *   --requests <n>        chunks/check requests (default 300)
  *   --stored-chunks <n>   chunks stored for the check benchmark (default 100000)
  *   --concurrency <n>     chunk PUTs in flight, push and its floor (default 4, the CLI's default)
  *   --rounds <n>          alternating rounds of the chunker benchmark (default 3)
+ *   --connections <n>     autocannon connections of the api benchmark (default 10)
+ *   --seconds <n>         seconds of each autocannon run of the api benchmark (default 10)
+ *   --api-ablations       run the api benchmark's plugin ablations even when the API reaches its goal
  *   --database <name>     bench database on the embedded cluster (default roost_bench)
  *   --keep-database       leave the bench database in place afterwards (for inspection)
  *   --out <file>          also write the JSON document to this file
  */
 import { parseArgs } from 'node:util';
 
-export const BENCHMARKS = ['chunker', 'push', 'republish', 'check', 'rollout', 'classic'] as const;
+export const BENCHMARKS = ['chunker', 'push', 'republish', 'check', 'rollout', 'classic', 'api', 'scaleout'] as const;
 export type BenchName = (typeof BENCHMARKS)[number];
 
 export interface BenchOptions {
@@ -25,6 +28,10 @@ export interface BenchOptions {
   storedChunks: number;
   concurrency: number;
   rounds: number;
+  connections: number;
+  seconds: number;
+  /** true: always run the api benchmark's ablations; undefined: only when the API misses its goal. */
+  apiAblations?: boolean;
   database: string;
   keepDatabase: boolean;
   out?: string;
@@ -51,6 +58,9 @@ export function parseOptions(argv: string[]): BenchOptions {
       'stored-chunks': { type: 'string' },
       concurrency: { type: 'string' },
       rounds: { type: 'string' },
+      connections: { type: 'string' },
+      seconds: { type: 'string' },
+      'api-ablations': { type: 'boolean' },
       database: { type: 'string' },
       'keep-database': { type: 'boolean' },
       out: { type: 'string' },
@@ -76,6 +86,9 @@ export function parseOptions(argv: string[]): BenchOptions {
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),
     concurrency: positive('concurrency', values.concurrency, 4),
     rounds: positive('rounds', values.rounds, 3),
+    connections: positive('connections', values.connections, 10),
+    seconds: positive('seconds', values.seconds, 10),
+    ...(values['api-ablations'] ? { apiAblations: true } : {}),
     database,
     keepDatabase: values['keep-database'] === true,
     out: values.out,

@@ -58,7 +58,7 @@ export interface RolloutFigures {
   fleetStats: Record<string, number>;
 }
 
-/** The small version: four files (one empty), deterministic bytes. */
+/** The small version: four files (one empty), deterministic bytes (also served by bench/api.ts). */
 const VERSION_FILES: { path: string; size: number }[] = [
   { path: 'bin/app.exe', size: 32 * 1024 },
   { path: 'config/app.json', size: 1200 },
@@ -66,7 +66,7 @@ const VERSION_FILES: { path: string; size: number }[] = [
   { path: 'data/empty.dat', size: 0 },
 ];
 
-async function writeSmallVersion(dir: string): Promise<number> {
+export async function writeSmallVersion(dir: string): Promise<number> {
   await fs.rm(dir, { recursive: true, force: true });
   let bytes = 0;
   for (const f of VERSION_FILES) {

@@ -8,6 +8,8 @@
  *   check      POST /api/chunks/check, 1000 hashes, 100k stored (ms) vs the same SQL through pg
  *   rollout    deploy to N simulated machines, to the last commit (s) vs one trivial command to each
  *   classic    classic installer deployment to N simulated machines, to the last install (s) vs the same floor
+ *   scaleout   2 API + 2 worker processes behind a balancer, rollout to N machines, one of each SIGKILLed midway (s) vs the floor
+ *   api        GET /api/roosts/{roostId}/versions/current under autocannon (req/s, p99) vs a bare Fastify route, same SQL
  *
  * Progress goes to stderr; stdout carries one JSON document at the end. Options: bench/options.ts
  * (`--only`, `--size-mib`, `--machines`, …). The stack is the in-process one (stack/run.ts) on its own
@@ -18,12 +20,14 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { benchApi } from './api';
 import { benchCheck } from './check';
 import { benchChunker } from './chunker';
 import { benchClassic } from './classic';
 import { parseOptions, type BenchOptions } from './options';
 import { benchColdPush, benchRepublish, publishTree, type PublishedTree } from './push';
 import { benchRollout } from './rollout';
+import { benchScaleout } from './scaleout';
 import { type BenchStack, benchConfig, emergencyStopBench, startBenchStack } from './stack';
 import { ensureTree, type TreeInfo } from './tree';
 import { log, round } from './util';
@@ -77,7 +81,8 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
 
   if (tree && wants('chunker')) await attempt('chunker', () => benchChunker(tree!, { rounds: opts.rounds }));
 
-  const needsStack = wants('push') || wants('republish') || wants('check') || wants('rollout') || wants('classic');
+  const needsStack =
+    wants('push') || wants('republish') || wants('check') || wants('rollout') || wants('classic') || wants('api') || wants('scaleout');
   let bench: BenchStack | undefined;
   if (needsStack) {
     try {
@@ -111,6 +116,16 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
       }
       if (wants('classic')) {
         await attempt('classic', () => benchClassic(bench!, { machines: opts.machines, rootDir: path.join(benchDir, 'classic') }));
+      }
+      if (wants('scaleout')) {
+        // Only the benchmark's own worker processes serve the task queue.
+        if (bench.stack.worker) await bench.stack.stopWorker();
+        await attempt('scaleout', () => benchScaleout(bench!, { machines: opts.machines, rootDir: path.join(benchDir, 'scaleout') }));
+      }
+      if (wants('api')) {
+        await attempt('api', () =>
+          benchApi(bench!, { connections: opts.connections, seconds: opts.seconds, ablations: opts.apiAblations, rootDir: benchDir }),
+        );
       }
     } finally {
       await bench.close({ keepDatabase: opts.keepDatabase }).catch((err) => log(`clean-up failed: ${(err as Error).message}`));
@@ -158,7 +173,7 @@ if (require.main === module) {
         // The fleet child exits on its own when this process goes; its machine trees and a half-started
         // bench Azurite's files are ours to remove.
         await new Promise((r) => setTimeout(r, 1000));
-        for (const dir of ['fleet', 'classic', 'azurite']) {
+        for (const dir of ['fleet', 'classic', 'scaleout', 'azurite']) {
           fs.rmSync(path.join(benchConfig(opts.database).ROOST_DATA_DIR, 'bench', dir), { recursive: true, force: true, maxRetries: 3 });
         }
       };

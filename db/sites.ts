@@ -38,6 +38,28 @@ export async function canActOnSite(q: Queryable, user: SiteUser, siteId: string)
   return (await accessibleSiteIds(q, user, { siteIds: [siteId], limit: 1 })).length === 1;
 }
 
+/** What `authorizeSite` (api/plugins/auth.ts) needs to know of a site a user may act on. */
+export interface SiteAccess {
+  /** 'live', or 'test' for a sandbox site (docs/decisions/test-keys.md). */
+  environment: 'live' | 'test';
+  roost_enabled: boolean;
+}
+
+/**
+ * The site's environment and roostEnabled flag when the site exists and `user` may act on it (the rule of
+ * `accessibleSiteIds`), else undefined: one statement where authorisation used to send three (membership,
+ * environment, roostEnabled).
+ */
+export async function siteAccess(q: Queryable, user: SiteUser, siteId: string): Promise<SiteAccess | undefined> {
+  const { rows } = await q.query<SiteAccess>(
+    `SELECT s.environment, s.roost_enabled FROM sites s
+      WHERE s.site_id = $1
+        AND ($3 OR s.owner_uid = $2 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $2))`,
+    [siteId, user.uid, user.role === 'superadmin'],
+  );
+  return rows[0];
+}
+
 /** The environment of a site ('live', or 'test' for a sandbox site: docs/decisions/test-keys.md); undefined when absent. */
 export async function siteEnvironment(q: Queryable, siteId: string): Promise<'live' | 'test' | undefined> {
   const { rows } = await q.query<{ environment: 'live' | 'test' }>('SELECT environment FROM sites WHERE site_id = $1', [siteId]);

@@ -18,7 +18,7 @@ import { localJwks, oidcSettings } from '../config/oidc';
 import { machineForAgentToken } from '../db/agent-tokens';
 import { keyForAuth, touchKey } from '../db/keys';
 import { sessionForAuth, touchSession } from '../db/sessions';
-import { accessibleSiteIds, canActOnSite, siteEnvironment } from '../db/sites';
+import { accessibleSiteIds, canActOnSite, type SiteAccess, siteAccess, siteEnvironment } from '../db/sites';
 import { pendingMigrations } from '../db/migrate';
 import { createSignInUser, linkIdentity, userForIdTokenClaims } from '../db/users';
 import { ApiError } from '../domain/errors';
@@ -253,7 +253,12 @@ export function mayActOnSite(deps: Pick<ServiceDeps, 'db'>, user: UserPrincipal,
  */
 export async function requireKeyEnvironment(deps: Pick<ServiceDeps, 'db'>, user: UserPrincipal, siteId: string): Promise<void> {
   if (!user.key) return;
-  const env = (await siteEnvironment(deps.db, siteId)) ?? 'live';
+  checkKeyEnvironment(user, siteId, (await siteEnvironment(deps.db, siteId)) ?? 'live');
+}
+
+/** `requireKeyEnvironment` with the site's environment already read. @throws ApiError forbidden (403). */
+export function checkKeyEnvironment(user: UserPrincipal, siteId: string, env: 'live' | 'test'): void {
+  if (!user.key) return;
   if (keyMayActOnSiteEnvironment(user.key.environment, env)) return;
   throw new ApiError(
     'forbidden',
@@ -261,6 +266,14 @@ export async function requireKeyEnvironment(deps: Pick<ServiceDeps, 'db'>, user:
       ? `site ${siteId} is a sandbox site: use a svk_test_ key (this is a svk_live_ key)`
       : `svk_test_ keys act on sandbox sites only; site ${siteId} is live: use a svk_live_ key`,
   );
+}
+
+/**
+ * The site's environment and roostEnabled flag when the site exists and `user` may act on it (owner,
+ * member or superadmin), else undefined; one database read (db/sites.ts `siteAccess`).
+ */
+export function siteAccessOf(deps: Pick<ServiceDeps, 'db'>, user: UserPrincipal, siteId: string): Promise<SiteAccess | undefined> {
+  return siteAccess(deps.db, { uid: user.userId, role: user.role }, siteId);
 }
 
 /** What `GET /api/whoami` reports beyond the principal itself. */

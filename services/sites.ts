@@ -150,7 +150,12 @@ export async function requireSiteAdmin(deps: Pick<ServiceDeps, 'db'>, user: User
 
 /** Throws 403 roost_disabled when the site's roostEnabled is false (the roost routes; docs/decisions/sites.md). */
 export async function requireRoostEnabled(deps: Pick<ServiceDeps, 'db'>, siteId: string): Promise<void> {
-  if ((await siteRoostEnabled(deps.db, siteId)) === false) {
+  checkRoostEnabled(siteId, (await siteRoostEnabled(deps.db, siteId)) !== false);
+}
+
+/** `requireRoostEnabled` with the site's flag already read. @throws ApiError roost_disabled (403) when `enabled` is false. */
+export function checkRoostEnabled(siteId: string, enabled: boolean): void {
+  if (!enabled) {
     throw new ApiError(
       'roost_disabled',
       'roosts are disabled on this site (roostEnabled is false); a superadmin can enable them: PATCH /api/sites/{siteId}',

@@ -62,9 +62,18 @@ export interface SignedUrl {
   expiresAt: number;
 }
 
+/** Most plain blob URLs a store keeps memoised (a few MB at most). */
+const BLOB_URL_CACHE_SIZE = 20_000;
+
 /** The blob store of one storage account: SAS signing, blob reads and writes, chunk size and digest lookups. */
 export class BlobStore {
   private delegationKey?: { key: UserDelegationKey; expiresOn: number };
+  /**
+   * Plain blob URLs by container and blob name, as the SDK spells them: building a container and a blob
+   * client for each URL cost about 6 % of the API's CPU on `GET /api/roosts/{roostId}/versions/{versionRef}`
+   * (bench/api.ts). Bounded: cleared once it holds BLOB_URL_CACHE_SIZE names.
+   */
+  private readonly urls = new Map<string, string>();
 
   private constructor(
     readonly service: BlobServiceClient,
@@ -132,8 +141,19 @@ export class BlobStore {
       const key = await this.userDelegationKey();
       query = generateBlobSASQueryParameters(common, key, this.service.accountName).toString();
     }
-    const blobUrl = this.service.getContainerClient(container).getBlobClient(blobName).url;
-    return { url: `${blobUrl}?${query}`, expiresAt: expiresOn.getTime() };
+    return { url: `${this.urlOf(container, blobName)}?${query}`, expiresAt: expiresOn.getTime() };
+  }
+
+  /** The SDK's URL of `blobName` in the storage container `container` (memoised). */
+  private urlOf(container: string, blobName: string): string {
+    const key = `${container}/${blobName}`;
+    let url = this.urls.get(key);
+    if (url === undefined) {
+      url = this.service.getContainerClient(container).getBlobClient(blobName).url;
+      if (this.urls.size >= BLOB_URL_CACHE_SIZE) this.urls.clear();
+      this.urls.set(key, url);
+    }
+    return url;
   }
 
   private async userDelegationKey(): Promise<UserDelegationKey> {
@@ -174,7 +194,7 @@ export class BlobStore {
 
   /** Plain (unsigned) URL of a blob: the stable location reported as `versionUrl`. */
   blobUrl(container: keyof typeof CONTAINERS, blobName: string): string {
-    return this.container(container).getBlobClient(blobName).url;
+    return this.urlOf(this.containerName(container), blobName);
   }
 
   /** Stored size in bytes of a site's chunk, or null when no blob exists. */

@@ -14,8 +14,8 @@ import { API_KEY_RE } from '../../domain/keys';
 import { type Requirement, scopesAllow } from '../../domain/scopes';
 import { SITE_ID_RE } from '../../domain/schemas';
 import { oidcSettings } from '../../config/oidc';
-import { type CredentialSource, mayActOnSite, requireKeyEnvironment, resolveCredential } from '../../services/identity';
-import { requireRoostEnabled } from '../../services/sites';
+import { checkKeyEnvironment, type CredentialSource, resolveCredential, siteAccessOf } from '../../services/identity';
+import { checkRoostEnabled } from '../../services/sites';
 import type { AgentPrincipal, AuthMode, Principal, UserPrincipal } from '../context';
 import { noteDecision, rateLimitedError } from '../ratelimit/limits';
 
@@ -151,10 +151,12 @@ export function requireAgent(request: FastifyRequest): AgentPrincipal {
 export async function authorizeSite(request: FastifyRequest, siteId: string, anyOf: Requirement[]): Promise<UserPrincipal> {
   const user = requireUser(request);
   if (!SITE_ID_RE.test(siteId)) throw new ApiError('validation_failed', 'siteId is malformed', { extras: { param: 'siteId' } });
-  if (!(await mayActOnSite(request.server.deps, user, siteId))) throw new ApiError('not_found', 'site not found');
-  await requireKeyEnvironment(request.server.deps, user, siteId);
+  // Membership, the site's environment and its roostEnabled flag in one read (db/sites.ts siteAccess).
+  const site = await siteAccessOf(request.server.deps, user, siteId);
+  if (!site) throw new ApiError('not_found', 'site not found');
+  checkKeyEnvironment(user, siteId, site.environment);
   requireScopes(user, anyOf);
-  if (isRoostRoute(request)) await requireRoostEnabled(request.server.deps, siteId);
+  if (isRoostRoute(request)) checkRoostEnabled(siteId, site.roost_enabled);
   request.authorizedSiteId = siteId;
   return user;
 }
