@@ -7,8 +7,9 @@
  * the control actions are guarded by target statuses. A deployment deleted meanwhile ends the workflow
  * (`gone`), it does not fail it.
  */
-import { Context } from '@temporalio/activity';
+import { Context, log } from '@temporalio/activity';
 import type { ActivityDeps } from './deps';
+import { commandOrigin } from '../telemetry/tracing';
 import {
   type ActionResult,
   cancelPendingTargets,
@@ -87,7 +88,8 @@ export function createClassicDeploymentActivities({ db, cfg }: ActivityDeps) {
         if (r.open === 0) return { status: r.status, counts: r.counts, open: 0, gone: false };
         const limit = d.parallel_install ? cfg.ROOST_CLASSIC_PARALLELISM : 1;
         if (r.undispatched > 0 && r.dispatchedOpen < limit) {
-          const n = await dispatchTargets(db, d, limit - r.dispatchedOpen);
+          const n = await dispatchTargets(db, d, limit - r.dispatchedOpen, undefined, commandOrigin());
+          if (n > 0) log.info('classic targets dispatched', { deploymentId: ref.deploymentId, dispatched: n });
           if (n > 0) continue; // reconcile at once: the status moves to in_progress
         }
         await ctx.sleep(cfg.ROOST_CLASSIC_POLL_MS); // throws CancelledFailure on cancellation or worker shutdown

@@ -14,7 +14,7 @@
 import { Context, log } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { ActivityDeps } from './deps';
-import { activeTraceparent } from '../telemetry/tracing';
+import { commandOrigin } from '../telemetry/tracing';
 import {
   type StageChange,
   activateStaged,
@@ -131,9 +131,9 @@ export function createRolloutActivities({ db, cfg }: ActivityDeps) {
   async function waveTarget(ref: RolloutRef) {
     const t = await getWaveTarget(db, ref.siteId, ref.rolloutId);
     if (!t) throw businessFailure('version_missing', `rollout ${ref.rolloutId} or its version no longer exists`);
-    // Commands this activity dispatches carry its span, so the agents' requests join the rollout's trace.
-    const traceparent = activeTraceparent();
-    return traceparent ? { ...t, traceparent } : t;
+    // Commands this activity dispatches carry its span, so the agents' requests join the rollout's trace,
+    // and the request id of its log context, so the agents' lines name the request (docs/observability.md).
+    return { ...t, ...commandOrigin() };
   }
 
   /**

@@ -26,7 +26,7 @@ import { ChunkStore, type Limiter, createLimiter } from './download';
 import { errMessage } from './errors';
 import { type AgentFaults, FaultInjector } from './faults';
 import type { CommandJournal } from './journal';
-import { type ApiClient, sleep, withTraceparent } from './http';
+import { type ApiClient, sleep, withCommandContext } from './http';
 import { MachineRoot, type Manifest } from './machine-root';
 import { recoverActivations } from './assembly';
 import { NOT_STAGED, type SyncContext, reportRecoveredActivation, runActivate, runSyncPull } from './sync';
@@ -391,18 +391,20 @@ export class Agent extends EventEmitter {
     this.seen.set(cmd.commandId, true);
     if (this.seen.size > REMEMBERED_COMMANDS) this.seen.delete(this.seen.keys().next().value as string);
     const journal = this.opts.journal;
-    const run = async () => {
-      await journal?.taken(cmd);
-      this.emit('started', cmd);
-      // The command's requests carry the trace context it was queued in (agent/http.ts withTraceparent).
-      const outcome = await withTraceparent(cmd.traceparent, () => this.execute(cmd));
-      // Abandoned (the agent stopped mid-way): it stays journaled and runs again at the next start.
-      if (outcome.status !== 'abandoned') await journal?.done(cmd.commandId);
-      this.stats.commands++;
-      this.outcomes.set(cmd.commandId, outcome);
-      if (this.outcomes.size > REMEMBERED_COMMANDS) this.outcomes.delete(this.outcomes.keys().next().value as string);
-      this.emit('command', outcome);
-    };
+    // The command's requests carry the trace context it was queued in, and the events it emits (logged by
+    // agent/service.ts) its request id and trace id (agent/http.ts withCommandContext).
+    const run = () =>
+      withCommandContext(cmd, async () => {
+        await journal?.taken(cmd);
+        this.emit('started', cmd);
+        const outcome = await this.execute(cmd);
+        // Abandoned (the agent stopped mid-way): it stays journaled and runs again at the next start.
+        if (outcome.status !== 'abandoned') await journal?.done(cmd.commandId);
+        this.stats.commands++;
+        this.outcomes.set(cmd.commandId, outcome);
+        if (this.outcomes.size > REMEMBERED_COMMANDS) this.outcomes.delete(this.outcomes.keys().next().value as string);
+        this.emit('command', outcome);
+      });
     let p: Promise<void>;
     if ((cmd.type === 'sync_pull' || cmd.type === 'roost_activate') && typeof cmd.params?.roostId === 'string') {
       // One sync or activation per roost at a time, in delivery order.

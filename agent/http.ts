@@ -9,16 +9,38 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 /** A W3C `traceparent` value: version, 32-hex trace id, 16-hex parent id, flags. */
 const TRACEPARENT_RE = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
 
-/** The trace context of the command being worked on (its `traceparent`, from the command as the API sent it). */
-const commandTrace = new AsyncLocalStorage<string>();
+/** What the API sent with the command being worked on: its trace context and the request it was queued for. */
+interface CommandContext {
+  traceparent?: string;
+  requestId?: string;
+}
+
+const commandContext = new AsyncLocalStorage<CommandContext>();
 
 /**
- * Runs `fn` with `traceparent` (a command's W3C trace context; ignored unless well formed) sent as the
- * `traceparent` header on every API request it makes, so the server joins them to the trace the command
- * was queued in (docs/observability.md "Traces").
+ * Runs `fn` as the work of `cmd`: its `traceparent` (W3C trace context; ignored unless well formed) is sent
+ * as the `traceparent` header on every API request `fn` makes, so the server joins them to the trace the
+ * command was queued in (docs/observability.md "Traces"), and commandLogFields() returns its request id
+ * and trace id for the log lines `fn` writes.
  */
-export function withTraceparent<T>(traceparent: string | undefined, fn: () => T): T {
-  return traceparent && TRACEPARENT_RE.test(traceparent) ? commandTrace.run(traceparent, fn) : fn();
+export function withCommandContext<T>(cmd: { traceparent?: string; requestId?: string }, fn: () => T): T {
+  const ctx: CommandContext = {};
+  if (cmd.traceparent && TRACEPARENT_RE.test(cmd.traceparent)) ctx.traceparent = cmd.traceparent;
+  if (typeof cmd.requestId === 'string' && cmd.requestId.length > 0 && cmd.requestId.length <= 200) ctx.requestId = cmd.requestId;
+  return commandContext.run(ctx, fn);
+}
+
+/**
+ * Log fields of the command being worked on (agent/service.ts): `requestId` (the API request it was queued
+ * for) and `traceId` (of its `traceparent`), each only when the API sent it.
+ */
+export function commandLogFields(): { requestId?: string; traceId?: string } {
+  const ctx = commandContext.getStore();
+  if (!ctx) return {};
+  return {
+    ...(ctx.requestId ? { requestId: ctx.requestId } : {}),
+    ...(ctx.traceparent ? { traceId: ctx.traceparent.slice(3, 35) } : {}),
+  };
 }
 
 /** A non-2xx answer. `problem` is the parsed problem+json body when there was one. */
@@ -30,6 +52,8 @@ export class HttpError extends Error {
     readonly problem?: Record<string, unknown>,
     /** The answer's Retry-After in ms (delta-seconds or an HTTP date), when it had a usable one. */
     readonly retryAfterMs?: number,
+    /** The answer's `X-Request-Id` (the API's id of this request), when it had one. */
+    readonly requestId?: string,
   ) {
     super(message);
     this.name = 'HttpError';
@@ -93,7 +117,7 @@ export class ApiClient {
     }
     const headers: Record<string, string> = { accept: 'application/json' };
     if (this.token) headers.authorization = `Bearer ${this.token}`;
-    const traceparent = commandTrace.getStore();
+    const traceparent = commandContext.getStore()?.traceparent;
     if (traceparent) headers.traceparent = traceparent;
     let body: string | Buffer | undefined;
     if (opts.raw) {
@@ -125,6 +149,7 @@ export class ApiClient {
         `${method} ${path} → ${res.status}${code ? ` ${code}` : ''}: ${detail}`,
         problem,
         parseRetryAfter(res.headers.get('retry-after')),
+        res.headers.get('x-request-id') ?? (typeof problem?.requestId === 'string' ? problem.requestId : undefined),
       );
     }
     return parsed as T;

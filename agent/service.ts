@@ -22,7 +22,8 @@ import pino, { type Logger } from 'pino';
 import pinoPretty from 'pino-pretty';
 import { Agent, type AgentCommand, type CommandOutcome } from './agent';
 import { errMessage } from './errors';
-import { HttpError, sleep } from './http';
+import { commandLogFields, HttpError, sleep } from './http';
+import { REDACTED_FIELDS, redactSecrets } from '../domain/redaction';
 import { FileJournal } from './journal';
 import {
   prepareStateFolder,
@@ -116,14 +117,32 @@ export interface RunOptions {
   handleSignals?: boolean;
 }
 
-/** Builds the service logger: JSON lines (pino) or pino-pretty's human lines. */
+/**
+ * Builds the service logger: JSON lines (pino) or pino-pretty's human lines. A line logged while a command
+ * is worked on carries the command's `requestId` and `traceId` (agent/http.ts commandLogFields); secrets are
+ * redacted from every line before it is written (domain/redaction.ts), as in the API's and worker's logs.
+ */
 export function serviceLogger(opts: Pick<RunOptions, 'pretty' | 'logLevel' | 'logStream'>, base: Record<string, unknown>): Logger {
   const level = opts.logLevel ?? 'info';
   const out = opts.logStream ?? process.stdout;
   const stream = opts.pretty
     ? pinoPretty({ destination: out, colorize: (out as { isTTY?: boolean }).isTTY === true, sync: true, translateTime: 'SYS:standard' })
     : out;
-  return pino({ level, base, timestamp: pino.stdTimeFunctions.isoTime }, stream);
+  return pino(
+    {
+      level,
+      base: { service: 'roost-agent', ...base },
+      timestamp: pino.stdTimeFunctions.isoTime,
+      mixin: commandLogFields,
+      redact: { paths: [...REDACTED_FIELDS], censor: '[redacted]' },
+    },
+    { write: (line: string) => stream.write(redactSecrets(line)) },
+  );
+}
+
+/** Log fields of a failure: its message and, for an API answer, that request's `X-Request-Id` as `callRequestId`. */
+function errFields(err: unknown): Record<string, unknown> {
+  return { err: errMessage(err), ...(err instanceof HttpError && err.requestId ? { callRequestId: err.requestId } : {}) };
 }
 
 /** The next reconnect delay (ms) after `attempt` failed starts: 1 s doubling to 60 s, times 0.5..1. */
@@ -211,12 +230,12 @@ export async function runService(opts: RunOptions): Promise<number> {
     status.lastErrorAt = new Date().toISOString();
     void save();
     if (tokenRefused(err)) {
-      log.error({ err: errMessage(err) }, 'the API refused the agent token: enrol this machine again (roost agent enrol)');
+      log.error(errFields(err), 'the API refused the agent token: enrol this machine again (roost agent enrol)');
       requestStop('token refused', EXIT_TOKEN_REFUSED);
     }
   };
   agent.on('warn', (message: string, err?: unknown) => {
-    log.warn({ ...(err ? { err: errMessage(err) } : {}) }, message);
+    log.warn(err !== undefined ? errFields(err) : {}, message);
     if (err !== undefined) noteError(message, err);
   });
   agent.on('heartbeat', (res: { pendingCommands: number }) => {
@@ -252,7 +271,7 @@ export async function runService(opts: RunOptions): Promise<number> {
       noteError(`start failed: ${errMessage(err)}`, err);
       if (stopping.signal.aborted) break;
       const delay = reconnectDelayMs(attempt);
-      log.warn({ err: errMessage(err), retryInMs: Math.round(delay) }, 'API unreachable; retrying');
+      log.warn({ ...errFields(err), retryInMs: Math.round(delay) }, 'API unreachable; retrying');
       await sleep(delay, stopping.signal);
     }
   }

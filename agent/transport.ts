@@ -50,6 +50,8 @@ export interface AgentCommand {
   expiresAt: string | null;
   /** W3C trace context the command was queued in, when the server traces: sent back on this command's requests. */
   traceparent?: string;
+  /** Id of the API request the command was queued for (`X-Request-Id`): the agent's log lines about it carry it. */
+  requestId?: string;
 }
 
 /** A command report (`POST /api/agent/commands/{commandId}`); `progress` in percent. */

@@ -27,6 +27,9 @@ export interface ActivationTarget {
   extractRoot: string;
   /** Who the commands are created by (the rollout's creator). */
   createdBy: string;
+  /** Trace context and request id the commands carry (docs/observability.md), if any. */
+  traceparent?: string;
+  requestId?: string;
 }
 
 /**
@@ -64,10 +67,11 @@ export async function dispatchActivation(
   for (let i = 0; i < unique.length; i += ACTIVATION_BATCH) {
     const batch = unique.slice(i, i + ACTIVATION_BATCH);
     const r = await q.query(
-      `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, created_by, expires_at)
+      `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, created_by, expires_at,
+                             traceparent, request_id)
        SELECT $1, u.machine_id, u.command_id, 'roost_activate', 'pending',
               jsonb_build_object('roostId', $2::text, 'versionId', $3::text, 'rolloutId', $4::text, 'extractRoot', $5::text),
-              $4, $6, now() + $7::float8 * INTERVAL '1 millisecond'
+              $4, $6, now() + $7::float8 * INTERVAL '1 millisecond', $10::text, $11::text
          FROM UNNEST($8::text[], $9::text[]) AS u (machine_id, command_id)
        ON CONFLICT (site_id, machine_id, command_id) DO NOTHING`,
       [
@@ -80,6 +84,8 @@ export async function dispatchActivation(
         ttl,
         batch,
         batch.map((m) => commandIds.get(m)!),
+        target.traceparent ?? null,
+        target.requestId ?? null,
       ],
     );
     queued += r.rowCount ?? 0;

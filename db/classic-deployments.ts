@@ -12,6 +12,7 @@ import { createHash } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx, type Queryable } from './pool';
 import { newestFirstPage, updateSets } from './sql';
+import type { CommandOrigin } from './machines';
 import {
   CLASSIC_INSTALL,
   CLASSIC_UNINSTALL,
@@ -440,10 +441,16 @@ async function storeDerivedStatus(
  * Queues commands for up to `slots` undispatched pending targets, in position order: a deterministic
  * command id per (target, action, attempt), `expires_at` = now + the command's deadline, and the target's
  * `deadline_at` (installer timeout + TARGET_DEADLINE_MARGIN_MS). Machines that are not enrolled any more
- * fail at once (`machine_removed`).
+ * fail at once (`machine_removed`). The commands carry `origin` (trace context, request id) for the agent's logs.
  * @returns how many targets were dispatched.
  */
-export async function dispatchTargets(pool: Pool, d: DeploymentRow, slots: number, defaultTimeoutSeconds?: number): Promise<number> {
+export async function dispatchTargets(
+  pool: Pool,
+  d: DeploymentRow,
+  slots: number,
+  defaultTimeoutSeconds?: number,
+  origin: CommandOrigin = {},
+): Promise<number> {
   if (slots <= 0) return 0;
   return withTx(pool, async (tx) => {
     const { rows } = await tx.query<{ machine_id: string; attempts: number; action: TargetAction; enrolled: boolean }>(
@@ -482,12 +489,25 @@ export async function dispatchTargets(pool: Pool, d: DeploymentRow, slots: numbe
       timeout_seconds: timeoutSeconds,
     };
     await tx.query(
-      `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, deployment_id, created_by, expires_at)
+      `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, deployment_id, created_by, expires_at,
+                             traceparent, request_id)
        SELECT $1, u.machine_id, u.command_id, u.type, 'pending', $3::jsonb || jsonb_build_object('attempt', u.attempt), $2, $4,
-              now() + $5::float8 * INTERVAL '1 millisecond'
+              now() + $5::float8 * INTERVAL '1 millisecond', $10::text, $11::text
          FROM UNNEST($6::text[], $7::text[], $8::text[], $9::int[]) AS u (machine_id, command_id, type, attempt)
        ON CONFLICT (site_id, machine_id, command_id) DO NOTHING`,
-      [d.site_id, d.deployment_id, JSON.stringify(base), d.created_by, ttlMs, go.map((r) => r.machine_id), commandIds, types, attempts],
+      [
+        d.site_id,
+        d.deployment_id,
+        JSON.stringify(base),
+        d.created_by,
+        ttlMs,
+        go.map((r) => r.machine_id),
+        commandIds,
+        types,
+        attempts,
+        origin.traceparent ?? null,
+        origin.requestId ?? null,
+      ],
     );
     const upd = await tx.query(
       `UPDATE classic_deployment_targets AS t

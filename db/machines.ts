@@ -224,10 +224,22 @@ export interface CommandRow {
   artifact_blob: string | null;
   /** W3C trace context the command was queued in (tracing on), sent back by the agent on its requests. */
   traceparent: string | null;
+  /** `X-Request-Id` of the API request the command was queued for (migration 022); the agent logs it. */
+  request_id: string | null;
+}
+
+/**
+ * Where a command comes from, for the agent's logs and traces (docs/observability.md): the W3C
+ * `traceparent` of the span that queued it (tracing on) and the `X-Request-Id` of the API request it was
+ * queued for (the request itself, or the one that started or last steered the queuing workflow).
+ */
+export interface CommandOrigin {
+  traceparent?: string | null;
+  requestId?: string | null;
 }
 
 const COMMAND_COLUMNS = `site_id, machine_id, command_id, type, status, params, result, error, progress, rollout_id, deployment_id,
-  audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob, traceparent`;
+  audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob, traceparent, request_id`;
 
 /**
  * Closes the machine's pending commands whose expiry has passed (status failed, error `expired`).
@@ -339,7 +351,7 @@ export async function setCommandArtifact(
   return r.rowCount === 1;
 }
 
-export interface NewCommand {
+export interface NewCommand extends CommandOrigin {
   siteId: string;
   machineId: string;
   commandId: string;
@@ -366,8 +378,8 @@ export async function createCommand(db: Pool, cmd: NewCommand, staleSeconds: num
     if (!m.rows[0].live) return 'offline' as const;
     const { rows } = await tx.query<CommandRow>(
       `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, created_by, audit_correlation_id, rollout_id,
-                             deployment_id, created_at, updated_at, expires_at)
-       VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, now(), now(), now() + ($10::INT * INTERVAL '1 millisecond'))
+                             deployment_id, created_at, updated_at, expires_at, traceparent, request_id)
+       VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $9, now(), now(), now() + ($10::INT * INTERVAL '1 millisecond'), $11, $12)
        RETURNING ${COMMAND_COLUMNS}`,
       [
         cmd.siteId,
@@ -380,6 +392,8 @@ export async function createCommand(db: Pool, cmd: NewCommand, staleSeconds: num
         cmd.rolloutId ?? null,
         cmd.deploymentId ?? null,
         cmd.timeoutMs,
+        cmd.traceparent ?? null,
+        cmd.requestId ?? null,
       ],
     );
     return rows[0];

@@ -349,6 +349,8 @@ export interface WaveTarget {
   policy: RolloutPolicy;
   /** W3C trace context the dispatched sync_pull commands carry (the dispatching activity's span), if any. */
   traceparent?: string;
+  /** Request id the dispatched commands carry (the request that started or last steered the rollout), if any. */
+  requestId?: string;
 }
 
 /** Loads the rollout plus the version number its sync_pull commands carry. Null when either is gone. */
@@ -425,12 +427,12 @@ export async function dispatchDueIn(
       const attempts = rows.map((r) => r.attempts + 1);
       const commandIds = rows.map((r, i) => syncPullCommandId(t.rolloutId, r.machine_id, attempts[i]));
       await tx.query(
-        `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, created_by, expires_at, traceparent)
+        `INSERT INTO commands (site_id, machine_id, command_id, type, status, params, rollout_id, created_by, expires_at, traceparent, request_id)
          SELECT $1, u.machine_id, u.command_id, 'sync_pull', 'pending',
                 jsonb_build_object('roostId', $2::text, 'versionId', u.version_id, 'versionNumber', u.version_number, 'rolloutId', $5::text,
                                    'extractRoot', $6::text, 'attempt', u.attempt)
                   || CASE WHEN $12::bool THEN jsonb_build_object('activation', 'staged') ELSE '{}'::jsonb END,
-                $5, $7, now() + $8::float8 * INTERVAL '1 millisecond', $13::text
+                $5, $7, now() + $8::float8 * INTERVAL '1 millisecond', $13::text, $14::text
            FROM UNNEST($9::text[], $10::text[], $11::int[], $3::text[], $4::int[]) AS u (machine_id, command_id, attempt, version_id, version_number)
          ON CONFLICT (site_id, machine_id, command_id) DO NOTHING`,
         [
@@ -447,6 +449,7 @@ export async function dispatchDueIn(
           attempts,
           opts.staged === true,
           t.traceparent ?? null,
+          t.requestId ?? null,
         ],
       );
       const upd = await tx.query(
@@ -697,6 +700,8 @@ export async function activateStaged(
           versionId: t.versionId,
           extractRoot: t.extractRoot,
           createdBy: t.createdBy,
+          traceparent: t.traceparent,
+          requestId: t.requestId,
         },
         ids,
         {

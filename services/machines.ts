@@ -22,6 +22,7 @@ import {
   machineExists,
 } from '../db/machines';
 import type { ServiceDeps } from './deps';
+import { commandOrigin } from '../telemetry/tracing';
 
 export type { CommandRow, DeploymentRow, MachineDetailRow, MachineRow };
 
@@ -156,6 +157,8 @@ export async function queueUserCommand(deps: Pick<ServiceDeps, 'db' | 'cfg'>, in
       timeoutMs: Math.round(timeoutSeconds * 1000),
       createdBy: input.createdBy,
       auditCorrelationId: input.auditCorrelationId ?? null,
+      // The agent's requests for it join this request's trace; its log lines name this request.
+      ...commandOrigin(),
     },
     deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS,
   );

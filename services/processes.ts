@@ -22,6 +22,7 @@ import {
   updateProcess,
 } from '../db/processes';
 import type { ServiceDeps } from './deps';
+import { commandOrigin } from '../telemetry/tracing';
 
 export type { ProcessFields, ProcessRow };
 
@@ -234,6 +235,7 @@ export async function queueProcessCommand(
       params: { processId: p.process_id, name: p.name },
       timeoutMs: PROCESS_COMMAND_TIMEOUT_SECONDS * 1000,
       createdBy: input.userId,
+      ...commandOrigin(),
     },
     deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS,
   );

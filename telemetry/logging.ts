@@ -8,6 +8,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { isSpanContextValid, trace } from '@opentelemetry/api';
 import pino, { type DestinationStream, type Logger } from 'pino';
+import { REDACTED_FIELDS, redactSecrets, SECRET_PATTERNS } from '../domain/redaction';
 import { defaultPayloadConverter, type Payload } from '@temporalio/common';
 import type {
   Next,
@@ -15,6 +16,9 @@ import type {
   WorkflowSignalWithStartInput,
   WorkflowStartInput,
   WorkflowStartOutput,
+  WorkflowSignalInput,
+  WorkflowStartUpdateInput,
+  WorkflowStartUpdateOutput,
   WorkflowStartUpdateWithStartInput,
   WorkflowStartUpdateWithStartOutput,
 } from '@temporalio/client';
@@ -33,24 +37,7 @@ export function currentRequestId(): string | undefined {
   return logContext.getStore()?.requestId;
 }
 
-/**
- * Secrets as they appear in text, each with the part kept for diagnosis (`$1`): the credential families of
- * domain/keys.ts (`svk_live_`, `svk_test_`), services/agent.ts (`ses_` enrolment secrets, `sat_` agent
- * tokens), db/sessions.ts (`sst_`), services/webhooks.ts (`whsec_`), the `sig` of an Azure SAS URL and any
- * `Bearer` credential.
- */
-export const SECRET_PATTERNS: readonly RegExp[] = [
-  /\b(svk_(?:live|test)_|ses_|sat_|sst_|whsec_)[A-Za-z0-9_-]{16,}/g,
-  /([?&]sig=)[^&"'\s\\]+/gi,
-  /(\bBearer\s+)[^"'\s\\]+/gi,
-];
-
-/** `text` with every secret of SECRET_PATTERNS replaced by its prefix and `[redacted]`. */
-export function redactSecrets(text: string): string {
-  let out = text;
-  for (const re of SECRET_PATTERNS) out = out.replace(re, '$1[redacted]');
-  return out;
-}
+export { SECRET_PATTERNS, redactSecrets };
 
 /** Loggers that carry `requestId` in their own bindings (Fastify's per-request children): the mixin adds none. */
 const boundLoggers = new WeakSet<object>();
@@ -93,19 +80,7 @@ export function createLogger(opts: { service: string; level: string; destination
       mixin: correlation,
       // Structured fields that hold credentials by name, whatever their format.
       redact: {
-        paths: [
-          'req.headers.authorization',
-          'req.headers.cookie',
-          'headers.authorization',
-          'authorization',
-          'token',
-          'apiKey',
-          'agentToken',
-          'enrolmentSecret',
-          'secret',
-          'signingSecret',
-          'password',
-        ],
+        paths: [...REDACTED_FIELDS],
         censor: '[redacted]',
       },
     },
@@ -123,8 +98,9 @@ function requestIdHeader(): Record<string, Payload> {
 }
 
 /**
- * Workflow-client interceptor (services/deps.ts): a workflow started while an API request is served carries
- * that request's id in the REQUEST_ID_HEADER header, so the activities it runs log it (worker/logging.ts).
+ * Workflow-client interceptor (services/deps.ts): a workflow started, updated or signalled while an API
+ * request is served carries that request's id in the REQUEST_ID_HEADER header; workflows/request-id.ts
+ * passes the latest one on to the activities scheduled after it, so they log it (worker/logging.ts).
  */
 export class RequestIdClientInterceptor implements WorkflowClientInterceptor {
   start(input: WorkflowStartInput, next: Next<WorkflowClientInterceptor, 'start'>): Promise<string> {
@@ -143,7 +119,21 @@ export class RequestIdClientInterceptor implements WorkflowClientInterceptor {
     input: WorkflowStartUpdateWithStartInput,
     next: Next<WorkflowClientInterceptor, 'startUpdateWithStart'>,
   ): Promise<WorkflowStartUpdateWithStartOutput> {
-    return next({ ...input, workflowStartHeaders: { ...input.workflowStartHeaders, ...requestIdHeader() } });
+    const header = requestIdHeader();
+    return next({
+      ...input,
+      workflowStartHeaders: { ...input.workflowStartHeaders, ...header },
+      updateHeaders: { ...input.updateHeaders, ...header },
+    });
+  }
+
+  /** An update (rollout pause/resume/promote/abort): the activities it causes log the updating request. */
+  startUpdate(input: WorkflowStartUpdateInput, next: Next<WorkflowClientInterceptor, 'startUpdate'>): Promise<WorkflowStartUpdateOutput> {
+    return next({ ...input, headers: { ...input.headers, ...requestIdHeader() } });
+  }
+
+  signal(input: WorkflowSignalInput, next: Next<WorkflowClientInterceptor, 'signal'>): Promise<void> {
+    return next({ ...input, headers: { ...input.headers, ...requestIdHeader() } });
   }
 }
 

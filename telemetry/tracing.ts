@@ -18,6 +18,7 @@ import { HttpInstrumentation } from '@opentelemetry/instrumentation-http';
 import { PgInstrumentation } from '@opentelemetry/instrumentation-pg';
 import { OTLPTraceExporter as OtlpJsonExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { OTLPTraceExporter as OtlpProtoExporter } from '@opentelemetry/exporter-trace-otlp-proto';
+import { currentRequestId } from './logging';
 
 /** The settings tracing reads (the standard OpenTelemetry variables). */
 export interface TracingEnv {
@@ -104,6 +105,17 @@ export function activeTraceparent(): string | undefined {
   const carrier: Record<string, string> = {};
   propagation.inject(context.active(), carrier);
   return carrier.traceparent;
+}
+
+/**
+ * Where a command queued now comes from (db/machines.ts CommandOrigin): the active span's `traceparent`
+ * (tracing on) and the request id of the running request or activity (telemetry/logging.ts log context).
+ * Stored with the command; the agent sends the first back and logs both (docs/observability.md).
+ */
+export function commandOrigin(): { traceparent?: string; requestId?: string } {
+  const traceparent = activeTraceparent();
+  const requestId = currentRequestId();
+  return { ...(traceparent ? { traceparent } : {}), ...(requestId ? { requestId } : {}) };
 }
 
 /** Span of Temporal's workflow sandbox (@temporalio/interceptors-opentelemetry, built on the 1.x SDK). */

@@ -2,8 +2,11 @@
  * Workflow interceptors bundled into every workflow (worker/worker.ts workflowBundle): the request id a
  * workflow was started with (Temporal header `roost-request-id`, set by telemetry/logging.ts
  * RequestIdClientInterceptor) is passed on to every activity and child workflow it schedules, so their log
- * lines carry the request that started the job (docs/observability.md "Logs"). Headers only: no command,
- * timer or payload of the history changes.
+ * lines carry the request that started the job (docs/observability.md "Logs"). An update or signal that
+ * carries the header (rollout pause/resume/promote/abort, classic retry/cancel/uninstall) replaces it: the
+ * activities scheduled from then on carry the request that last steered the job. Headers only: no command,
+ * timer or payload of the history changes, and the headers of updates and signals are in the history, so
+ * a replay sees the same ids.
  */
 import type { Payload } from '@temporalio/common';
 import type { WorkflowInterceptors } from '@temporalio/workflow';
@@ -20,6 +23,14 @@ export const interceptors = (): WorkflowInterceptors => {
       {
         execute(input, next) {
           requestId = input.headers[HEADER];
+          return next(input);
+        },
+        handleUpdate(input, next) {
+          requestId = input.headers[HEADER] ?? requestId;
+          return next(input);
+        },
+        handleSignal(input, next) {
+          requestId = input.headers[HEADER] ?? requestId;
           return next(input);
         },
       },

@@ -131,6 +131,12 @@ const PendingCommand = Type.Object({
         'W3C trace context the command was queued in (only while the server traces): send it as the `traceparent` header on the requests made for this command',
     }),
   ),
+  requestId: Type.Optional(
+    Type.String({
+      description:
+        "id (`X-Request-Id`) of the API request the command was queued for: the request itself, or the one that started or last steered the workflow that queued it; for the agent's log lines",
+    }),
+  ),
 });
 
 /**
@@ -314,6 +320,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
             createdAt: r.created_at.toISOString(),
             expiresAt: r.expires_at ? r.expires_at.toISOString() : null,
             ...(r.traceparent ? { traceparent: r.traceparent } : {}),
+            ...(r.request_id ? { requestId: r.request_id } : {}),
           })),
         };
       } finally {
