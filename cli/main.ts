@@ -36,12 +36,15 @@ function commandName(args: string[]): string | undefined {
 
 /**
  * Builds the program with the commands `argv` can reach registered (does not parse): every API command,
- * plus the local-service commands when one of them is named or help may list them.
+ * plus the local-service commands when one of them is named or help may list them (not for `--version`).
  */
 export function buildProgram(argv: string[] = process.argv): Command {
   const program = baseProgram();
-  const name = commandName(argv.slice(2));
-  for (const [local, load] of Object.entries(LOCAL_COMMANDS)) if (name === undefined || name === local || name === 'help') load()(program);
+  const args = argv.slice(2);
+  const name = commandName(args);
+  const versionOnly = name === undefined && (args.includes('--version') || args.includes('-V'));
+  for (const [local, load] of Object.entries(LOCAL_COMMANDS))
+    if ((name === undefined && !versionOnly) || name === local || name === 'help') load()(program);
   return program;
 }
 

@@ -20,13 +20,9 @@ import { OTLPTraceExporter as OtlpJsonExporter } from '@opentelemetry/exporter-t
 import { OTLPTraceExporter as OtlpProtoExporter } from '@opentelemetry/exporter-trace-otlp-proto';
 import { currentRequestId } from './logging';
 
-/** The settings tracing reads (the standard OpenTelemetry variables). */
-export interface TracingEnv {
-  OTEL_EXPORTER_OTLP_ENDPOINT?: string;
-  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT?: string;
-  OTEL_EXPORTER_OTLP_PROTOCOL?: string;
-  OTEL_SERVICE_NAME?: string;
-}
+import { type TracingEnv, tracingWanted } from './tracing-env';
+
+export { type TracingEnv, tracingWanted };
 
 /** The running tracing of the process. */
 export interface Tracing {
@@ -43,11 +39,6 @@ let current: Tracing | undefined;
 /** The process's tracing, or undefined when it is off. */
 export function activeTracing(): Tracing | undefined {
   return current;
-}
-
-/** Whether the settings ask for tracing (an OTLP endpoint is set). */
-export function tracingWanted(env: TracingEnv): boolean {
-  return Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT);
 }
 
 /**
