@@ -148,6 +148,53 @@ export function absolutePathProblem(p: string): string | null {
   return 'must be absolute (C:\\…, \\\\server\\share\\… or /…)';
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The same rules as regular expressions: the `pattern` the OpenAPI document states for extract roots and file
+// names (test/unit/paths.test.ts checks each equal to its function on random strings).
+
+/** A character allowed in a segment, and the last one of a segment (no trailing dot or space). */
+const SEG_CHAR = '[^\\u0000-\\u001f\\u007f\\\\/:<>"|?*]';
+const SEG_LAST = '[^\\u0000-\\u001f\\u007f\\\\/:<>"|?*. ]';
+/** DEVICE without the `i` flag (its names are ASCII, which is all `i` folds without `u`). */
+const DEVICE_SRC = `(?:${DEVICE.source
+  .slice(2, -2)
+  .replace(/[a-z]/g, (c) => `[${c.toUpperCase()}${c}]`)
+  .replaceAll('[0-9¹²³]', '[0-9\\u00b9\\u00b2\\u00b3]')})`;
+/** One segment segmentProblem accepts: 1..255 characters, no device name before the first dot. */
+const SEGMENT_SRC = `(?!${DEVICE_SRC} *(?:\\.|[\\\\/]|$))${SEG_CHAR}{0,${MAX_SEGMENT_LENGTH - 1}}${SEG_LAST}`;
+
+/**
+ * `word` as a pattern matching every string whose `toUpperCase().toLowerCase()` is `word` (how windowsFold
+ * compares names): `state` is also `ſtate` and `ﬆate`.
+ */
+function foldedPattern(word: string): string {
+  const byFold = new Map<string, string[]>();
+  for (let c = 0; c <= 0xffff; c++) {
+    if (c >= 0xd800 && c <= 0xdfff) continue;
+    const ch = String.fromCharCode(c);
+    const f = ch.toUpperCase().toLowerCase();
+    if (f.length > 0 && word.includes(f)) byFold.set(f, [...(byFold.get(f) ?? []), ch]);
+  }
+  const cls = (chars: string[]) =>
+    `[${chars.map((ch) => (/[A-Za-z]/.test(ch) ? ch : `\\u${ch.charCodeAt(0).toString(16).padStart(4, '0')}`)).join('')}]`;
+  const at = (i: number): string => {
+    if (i === word.length) return '';
+    const alts = [...byFold].filter(([f]) => word.startsWith(f, i)).map(([f, chars]) => cls(chars) + at(i + f.length));
+    return alts.length === 1 ? alts[0] : `(?:${alts.join('|')})`;
+  };
+  return at(0);
+}
+
+/** The extract roots extractRootProblem accepts, '' (the default root) included. */
+export const EXTRACT_ROOT_RE = new RegExp(
+  `^(?:(?:[A-Za-z]:)?(?:\\.?[\\\\/])*` +
+    `(?!(?:${AGENT_RESERVED_DIRS.map(foldedPattern).join('|')})(?:[\\\\/]|$))${SEGMENT_SRC}` +
+    `(?:[\\\\/](?:\\.(?=[\\\\/]|$)|${SEGMENT_SRC})?)*)?$`,
+);
+
+/** The bare file names fileNameProblem accepts (an installer's file name, an executable to close). */
+export const FILE_NAME_RE = new RegExp(`^${SEGMENT_SRC}$`);
+
 /** Why a bare file name (an installer's file name) is unsafe on Windows, or null: one segment, no separators. */
 export function fileNameProblem(name: string): string | null {
   if (name.includes('/') || name.includes('\\')) return 'must be a file name, not a path';

@@ -29,6 +29,7 @@
  *                      wave or once for the whole fleet
  */
 import { createHash } from 'node:crypto';
+import { Type } from '@sinclair/typebox';
 
 /** A count, or a share of a population. */
 export type Threshold = { count: number } | { fraction: number };
@@ -86,20 +87,84 @@ export const DEFAULT_SPEC: PolicySpec = {
   activation: 'immediate',
 };
 
-const KNOWN = new Set([
-  'canary',
-  'waves',
-  'bakeSeconds',
-  'successThreshold',
-  'failureThreshold',
-  'requirePromotion',
-  'retries',
-  'retryBackoffSeconds',
-  'waveTimeoutSeconds',
-  'maintenanceWindow',
-  'autoRollback',
-  'activation',
-]);
+const closed = { additionalProperties: false } as const;
+const count = (minimum: number) => Type.Object({ count: Type.Integer({ minimum, maximum: 10_000 }) }, closed);
+const localTime = Type.String({
+  pattern: '^(?:(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9])?|24:00(?::00)?)$',
+  description: "local time 'HH:MM' or 'HH:MM:SS' (00:00..24:00)",
+});
+/** A weekday as validatePolicy reads it: 3..9 letters whose first three name the day, any case. */
+const weekday = Type.String({
+  pattern: `^(?:${WEEKDAYS.map((d) => [...d].map((c) => `[${c.toUpperCase()}${c}]`).join('')).join('|')})[A-Za-z]{0,6}$`,
+  description: "'mon' … 'sun' (or the full name, any case)",
+});
+
+/**
+ * The exact wire shape of `policy` that validatePolicy accepts, as JSON Schema (the OpenAPI document states it
+ * for `POST /api/roosts/{roostId}/deploy`; validatePolicy stays the check, with errors keyed by dotted path).
+ * What JSON Schema cannot say is in the descriptions: `waves` strictly increasing, a window's end ≠ start.
+ */
+export const POLICY_SCHEMA = Type.Object(
+  {
+    canary: Type.Optional(
+      Type.Union([count(1), Type.Object({ percent: Type.Number({ exclusiveMinimum: 0, maximum: 100 }) }, closed)], {
+        description: 'canary size: { count } machines or { percent } of the targets (default ceil(10 %), 1..100)',
+      }),
+    ),
+    waves: Type.Optional(
+      Type.Array(Type.Number({ exclusiveMinimum: 0, maximum: 100 }), {
+        minItems: 1,
+        maxItems: 10,
+        // Strictly increasing up to 100, so 100 is the last entry exactly when the list contains it.
+        contains: Type.Literal(100),
+        description: 'cumulative percentages of all targets after the canary, strictly increasing, the last 100 (default [100])',
+      }),
+    ),
+    bakeSeconds: Type.Optional(Type.Number({ minimum: 0, maximum: 86_400, description: 'wait after a wave (default 0)' })),
+    successThreshold: Type.Optional(
+      Type.Union([count(1), Type.Object({ fraction: Type.Number({ exclusiveMinimum: 0, maximum: 1 }) }, closed)], {
+        description: "successes that let the next wave start early (default: all of the wave's machines)",
+      }),
+    ),
+    failureThreshold: Type.Optional(
+      Type.Union([count(0), Type.Object({ fraction: Type.Number({ minimum: 0, maximum: 1 }) }, closed)], {
+        description: 'failures tolerated among the waves dispatched so far (default { count: 0 })',
+      }),
+    ),
+    requirePromotion: Type.Optional(
+      Type.Union([Type.Union([Type.Literal('none'), Type.Literal('canary'), Type.Literal('everyWave')]), Type.Boolean()], {
+        description: "where the rollout waits for promote (true = 'canary'; default 'none')",
+      }),
+    ),
+    retries: Type.Optional(Type.Integer({ minimum: 0, maximum: 10, description: 'retries per machine (default 2)' })),
+    retryBackoffSeconds: Type.Optional(
+      Type.Number({ minimum: 0, maximum: 3_600, description: 'before the first retry, doubling (default 10)' }),
+    ),
+    waveTimeoutSeconds: Type.Optional(
+      Type.Number({ minimum: 1, maximum: 86_400, description: "from a machine's first dispatch (default 1800)" }),
+    ),
+    maintenanceWindow: Type.Optional(
+      Type.Object(
+        { days: Type.Optional(Type.Array(weekday, { minItems: 1, maxItems: 7 })), start: localTime, end: localTime },
+        { ...closed, description: "no wave starts outside it, in the site's timezone; end ≠ start (an earlier end wraps past midnight)" },
+      ),
+    ),
+    autoRollback: Type.Optional(Type.Boolean({ description: 'a tripped failure threshold rolls back switched machines (default false)' })),
+    activation: Type.Optional(
+      Type.Union([Type.Literal('immediate'), Type.Literal('wave'), Type.Literal('fleet')], {
+        description: "stage, then activate per wave or once for the fleet (default 'immediate')",
+      }),
+    ),
+  },
+  {
+    ...closed,
+    // Staged activation (wave, fleet) cannot be combined with an early-advance successThreshold.
+    not: { required: ['activation', 'successThreshold'], properties: { activation: { enum: ['wave', 'fleet'] } } },
+    description: 'rollout policy, every field optional (docs/decisions/rollout-control.md)',
+  },
+);
+
+const KNOWN = new Set(Object.keys(POLICY_SCHEMA.properties));
 
 /** Dotted path → messages (the `errors` map of a validation_failed problem). */
 export type PolicyErrors = Record<string, string[]>;

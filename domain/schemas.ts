@@ -4,7 +4,7 @@
  * Pure: no I/O. Route-specific shapes stay beside their routes.
  */
 import { type TSchema, Type } from '@sinclair/typebox';
-import { ABSOLUTE_PATH_RE, MAX_PATH_LENGTH } from './paths';
+import { ABSOLUTE_PATH_RE, EXTRACT_ROOT_RE, FILE_NAME_RE, MAX_PATH_LENGTH, MAX_SEGMENT_LENGTH } from './paths';
 import { CONCRETE_VERSION_ID_RE, VERSION_REF_RE } from './versionRef';
 import { INSTALLER_VERSION_RE } from './installers';
 
@@ -51,6 +51,26 @@ export function HttpsUrl(description: string, opts: { fragment?: boolean } = {})
 export function MachinePath(description: string) {
   return Type.String({ minLength: 1, maxLength: MAX_PATH_LENGTH, 'x-roost-pattern': ABSOLUTE_PATH_RE.source, description });
 }
+/**
+ * A bare file name safe on Windows (an installer's file name, an executable to close): the service refuses
+ * anything domain/paths.ts fileNameProblem refuses with 400 validation_failed naming the entry; the document
+ * states the same rule (`x-roost-pattern`, FILE_NAME_RE: no separators, `:`, `< > " | ? *` or control
+ * characters, no trailing dot or space, no device name).
+ */
+export function FileName(description: string) {
+  return Type.String({ minLength: 1, maxLength: MAX_SEGMENT_LENGTH, 'x-roost-pattern': FILE_NAME_RE.source, description });
+}
+/**
+ * A roost's extract root ('' = the default): the service refuses anything domain/paths.ts extractRootProblem
+ * refuses with 400 validation_failed; the document states the same rule (`x-roost-pattern`, EXTRACT_ROOT_RE:
+ * every segment at most 255 characters and safe on Windows, not the agent's own folders).
+ */
+export const ExtractPath = Type.String({
+  maxLength: MAX_PATH_LENGTH,
+  pattern: '^[^\\u0000-\\u001f]*$',
+  'x-roost-pattern': EXTRACT_ROOT_RE.source,
+  description: "destination root on the target machines ('' = the agent's default)",
+});
 /**
  * A version ref (domain/versionRef.ts): the handler parses it and answers 400 version_ref_malformed, so the
  * format is stated to the document only (`x-roost-pattern`, api/openapi.ts) and not checked by the validator.

@@ -199,17 +199,21 @@ export function isNonPublicAddress(address: string): boolean {
 export type WebhookUrlProblem = { kind: 'invalid'; message: string } | { kind: 'address'; message: string };
 
 /**
- * Checks a delivery URL's shape (absolute, at most 2048 chars, https — or http when `allowPrivate` —, a
- * host, no user name or password, no fragment) and, unless `allowPrivate`, that an IP-literal host or a
+ * Checks a delivery URL's shape (absolute, at most 2048 chars as given, https — or http when `allowPrivate` —,
+ * a host, no user name or password, no fragment) and, unless `allowPrivate`, that an IP-literal host or a
  * `localhost` name is not a non-public address. Returns the normalised URL (WHATWG serialisation) or the
  * problem. Names are not resolved here: callers check resolved addresses with `isNonPublicAddress`.
+ * The length limit is an input rule: the send-time check of an already normalised URL (which may be a few
+ * characters longer: `https://example.com` becomes `https://example.com/`, `"` becomes `%22`) passes
+ * `{ input: false }` and skips it.
  */
 export function checkWebhookUrl(
   raw: string,
   allowPrivate: boolean,
+  opts: { input?: boolean } = {},
 ): { ok: true; url: string; host: string } | { ok: false; problem: WebhookUrlProblem } {
   const invalid = (message: string) => ({ ok: false as const, problem: { kind: 'invalid' as const, message } });
-  if (raw.length > WEBHOOK_URL_MAX_LENGTH) return invalid(`must be at most ${WEBHOOK_URL_MAX_LENGTH} characters`);
+  if (opts.input !== false && raw.length > WEBHOOK_URL_MAX_LENGTH) return invalid(`must be at most ${WEBHOOK_URL_MAX_LENGTH} characters`);
   let u: URL;
   try {
     u = new URL(raw);

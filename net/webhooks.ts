@@ -71,7 +71,8 @@ export async function postWebhook(req: {
 }): Promise<PostResult> {
   const started = performance.now();
   const elapsed = () => Math.max(0, Math.round(performance.now() - started));
-  const checked = checkWebhookUrl(req.url, req.allowPrivate);
+  // The URL was checked as given (and normalised) at create or probe; its length is not a send-time rule.
+  const checked = checkWebhookUrl(req.url, req.allowPrivate, { input: false });
   if (!checked.ok) return { ok: false, statusCode: null, latencyMs: 0, error: `refused: url ${checked.problem.message}`, refused: true };
   const u = new URL(checked.url);
   const mod = u.protocol === 'https:' ? https : http;

@@ -6,6 +6,8 @@
 import fp from 'fastify-plugin';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import Router, { type HTTPMethod } from 'find-my-way';
+import { KindGuard } from '@sinclair/typebox';
+import { Value } from '@sinclair/typebox/value';
 import { ApiError, titleFor } from '../../domain/errors';
 import { unavailableDependency } from '../../domain/outage';
 
@@ -92,33 +94,58 @@ export default fp(async function problemPlugin(app: FastifyInstance) {
     const apiErr = toApiError(error);
     // Roost-Version is still checked first (api/plugins/api-version.ts), on unknown routes too.
     if (request.is404 && apiErr.status < 500 && apiErr.code !== 'unsupported_version') return notFound(request, reply);
+    // Path parameters this route refuses while another method's route takes the path (`DELETE
+    // /api/installer/latest`: `latest` is no version, but `GET /api/installer/latest` exists): the path is that
+    // route's, so the method is not allowed there (405), as the document says.
+    if ((error as FastifyError).validationContext === 'params') {
+      const allow = allowed(request, request.url.split('?')[0], true);
+      if (allow.length > 0) return methodNotAllowed(request, reply, allow);
+    }
     if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
     return sendProblem(request, reply, apiErr);
   });
   // Every registered route, by method, so a known path asked with another method is 405 with `Allow`
-  // rather than 404 (the framework's own router only knows "no match").
+  // rather than 404 (the framework's own router only knows "no match"). A method counts only when the path's
+  // parameters fit that route's params schema, so `Allow` lists what the OpenAPI document lists for the path:
+  // `/api/installer/latest` is not a `DELETE /api/installer/{version}` (a version is X.Y.Z). When no route's
+  // parameters fit (`/api/roosts/<malformed id>`), the path still has the shape of the routes it matches: 405
+  // with their methods.
   const known = Router({ maxParamLength: Number.MAX_SAFE_INTEGER });
   app.addHook('onRoute', (route) => {
+    const params = route.schema?.params;
+    const fits = KindGuard.IsSchema(params) ? (p: Record<string, string | undefined>) => Value.Check(params, p) : () => true;
     for (const method of Array.isArray(route.method) ? route.method : [route.method]) {
       try {
-        known.on(method as HTTPMethod, route.url, () => undefined);
+        known.on(method as HTTPMethod, route.url, () => undefined, { fits });
       } catch {
         /* the same method and path registered twice (HEAD beside GET): one entry is enough */
       }
     }
   });
+  /** Methods other than the request's with a route for `path`: those whose parameters fit, else (unless `fittingOnly`) all. */
+  const allowed = (request: FastifyRequest, path: string, fittingOnly = false): HTTPMethod[] => {
+    const matched = ROUTER_METHODS.filter((m) => m !== request.method)
+      .map((m) => ({ m, found: known.find(m, path) }))
+      .filter((x) => x.found !== null);
+    const fitting = matched.filter(({ found }) =>
+      (found!.store as { fits: (p: Record<string, string | undefined>) => boolean }).fits(found!.params),
+    );
+    return (fitting.length > 0 || fittingOnly ? fitting : matched).map((x) => x.m);
+  };
+  function methodNotAllowed(request: FastifyRequest, reply: FastifyReply, allow: HTTPMethod[]): FastifyReply {
+    const path = request.url.split('?')[0];
+    return sendProblem(
+      request,
+      reply,
+      new ApiError('method_not_allowed', `${request.method} is not a method of ${path}; it takes ${allow.join(', ')}`, {
+        headers: { Allow: allow.join(', ') },
+      }),
+    );
+  }
   function notFound(request: FastifyRequest, reply: FastifyReply): FastifyReply {
     const path = request.url.split('?')[0];
-    const allow = ROUTER_METHODS.filter((m) => m !== request.method && known.find(m, path) !== null);
-    if (allow.length > 0) {
-      return sendProblem(
-        request,
-        reply,
-        new ApiError('method_not_allowed', `${request.method} is not a method of ${path}; it takes ${allow.join(', ')}`, {
-          headers: { Allow: allow.join(', ') },
-        }),
-      );
-    }
+    const allow = allowed(request, path);
+    if (allow.length > 0) return methodNotAllowed(request, reply, allow);
     return sendProblem(request, reply, new ApiError('not_found', `no route ${request.method} ${path}`));
   }
   app.setNotFoundHandler(notFound);

@@ -27,6 +27,7 @@ import {
 } from '../../domain/classic';
 import {
   DateTime,
+  FileName,
   HttpsUrl,
   MachinePath,
   MachineId,
@@ -57,15 +58,15 @@ export const MAX_DEPLOYMENT_MACHINES = 10_000;
 const DeploymentId = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'deployment id (dep_…)' });
 const SiteParams = Type.Object({ siteId: SiteId });
 const DeploymentParams = Type.Object({ siteId: SiteId, deploymentId: DeploymentId });
-// Executable and project names: the service refuses control characters (400 naming the entry).
+// Project names or paths to suppress: no control characters (the validator refuses them, 400 validation_failed).
 const NO_CONTROL_CHARACTERS = '^[^\\u0000-\\u001f\\u007f]*$';
 const Names = (what: string) =>
-  Type.Array(Type.String({ minLength: 1, maxLength: 255, 'x-roost-pattern': NO_CONTROL_CHARACTERS }), { maxItems: 100, description: what });
+  Type.Array(Type.String({ minLength: 1, maxLength: 255, pattern: NO_CONTROL_CHARACTERS }), { maxItems: 100, description: what });
 
 const createFields = {
   name: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: 'display name (required unless template_id gives it)' })),
   installer_url: Type.Optional(HttpsUrl('HTTPS URL of the installer')),
-  installer_name: Type.Optional(Type.String({ minLength: 1, maxLength: 255, description: 'installer file name (e.g. setup.msi)' })),
+  installer_name: Type.Optional(FileName('installer file name (e.g. setup.msi)')),
   silent_flags: Type.Optional(Type.String({ maxLength: 2000, description: 'flags passed to the installer (may be empty)' })),
   machines: Type.Array(MachineId, {
     minItems: 1,
@@ -74,7 +75,7 @@ const createFields = {
   }),
   verify_path: Type.Optional(Nullable(MachinePath('absolute path that must exist after install'))),
   sha256: Type.Optional(Type.String({ pattern: SHA256_RE.source, description: '64 hex: the installer is verified before anything runs' })),
-  close_processes: Type.Optional(Names('executables closed before install (e.g. app.exe)')),
+  close_processes: Type.Optional(Type.Array(FileName('executable closed before install (e.g. app.exe)'), { maxItems: 100 })),
   suppress_projects: Type.Optional(Names('project names or paths to suppress during install')),
   parallel_install: Type.Optional(Type.Boolean({ description: 'install on targets concurrently (bounded); default serial' })),
   timeout_seconds: Type.Optional(

@@ -22,7 +22,7 @@
 import { type FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { MAX_ROLLOUT_MACHINES } from '../../domain/rollout';
-import { policyView } from '../../domain/rollout-policy';
+import { POLICY_SCHEMA, policyView } from '../../domain/rollout-policy';
 import { ConcreteVersionId, DateTime, MachineId, Nullable, problems, RoostId, SiteId } from '../../domain/schemas';
 import { type DeployResult, deployRollout } from '../../services/rollouts';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
@@ -51,18 +51,9 @@ const DeployBody = Type.Object(
     dryRun: Type.Optional(
       Type.Boolean({ description: 'plan only: nothing is written, no workflow starts; the answer carries the delta plan' }),
     ),
-    policy: Type.Optional(
-      Type.Object(
-        {},
-        {
-          additionalProperties: true,
-          description:
-            'rollout policy (all optional): canary {count}|{percent}, waves (cumulative %, last 100), bakeSeconds, successThreshold and failureThreshold ' +
-            "({count}|{fraction}), requirePromotion ('none'|'canary'|'everyWave'), retries, retryBackoffSeconds, waveTimeoutSeconds, maintenanceWindow " +
-            "{days, start, end} in the site's timezone, autoRollback, activation ('immediate'|'wave'|'fleet'). docs/decisions/rollout-control.md",
-        },
-      ),
-    ),
+    // validatePolicy checks the policy with errors keyed by dotted path (policy.waves.1…); the document states
+    // its exact shape (domain/rollout-policy.ts POLICY_SCHEMA).
+    policy: Type.Optional(Type.Object({}, { additionalProperties: true, 'x-roost-document': POLICY_SCHEMA })),
   },
   { additionalProperties: false },
 );

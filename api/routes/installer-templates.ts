@@ -14,6 +14,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { DEPLOYMENT_ID_RE, MAX_INSTALL_TIMEOUT_SECONDS } from '../../domain/classic';
 import {
   DateTime,
+  FileName,
   HttpsUrl,
   MachinePath,
   Nullable,
@@ -39,15 +40,13 @@ const TemplateId = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 
 const SiteParams = Type.Object({ siteId: SiteId });
 const TemplateParams = Type.Object({ siteId: SiteId, templateId: TemplateId });
 
-// Executable names: the service refuses control characters (400 naming the entry).
-const NO_CONTROL_CHARACTERS = '^[^\\u0000-\\u001f\\u007f]*$';
 const fields = {
   name: Type.String({ minLength: 1, maxLength: 200 }),
-  installer_name: Type.String({ minLength: 1, maxLength: 255, description: 'installer file name' }),
+  installer_name: FileName('installer file name'),
   installer_url: HttpsUrl('HTTPS URL'),
   silent_flags: Type.String({ maxLength: 2000 }),
   verify_path: Nullable(MachinePath('absolute path that must exist after install')),
-  close_processes: Type.Array(Type.String({ minLength: 1, maxLength: 255, 'x-roost-pattern': NO_CONTROL_CHARACTERS }), { maxItems: 100 }),
+  close_processes: Type.Array(FileName('executable closed before install (e.g. app.exe)'), { maxItems: 100 }),
   timeout_seconds: Nullable(
     Type.Integer({ minimum: 1, maximum: MAX_INSTALL_TIMEOUT_SECONDS, description: 'installer run time limit (seconds)' }),
   ),

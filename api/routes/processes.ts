@@ -82,6 +82,14 @@ const forbidden = {
   processId: Type.Optional(Type.Unknown({ 'x-roost-forbidden': true, description: 'server-managed: 400 forbidden_field' })),
 };
 
+/** `scheduled` needs at least one schedule block (stated to the validator and the document alike). */
+function scheduledNeedsBlocks(mode: string, blocks: string, required = true) {
+  return {
+    if: { properties: { [mode]: { const: 'scheduled' } }, required: [mode] },
+    then: { ...(required ? { required: [blocks] } : {}), properties: { [blocks]: { type: 'array', minItems: 1 } } },
+  };
+}
+
 const CreateBody = Type.Object(
   {
     name: fields.name,
@@ -93,7 +101,7 @@ const CreateBody = Type.Object(
     ),
     ...forbidden,
   } as { name: typeof fields.name; exe_path: typeof fields.exe_path },
-  { additionalProperties: false },
+  { additionalProperties: false, ...scheduledNeedsBlocks('launch_mode', 'schedules') },
 );
 const PatchBody = Type.Object(
   { ...Object.fromEntries(Object.entries(fields).map(([k, v]) => [k, Type.Optional(v)])), ...forbidden },
@@ -327,7 +335,8 @@ const processRoutes: FastifyPluginAsyncTypebox = async (app) => {
         params: ProcessParams,
         body: Type.Object(
           { mode: lit(LAUNCH_MODES), blocks: Type.Optional(Type.Array(Block, { maxItems: MAX_SCHEDULE_BLOCKS })) },
-          { additionalProperties: false },
+          // Without `blocks` the current ones stay: `scheduled` then needs the process to have some (checked by the service).
+          { additionalProperties: false, ...scheduledNeedsBlocks('mode', 'blocks', false) },
         ),
         response: { 200: ProcessRecord, ...problems(422) },
       },

@@ -11,7 +11,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import type { Requirement } from '../../domain/scopes';
-import { DateTime, MachineId, Nullable, problems, RoostId, SiteId, isCreatedAtPosition } from '../../domain/schemas';
+import { DateTime, ExtractPath, MachineId, Nullable, problems, RoostId, SiteId, isCreatedAtPosition } from '../../domain/schemas';
 import { createRoost, deleteRoost, getRoost, listRoosts, type RoostDetail, updateRoost } from '../../services/roosts';
 import { pagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
@@ -25,8 +25,8 @@ export const SiteQuery = Type.Object({ siteId: SiteId });
 /** Display name: 1..200 characters, not blank. */
 export const RoostName = Type.String({ minLength: 1, maxLength: 200, pattern: '\\S' });
 export const Targets = Type.Array(MachineId, { maxItems: 10000, uniqueItems: true, description: 'target machine ids' });
-/** Destination root on the target machines (no control characters). */
-export const ExtractPath = Type.String({ maxLength: 1024, pattern: '^[^\\u0000-\\u001f]*$' });
+/** Destination root on the target machines (domain/schemas.ts). */
+export { ExtractPath };
 
 export const VersionSummary = Type.Object({
   versionId: Type.String(),

@@ -353,6 +353,24 @@ describe('framework-level refusals are problem+json with the right status', () =
     expect([none.statusCode, none.json().code]).toEqual([404, 'not_found']);
   });
 
+  test('Allow lists the methods whose route fits the path: /api/installer/latest is not a DELETE /api/installer/{version}', async () => {
+    const latest = await h.app.inject({ method: 'OPTIONS', url: '/api/installer/latest', headers: auth() });
+    expect([latest.statusCode, latest.headers.allow]).toEqual([405, 'GET, HEAD']);
+    const upload = await h.app.inject({ method: 'OPTIONS', url: '/api/installer/upload', headers: auth() });
+    expect([upload.statusCode, upload.headers.allow]).toEqual([405, 'POST, PUT']);
+    const version = await h.app.inject({ method: 'OPTIONS', url: '/api/installer/1.2.3', headers: auth() });
+    expect([version.statusCode, version.headers.allow]).toEqual([405, 'DELETE']);
+    // DELETE /api/installer/{version} does not take `latest` (no version), GET /api/installer/latest does: 405.
+    const del = await h.app.inject({ method: 'DELETE', url: '/api/installer/latest', headers: auth() });
+    expect([del.statusCode, del.json().code, del.headers.allow]).toEqual([405, 'method_not_allowed', 'GET, HEAD']);
+    const badVersion = await h.app.inject({ method: 'DELETE', url: '/api/installer/not-a-version', headers: auth() });
+    expect([badVersion.statusCode, badVersion.json().code]).toEqual([400, 'validation_failed']);
+    // No route's parameters fit a malformed id: the path still has the roost routes' shape.
+    const malformed = await h.app.inject({ method: 'PUT', url: '/api/roosts/not-a-roost-id', headers: auth() });
+    expect(malformed.statusCode).toBe(405);
+    expect(String(malformed.headers.allow).split(', ').sort()).toEqual(['DELETE', 'GET', 'HEAD', 'PATCH']);
+  });
+
   test('a method no route has (QUERY) is 405 with Allow on a known path and 404 elsewhere, whatever its body', async () => {
     // The framework refuses a QUERY without Content-Type (400) and parses the body of unmatched requests before the not-found handler runs.
     const query = await h.app.inject({ method: 'QUERY' as 'GET', url: '/api/version', headers: auth() });

@@ -10,6 +10,8 @@
  * queue, `dbFleet` answering sync_pull commands (a manual promotion gate keeps a rollout waiting), and a
  * local HTTP receiver for probes and delivery runs (ROOST_WEBHOOK_ALLOW_PRIVATE).
  */
+import fs from 'node:fs';
+import path from 'node:path';
 import { fullAccessScopes } from '../../db/bootstrap';
 import { sha256Hex } from '../../domain/hex';
 import { VERSION_MEDIA_TYPE } from '../../domain/version';
@@ -35,6 +37,8 @@ let h: Harness;
 /** The API key every keyed request of this file uses (its scopes are switched off to provoke errors). */
 let actor: { raw: string; keyId: string };
 let machineId: string;
+/** The enrolled machine's agent token (its heartbeats keep it online for the process commands). */
+let agentToken: string;
 const workflows = new Set<string>();
 let worker: TestWorker;
 let fleet: { stop(): Promise<void> };
@@ -276,7 +280,12 @@ const machineCommands = (type: string) => () =>
 /** One fixture per process control action (each queues one command of its type). */
 const processCommandFixtures: KeyedFixture[] = (['kill', 'restart', 'start', 'stop'] as const).map((action) => ({
   route: `POST /api/sites/:siteId/machines/:machineId/processes/:processId/${action}`,
-  prepare: async (seed: string) => ({ method: 'POST', url: `${processes()}/${await newProcess(seed)}/${action}` }),
+  prepare: async (seed: string) => {
+    // A process command needs the machine online: a heartbeat now, however long the file has run (a loaded machine).
+    const beat = await h.request({ method: 'POST', url: '/api/agent/heartbeat', key: agentToken, body: {} });
+    expect(beat.statusCode).toBe(200);
+    return { method: 'POST', url: `${processes()}/${await newProcess(seed)}/${action}` };
+  },
   variant: (req: Req) => ({ ...req, url: `${req.url}?variant=1` }),
   count: machineCommands(`${action}_process`),
 }));
@@ -842,6 +851,7 @@ beforeAll(async () => {
     body: { siteId: h.siteId, enrolmentSecret: secret, machineId, hostname: 'idem.local', agentVersion: '1.0.0' },
   });
   expect(enrol.statusCode).toBe(201);
+  agentToken = enrol.json().agentToken;
 });
 afterEach(async () => {
   const release = releaseCatalog;
@@ -884,6 +894,15 @@ describe('the route table', () => {
         .filter((r) => !fixtures.includes(r)),
     ).toEqual([]);
     expect(fixtures.filter((r) => !modeOf(r) || modeOf(r) === 'ignored')).toEqual([]);
+  });
+
+  it('docs/agent-protocol.md states what the enrolment-secret route does with the key: required, a retry replays', () => {
+    expect(modeOf('POST /api/sites/:siteId/enrolment-secret')).toBe('required');
+    const doc = fs.readFileSync(path.join(__dirname, '..', '..', 'docs', 'agent-protocol.md'), 'utf8');
+    const step = doc.slice(doc.indexOf('POST /api/sites/{siteId}/enrolment-secret'), doc.indexOf('POST /api/agent/enrol'));
+    expect(step).toMatch(/requires `Idempotency-Key`/);
+    expect(step).toMatch(/replays the same secret/);
+    expect(step).not.toMatch(/ignore/i);
   });
 
   it('ignores the header on the routes the Conventions name', () => {

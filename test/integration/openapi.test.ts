@@ -197,6 +197,12 @@ describe('route coverage', () => {
       const op = operation(r);
       if (JSON.stringify(op.security) !== JSON.stringify(securityFor(r.auth, r.allowQueryKey, r.method)))
         problems.push(`${label(r)}: security ${JSON.stringify(op.security)}`);
+      // The compatibility forms only where docs/decisions/credential-forms.md selects them: x-api-key on reads,
+      // ?api_key= on routes with allowQueryKey (the event stream).
+      const schemes = (op.security ?? []).flatMap((s: object) => Object.keys(s));
+      if (schemes.includes('apiKeyHeader') && r.method !== 'GET' && r.method !== 'HEAD')
+        problems.push(`${label(r)}: x-api-key on a mutation`);
+      if (schemes.includes('apiKeyQuery') && !r.allowQueryKey) problems.push(`${label(r)}: ?api_key= not selected`);
       const header = (name: string) => (op.parameters ?? []).find((p: any) => p.in === 'header' && p.name === name);
       const version = header('Roost-Version');
       if (!version || version.required !== false || JSON.stringify(version.schema.enum) !== JSON.stringify([...SUPPORTED_API_VERSIONS]))

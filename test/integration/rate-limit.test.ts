@@ -294,8 +294,12 @@ describe('failed authentications spend the auth bucket of their address', () => 
     for (let i = 0; i < 10; i++) expect((await bad('192.0.2.10')).statusCode).toBe(401);
     const limited = await bad('192.0.2.10');
     expect([limited.statusCode, limited.json().code]).toEqual([429, 'rate_limited']);
+    // The contract's 429: body retryAfter, Retry-After and Roost-Rate-Limited-Reason, and the RateLimit-* headers of the auth bucket.
     expect(Number(limited.headers['retry-after'])).toBeGreaterThan(0);
-    expect(limited.headers['roost-rate-limited-reason']).toBeDefined();
+    expect(limited.json().retryAfter).toBe(Number(limited.headers['retry-after']));
+    expect(['global-rate', 'endpoint-rate', 'key-rate', 'site-concurrency']).toContain(limited.headers['roost-rate-limited-reason']);
+    expect([limited.headers['ratelimit-limit'], limited.headers['ratelimit-remaining']]).toEqual(['10', '0']);
+    expect(limited.headers['x-ratelimit-limit']).toBe('10');
     expect((await h.app.inject({ method: 'GET', url: '/api/whoami', remoteAddress: '192.0.2.10' })).statusCode).toBe(429);
     expect((await bad('192.0.2.11')).statusCode).toBe(401);
     const ok = await h.app.inject({
@@ -305,5 +309,22 @@ describe('failed authentications spend the auth bucket of their address', () => 
       headers: { authorization: `Bearer ${h.apiKey}` },
     });
     expect(ok.statusCode).toBe(200);
+  });
+
+  test("whoami's rateLimit hint describes the bucket its own RateLimit-* headers report", async () => {
+    const res = await h.app.inject({
+      method: 'GET',
+      url: '/api/whoami',
+      remoteAddress: '192.0.2.12',
+      headers: { authorization: `Bearer ${h.apiKey}` },
+    });
+    expect(res.statusCode).toBe(200);
+    const limit = Number(res.headers['ratelimit-limit']);
+    const window = Number(res.headers['ratelimit-reset']);
+    expect(limit).toBe(300); // production: 300 requests per hour per API key
+    expect(window).toBeGreaterThan(60);
+    const hint = res.json().rateLimit;
+    expect(hint.limitPerMinute).toBe(Math.max(1, Math.round((limit * 60) / 3600)));
+    expect(hint.note).toContain(`${limit} requests per 3600 s per API key`);
   });
 });

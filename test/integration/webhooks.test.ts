@@ -426,6 +426,18 @@ describe('the probe', () => {
   const probe = (body: Record<string, unknown>, key?: string) =>
     h.request({ method: 'POST', url: `/api/webhooks/probe?siteId=${h.siteId}`, body, key });
 
+  it('takes a URL of the documented 2048 characters even when its normalised form is longer', async () => {
+    const head = `${rx.base}/probe-long?q=`;
+    const quotes = 2048 - head.length;
+    const url = head + '"'.repeat(quotes); // each " is sent as %22
+    expect(url).toHaveLength(2048);
+    const sent = `/probe-long?q=${'%22'.repeat(quotes)}`;
+    rx.secrets.set(sent, ['whsec_long_url']);
+    const res = await probe({ url, event: 'machine.offline', payload: {}, signingSecret: 'whsec_long_url' });
+    expect([res.statusCode, res.json().ok]).toEqual([200, true]);
+    expect(rx.at(sent)).toHaveLength(1);
+  });
+
   it('sends one signed probe envelope and reports success', async () => {
     rx.secrets.set('/probe-ok', ['whsec_probe_secret']);
     const res = await probe({
@@ -664,6 +676,10 @@ describe('address rules without ROOST_WEBHOOK_ALLOW_PRIVATE', () => {
       'https://10.0.0.7/hook',
       'https://169.254.169.254/latest',
       'https://localhost:8443/hook',
+      'https://[::127.0.0.1]/hook', // IPv4-compatible IPv6
+      'https://[2002:7f00:1::]/hook', // 6to4
+      'https://[64:ff9b::a00:7]/hook', // NAT64 of 10.0.0.7
+      'https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/hook', // Teredo
     ]) {
       const res = await create(url);
       expect([url, res.statusCode, res.json().code, res.json().param]).toEqual([url, 400, 'url_not_allowed', 'url']);

@@ -5,7 +5,19 @@
  * docs/decisions/windows-paths.md.
  */
 import path from 'node:path';
-import { collidingPaths, extractRootProblem, extractRootSegments, filePathProblem, segmentProblem, windowsFold } from '../../domain/paths';
+import {
+  ABSOLUTE_PATH_RE,
+  EXTRACT_ROOT_RE,
+  FILE_NAME_RE,
+  absolutePathProblem,
+  collidingPaths,
+  extractRootProblem,
+  extractRootSegments,
+  fileNameProblem,
+  filePathProblem,
+  segmentProblem,
+  windowsFold,
+} from '../../domain/paths';
 
 describe('file paths', () => {
   test.each([
@@ -109,5 +121,49 @@ describe('extract roots', () => {
     const root = 'C:\\ProgramData\\Roost';
     const segs = (extractRootSegments('C:\\Program Files\\Acme') as { segments: string[] }).segments;
     expect(path.win32.join(root, ...segs)).toBe('C:\\ProgramData\\Roost\\Program Files\\Acme');
+  });
+});
+
+describe('the document patterns state the same rules (EXTRACT_ROOT_RE, FILE_NAME_RE, ABSOLUTE_PATH_RE)', () => {
+  // Characters each rule turns on: separators, drive colons, dots and spaces, forbidden and control characters,
+  // device and reserved-folder letters (with the non-ASCII ones windowsFold folds to them), superscript digits.
+  const ALPHABET = [...'aAcCoOnNuUxXsStTgGiIkKhHlLpP1¹.. //\\\\::<?*"\u0000\u001f\u007fſﬆıKé😀$'];
+  const WORDS = ['con', 'CON', 'aux', 'com1', 'LPT¹', 'conin$', 'state', 'ſtate', 'ﬆaging', 'chunKs', 'C:', '..', ' .'];
+  // A deterministic generator (mulberry32), so a failure reproduces.
+  let seed = 20261124;
+  const rand = (n: number) => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return (((t ^ (t >>> 14)) >>> 0) % n) as number;
+  };
+  const randomPath = () => {
+    let s = '';
+    const parts = 1 + rand(6);
+    for (let i = 0; i < parts; i++) {
+      if (rand(3) === 0) s += WORDS[rand(WORDS.length)];
+      else if (rand(40) === 0) s += 'x'.repeat(250 + rand(10));
+      else for (let n = rand(5); n >= 0; n--) s += ALPHABET[rand(ALPHABET.length)];
+    }
+    return s;
+  };
+
+  test('on 40,000 random strings each pattern accepts exactly what its function accepts', () => {
+    const mismatches: string[] = [];
+    for (let i = 0; i < 40_000 && mismatches.length < 5; i++) {
+      const p = randomPath();
+      if (EXTRACT_ROOT_RE.test(p) !== (p === '' || extractRootProblem(p) === null)) mismatches.push(`extract root ${JSON.stringify(p)}`);
+      if (FILE_NAME_RE.test(p) !== (fileNameProblem(p) === null)) mismatches.push(`file name ${JSON.stringify(p)}`);
+      if (p.length <= 1024 && ABSOLUTE_PATH_RE.test(p) !== (absolutePathProblem(p) === null))
+        mismatches.push(`absolute ${JSON.stringify(p)}`);
+    }
+    expect(mismatches).toEqual([]);
+  });
+
+  test.each(['', 'apps/x', 'C:\\Program Files\\Acme\\', './a/./b', 'ſtates', 'x/state'])('extract root %j is in the pattern', (p) => {
+    expect(EXTRACT_ROOT_RE.test(p)).toBe(true);
+  });
+  test.each(['ſtate', 'ﬆaging/x', 'a/' + 'x'.repeat(256), 'a/con.txt', 'a/b<c', 'C:', '/', 'a/b.'])('extract root %j is not', (p) => {
+    expect(EXTRACT_ROOT_RE.test(p)).toBe(false);
   });
 });

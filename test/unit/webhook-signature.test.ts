@@ -184,6 +184,14 @@ describe('delivery URL rules', () => {
     expect(bad(`https://example.com/${'a'.repeat(2048)}`)).toBe('invalid');
   });
 
+  it('limits the length of the URL as given: its normalised form may be longer and still passes the send-time check', () => {
+    const raw = `https://A${'0'.repeat(2048 - 'https://A'.length)}`;
+    const r = checkWebhookUrl(raw, true);
+    expect(r.ok && r.url.length).toBe(2049); // lower-cased host and a trailing slash
+    expect(checkWebhookUrl(r.ok ? r.url : '', true, { input: false }).ok).toBe(true);
+    expect(checkWebhookUrl(r.ok ? r.url : '', true).ok).toBe(false);
+  });
+
   it('refuses private addresses and localhost unless allowed (IPv4 forms and IPv6 normalised)', () => {
     for (const u of [
       'https://127.0.0.1/',
