@@ -33,6 +33,17 @@ def _positive(case, location):
     return meta is None or not meta.is_negative_at(location)
 
 
+def _seconds(hhmm):
+    """Seconds of day of 'HH:MM[:SS]', or None."""
+    if not isinstance(hhmm, str):
+        return None
+    parts = hhmm.split(":")
+    try:
+        return int(parts[0]) * 3600 + int(parts[1]) * 60 + (int(parts[2]) if len(parts) > 2 else 0)
+    except (ValueError, IndexError):
+        return None
+
+
 def _map_body(op, body):
     if op in ("POST /api/sites", "PATCH /api/sites/{siteId}") and isinstance(body.get("ownerUid"), str):
         body["ownerUid"] = USER
@@ -51,6 +62,15 @@ def _map_body(op, body):
     elif op == "POST /api/chunks/{digest}/mount" and body.get("from") is not None and body.get("from") == body.get("to"):
         src = body["from"]
         body["to"] = src + "-" if len(src) < 64 else src[:-1] + ("a" if src[-1] != "a" else "b")
+    elif op == "POST /api/roosts/{roostId}/deploy" and isinstance(body.get("policy"), dict):
+        # The policy's cross-field rules (POLICY_SCHEMA's descriptions): waves strictly increasing (the
+        # document already requires 100 among them, so it ends the list); a window's end differs from its start.
+        policy = body["policy"]
+        if isinstance(policy.get("waves"), list) and all(isinstance(w, (int, float)) for w in policy["waves"]):
+            policy["waves"] = sorted(set(policy["waves"]))
+        window = policy.get("maintenanceWindow")
+        if isinstance(window, dict) and window.get("start") is not None and _seconds(window.get("start")) == _seconds(window.get("end")):
+            window["end"] = "23:59" if _seconds(window["start"]) != 23 * 3600 + 59 * 60 else "00:00"
     elif op == "POST /api/roosts/{roostId}/versions" and "version" in body:
         body["version"] = dict(VERSION_BODY)
     return body
