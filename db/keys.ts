@@ -25,7 +25,7 @@ import {
 import type { Scope } from '../domain/scopes';
 import type { UserRole } from '../domain/principal';
 import { type Queryable, withTx } from './pool';
-import { accessibleSiteIds, type SiteUser } from './sites';
+import { accessibleSiteIds, mayActCondition, type SiteAccess, type SiteUser } from './sites';
 
 /** An `api_keys` row joined with its owner's email (times in epoch ms unless Date). */
 export interface KeyRow {
@@ -233,15 +233,35 @@ export type AuthKeyRow = Pick<
   | 'email'
 > & { key_hash: string; role: UserRole; deleted: boolean };
 
-/** The key whose digest is `digest` (SHA-256 hex of the raw key) with its owner; undefined when none. */
-export async function keyForAuth(db: Queryable, digest: string): Promise<AuthKeyRow | undefined> {
-  const { rows } = await db.query<AuthKeyRow>(
-    `SELECT k.key_id, k.key_hash, k.name, k.key_prefix, k.scopes, k.environment, k.is_legacy, k.primary_site_id, k.status,
-            k.expires_at, k.grace_until, k.last_used_at, u.uid, u.email, u.role, u.deleted
-       FROM api_keys k JOIN users u ON u.uid = k.uid WHERE k.key_hash = $1`,
-    [digest],
+/**
+ * The key whose digest is `digest` (SHA-256 hex of the raw key) with its owner; undefined when none. With
+ * `siteId`, the same statement also reads what authorisation needs of that site for the key's owner
+ * (db/sites.ts `siteAccess`): `site` is undefined when the site is absent or the owner may not act on it.
+ */
+export async function keyForAuth(
+  db: Queryable,
+  digest: string,
+  siteId?: string,
+): Promise<(AuthKeyRow & { site?: SiteAccess }) | undefined> {
+  const cols = `k.key_id, k.key_hash, k.name, k.key_prefix, k.scopes, k.environment, k.is_legacy, k.primary_site_id, k.status,
+            k.expires_at, k.grace_until, k.last_used_at, u.uid, u.email, u.role, u.deleted`;
+  if (siteId === undefined) {
+    const { rows } = await db.query<AuthKeyRow>(`SELECT ${cols} FROM api_keys k JOIN users u ON u.uid = k.uid WHERE k.key_hash = $1`, [
+      digest,
+    ]);
+    return rows[0];
+  }
+  const { rows } = await db.query<AuthKeyRow & { site_environment: SiteAccess['environment'] | null; site_roost_enabled: boolean | null }>(
+    `SELECT ${cols}, s.environment AS site_environment, s.roost_enabled AS site_roost_enabled
+       FROM api_keys k JOIN users u ON u.uid = k.uid
+       LEFT JOIN sites s ON s.site_id = $2 AND ${mayActCondition('s', 'u.uid', "u.role = 'superadmin'")}
+      WHERE k.key_hash = $1`,
+    [digest, siteId],
   );
-  return rows[0];
+  const row = rows[0];
+  if (!row) return undefined;
+  const { site_environment, site_roost_enabled, ...key } = row;
+  return site_environment === null ? key : { ...key, site: { environment: site_environment, roost_enabled: site_roost_enabled === true } };
 }
 
 /** Sets a key's `last_used_at` to `at` (epoch ms). */

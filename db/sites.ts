@@ -52,12 +52,19 @@ export interface SiteAccess {
  */
 export async function siteAccess(q: Queryable, user: SiteUser, siteId: string): Promise<SiteAccess | undefined> {
   const { rows } = await q.query<SiteAccess>(
-    `SELECT s.environment, s.roost_enabled FROM sites s
-      WHERE s.site_id = $1
-        AND ($3 OR s.owner_uid = $2 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $2))`,
+    `SELECT s.environment, s.roost_enabled FROM sites s WHERE s.site_id = $1 AND ${mayActCondition('s', '$2', '$3')}`,
     [siteId, user.uid, user.role === 'superadmin'],
   );
   return rows[0];
+}
+
+/**
+ * The rule "the user may act on site row `site`" as an SQL condition, for statements that read a site
+ * together with something else (db/keys.ts `keyForAuth`): `uid` and `superadmin` are SQL expressions (a
+ * parameter such as `$2`, or a column).
+ */
+export function mayActCondition(site: string, uid: string, superadmin: string): string {
+  return `(${superadmin} OR ${site}.owner_uid = ${uid} OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = ${site}.site_id AND m.uid = ${uid}))`;
 }
 
 /** The environment of a site ('live', or 'test' for a sandbox site: docs/decisions/test-keys.md); undefined when absent. */

@@ -14,7 +14,7 @@ import { API_KEY_RE } from '../../domain/keys';
 import { type Requirement, scopesAllow } from '../../domain/scopes';
 import { SITE_ID_RE } from '../../domain/schemas';
 import { oidcSettings } from '../../config/oidc';
-import { checkKeyEnvironment, type CredentialSource, resolveCredential, siteAccessOf } from '../../services/identity';
+import { checkKeyEnvironment, type CredentialSource, resolveCredential, siteAccessOf, type SiteAccessRead } from '../../services/identity';
 import { checkRoostEnabled } from '../../services/sites';
 import type { AgentPrincipal, AuthMode, Principal, UserPrincipal } from '../context';
 import { noteDecision, rateLimitedError } from '../ratelimit/limits';
@@ -34,6 +34,8 @@ declare module 'fastify' {
   interface FastifyRequest {
     /** The site `authorizeSite` last let this request act on (the audit log's site: api/plugins/audit.ts). */
     authorizedSiteId?: string;
+    /** What authentication already read of the site the request names (services/identity.ts `resolveCredential`). */
+    siteAccessRead?: SiteAccessRead;
   }
 }
 
@@ -71,7 +73,24 @@ function credentialOf(request: FastifyRequest): { raw: string; via: CredentialSo
 export async function authenticate(app: FastifyInstance, request: FastifyRequest): Promise<Principal | undefined> {
   const cred = credentialOf(request);
   if (cred === undefined) return undefined;
-  return resolveCredential(app.deps, cred.raw, cred.via);
+  const siteId = siteNamed(request);
+  const site: { siteId: string; read?: SiteAccessRead } | undefined = siteId === undefined ? undefined : { siteId };
+  const principal = await resolveCredential(app.deps, cred.raw, cred.via, site);
+  request.siteAccessRead = site?.read;
+  return principal;
+}
+
+/**
+ * The well-formed site id a request names (path parameter, query or JSON body `siteId`, as the site-scoped
+ * routes take it), before validation; undefined when none. Only a hint: `authorizeSite` uses what was
+ * read with the credential when it is asked about that same site, and reads the site itself otherwise.
+ */
+function siteNamed(request: FastifyRequest): string | undefined {
+  for (const source of [request.params, request.query, request.body]) {
+    const v = source !== null && typeof source === 'object' ? (source as Record<string, unknown>).siteId : undefined;
+    if (typeof v === 'string' && SITE_ID_RE.test(v)) return v;
+  }
+  return undefined;
 }
 
 export default fp(async function authPlugin(app: FastifyInstance) {
@@ -151,8 +170,10 @@ export function requireAgent(request: FastifyRequest): AgentPrincipal {
 export async function authorizeSite(request: FastifyRequest, siteId: string, anyOf: Requirement[]): Promise<UserPrincipal> {
   const user = requireUser(request);
   if (!SITE_ID_RE.test(siteId)) throw new ApiError('validation_failed', 'siteId is malformed', { extras: { param: 'siteId' } });
-  // Membership, the site's environment and its roostEnabled flag in one read (db/sites.ts siteAccess).
-  const site = await siteAccessOf(request.server.deps, user, siteId);
+  // Membership, the site's environment and its roostEnabled flag in one read (db/sites.ts siteAccess), or
+  // read already with the API key by the same statement (db/keys.ts keyForAuth).
+  const read = request.siteAccessRead;
+  const site = read?.siteId === siteId ? read.access : await siteAccessOf(request.server.deps, user, siteId);
   if (!site) throw new ApiError('not_found', 'site not found');
   checkKeyEnvironment(user, siteId, site.environment);
   requireScopes(user, anyOf);
