@@ -6,7 +6,7 @@
  *   --machines <n>        simulated machines for rollout, classic and scaleout (default 1000)
  *   --requests <n>        chunks/check requests (default 300)
  *   --stored-chunks <n>   chunks stored for the check benchmark (default 100000)
- *   --concurrency <n>     chunk PUTs in flight, push and its floor (default 4, the CLI's default)
+ *   --concurrency <n>     chunk PUTs in flight for the push (default: the CLI's automatic rule, cli/upload-window.ts)
  *   --rounds <n>          alternating rounds of the chunker benchmark (default 3)
  *   --connections <n>     autocannon connections of the api benchmark (default 10)
  *   --seconds <n>         seconds of each autocannon run of the api benchmark (default 10)
@@ -26,7 +26,8 @@ export interface BenchOptions {
   machines: number;
   requests: number;
   storedChunks: number;
-  concurrency: number;
+  /** Chunk PUTs in flight for the push; undefined = the CLI's automatic rule. */
+  concurrency?: number;
   rounds: number;
   connections: number;
   seconds: number;
@@ -84,7 +85,7 @@ export function parseOptions(argv: string[]): BenchOptions {
     machines: positive('machines', values.machines, 1000),
     requests: positive('requests', values.requests, 300),
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),
-    concurrency: positive('concurrency', values.concurrency, 4),
+    concurrency: values.concurrency === undefined ? undefined : positive('concurrency', values.concurrency, 4),
     rounds: positive('rounds', values.rounds, 3),
     connections: positive('connections', values.connections, 10),
     seconds: positive('seconds', values.seconds, 10),

@@ -3,12 +3,13 @@
  * client, the bench API, Azurite).
  *
  * 2. `push`: a cold push end to end (a new site, so no chunk is deduplicated: hash, check, upload-urls,
- *    PUT every chunk, publish), timed from the call to `push()` to its return, against the upload floor:
- *    plain parallel PUTs of the same distinct chunks, at the same concurrency, to the same Azurite,
- *    under another new site. For the floor the chunks are cut into memory and their upload URLs are
- *    requested before the clock starts; only the PUTs are timed. Both move exactly the same bytes, and
- *    both start from an empty Azurite (the bench Azurite is restarted empty in between, since its
- *    per-PUT cost grows with the number of blobs it holds).
+ *    PUT every chunk, publish, overlapped as `push()` runs them), timed from the call to `push()` to its
+ *    return, against the upload floor: the fastest of plain parallel PUTs of the same distinct chunks
+ *    at each concurrency of FLOOR_CONCURRENCIES to the same Azurite, each under a new site (the store's
+ *    own limit). For the floor the chunks are cut into memory once and each run's upload URLs are
+ *    requested before its clock starts; only the PUTs are timed. Every floor run and the push start from
+ *    an empty Azurite (the bench Azurite is restarted empty in between, since its per-PUT cost grows
+ *    with the number of blobs it holds), and all move exactly the same bytes.
  * 3. `republish`: pushing the unchanged tree again (same body, so the same version id: the server finds
  *    every chunk and the version already current and changes nothing), in seconds, against `sha256sum`
  *    of the same file list. `rounds` alternating rounds, medians reported.
@@ -16,10 +17,12 @@
 import pLimit from 'p-limit';
 import { producerConfig, readChunk, scanTree, walkTree } from '../cli/chunker';
 import { push, type PushResult } from '../cli/push';
+import { concurrencyFor, uploadLimits } from '../cli/upload-window';
+import { CHUNK_SIZE } from '../domain/version';
 import { sha256sumFiles } from './sha256sum';
 import type { BenchSite, BenchStack } from './stack';
 import type { TreeInfo } from './tree';
-import { log, mbps, median, mib, now, round } from './util';
+import { loadAverage, log, mbps, median, mib, now, round } from './util';
 
 /** A tree published by the cold push, reused by the republish benchmark. */
 export interface PublishedTree {
@@ -30,9 +33,13 @@ export interface PublishedTree {
   config: Record<string, unknown>;
 }
 
+/** Concurrencies the upload floor tries; its figure is the fastest. */
+export const FLOOR_CONCURRENCIES = [4, 8, 16, 32, 64] as const;
+
 export interface ColdPushFigures {
   tree: { files: number; bytes: number };
-  concurrency: number;
+  /** `--concurrency` when given, else `"auto"` (the CLI's rule, cli/upload-window.ts). */
+  concurrency: number | 'auto';
   /** Distinct chunks and their bytes (what both sides upload). */
   chunks: number;
   uploadBytes: number;
@@ -45,10 +52,19 @@ export interface ColdPushFigures {
     stagesMs: PushResult['timings'];
     chunksUploaded: number;
     versionId: string;
+    /** The upload window the push ran with, and the most PUTs it had in flight. */
+    upload: PushResult['upload'] & { smallChunkConcurrency: number; fullChunkConcurrency: number };
   };
-  floor: { what: string; seconds: number; MBps: number; setupSeconds: number };
-  /** push seconds ÷ floor seconds. */
+  /** The fastest run of `bestOf` (the store's limit): its concurrency, seconds, MB/s. */
+  floor: { what: string; seconds: number; MBps: number; setupSeconds: number; concurrency: number };
+  /** Every floor run: concurrency → seconds. */
+  bestOf: Record<string, number>;
+  /** 1-minute load average when the push started and when it ended (/proc/loadavg). */
+  loadAverage: { start: number; end: number };
+  /** push seconds ÷ floor seconds (the fastest plain-PUT run). */
   timesFloor: number;
+  /** push seconds ÷ the plain-PUT run at concurrency 4 (the floor before the sweep, for earlier runs). */
+  timesFloorAt4: number;
 }
 
 export interface RepublishFigures {
@@ -86,14 +102,16 @@ async function plainPut(url: string, bytes: Buffer): Promise<void> {
   if (!res.ok) throw new Error(`upload floor: PUT answered ${res.status}`);
 }
 
-/** The upload floor: returns seconds of the timed PUTs plus the untimed set-up, and bytes moved. */
+/**
+ * The upload floor: cuts the chunks into memory once, then for each concurrency of FLOOR_CONCURRENCIES
+ * empties the bench Azurite, issues URLs under a new site (untimed) and times the PUTs alone.
+ * Returns seconds per concurrency, the untimed set-up seconds, and bytes moved.
+ */
 async function uploadFloor(
   bench: BenchStack,
   tree: TreeInfo,
-  concurrency: number,
-): Promise<{ seconds: number; setupSeconds: number; bytes: number; chunks: number }> {
+): Promise<{ byConcurrency: Record<string, number>; setupSeconds: number; bytes: number; chunks: number }> {
   const s0 = now();
-  const site = await bench.newSite('upload-floor');
   const scan = await scanTree(tree.root);
   const hashes = [...scan.locations.keys()];
   const buffers = new Map<string, Buffer>();
@@ -103,41 +121,54 @@ async function uploadFloor(
     buffers.set(h, b);
     bytes += b.length;
   }
-  const urls: Record<string, string> = {};
-  for (let i = 0; i < hashes.length; i += 1000) {
-    const r = await site.client.post<{ urls: Record<string, string> }>(
-      '/api/chunks/upload-urls',
-      { siteId: site.siteId, hashes: hashes.slice(i, i + 1000) },
-      { retrySafe: true },
+  let setupSeconds = (now() - s0) / 1000;
+  const byConcurrency: Record<string, number> = {};
+  for (const concurrency of FLOOR_CONCURRENCIES) {
+    const s1 = now();
+    await bench.resetStorage();
+    const site = await bench.newSite(`upload-floor-${concurrency}`);
+    const urls: Record<string, string> = {};
+    for (let i = 0; i < hashes.length; i += 1000) {
+      const r = await site.client.post<{ urls: Record<string, string> }>(
+        '/api/chunks/upload-urls',
+        { siteId: site.siteId, hashes: hashes.slice(i, i + 1000) },
+        { retrySafe: true },
+      );
+      Object.assign(urls, r.urls);
+    }
+    setupSeconds += (now() - s1) / 1000;
+    const limit = pLimit(concurrency);
+    const t0 = now();
+    await Promise.all(hashes.map((h) => limit(() => plainPut(urls[h], buffers.get(h)!))));
+    byConcurrency[concurrency] = round((now() - t0) / 1000);
+    log(
+      `push: upload floor at concurrency ${concurrency}: ${byConcurrency[concurrency]} s (${mbps(bytes, byConcurrency[concurrency] * 1000)} MB/s, load ${loadAverage()})`,
     );
-    Object.assign(urls, r.urls);
   }
-  const setupSeconds = (now() - s0) / 1000;
-  log(`push: upload floor: ${hashes.length} chunks (${mib(bytes)}) cut into memory, URLs issued; PUTting at concurrency ${concurrency}`);
-  const limit = pLimit(concurrency);
-  const t0 = now();
-  await Promise.all(hashes.map((h) => limit(() => plainPut(urls[h], buffers.get(h)!))));
-  const seconds = (now() - t0) / 1000;
   buffers.clear();
-  return { seconds, setupSeconds, bytes, chunks: hashes.length };
+  return { byConcurrency, setupSeconds, bytes, chunks: hashes.length };
 }
 
 /** Runs benchmark 2; also returns the published tree for benchmark 3. */
 export async function benchColdPush(
   bench: BenchStack,
   tree: TreeInfo,
-  opts: { concurrency: number },
+  opts: { concurrency?: number },
 ): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
-  const floor = await uploadFloor(bench, tree, opts.concurrency);
-  log(`push: upload floor ${round(floor.seconds)} s (${mbps(floor.bytes, floor.seconds * 1000)} MB/s)`);
+  const floor = await uploadFloor(bench, tree);
+  const [bestC, bestSeconds] = Object.entries(floor.byConcurrency).sort((a, b) => a[1] - b[1])[0];
+  log(`push: upload floor ${bestSeconds} s at concurrency ${bestC} (${mbps(floor.bytes, bestSeconds * 1000)} MB/s)`);
   // Azurite gets slower the more blobs it holds: the push starts from the same (empty) storage.
   await bench.resetStorage();
 
   const site = await bench.newSite('push');
   const roostId = await createRoost(site, 'bench tree');
   const config = { ...producerConfig(), producer: 'roost-cli' as const };
-  log(`push: cold push of ${mib(tree.bytes)} to ${site.siteId}/${roostId} at concurrency ${opts.concurrency}`);
+  log(
+    `push: cold push of ${mib(tree.bytes)} to ${site.siteId}/${roostId} at concurrency ${opts.concurrency ?? 'auto'} (load ${loadAverage()})`,
+  );
   let lastStage = '';
+  const loadStart = loadAverage();
   const t0 = now();
   const result = await push({
     client: site.client,
@@ -158,13 +189,14 @@ export async function benchColdPush(
     );
   }
   const pushSeconds = ms / 1000;
+  const limits = uploadLimits(opts.concurrency);
   log(
     `push: cold push ${round(pushSeconds)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)})`,
   );
   return {
     figures: {
       tree: { files: result.filesTotal, bytes: result.bytesTotal },
-      concurrency: opts.concurrency,
+      concurrency: opts.concurrency ?? 'auto',
       chunks: floor.chunks,
       uploadBytes: floor.bytes,
       push: {
@@ -174,21 +206,30 @@ export async function benchColdPush(
         stagesMs: result.timings,
         chunksUploaded: result.chunksUploaded,
         versionId: result.versionId,
+        upload: {
+          ...result.upload,
+          smallChunkConcurrency: concurrencyFor(limits, new Array<number>(256).fill(4096)),
+          fullChunkConcurrency: concurrencyFor(limits, new Array<number>(256).fill(CHUNK_SIZE)),
+        },
       },
       floor: {
-        what: `parallel PUTs of the pre-cut chunks at concurrency ${opts.concurrency}`,
-        seconds: round(floor.seconds),
-        MBps: mbps(floor.bytes, floor.seconds * 1000),
+        what: `the fastest of parallel PUTs of the pre-cut chunks at concurrency ${FLOOR_CONCURRENCIES.join(', ')}`,
+        seconds: bestSeconds,
+        MBps: mbps(floor.bytes, bestSeconds * 1000),
         setupSeconds: round(floor.setupSeconds),
+        concurrency: Number(bestC),
       },
-      timesFloor: round(pushSeconds / floor.seconds, 2),
+      bestOf: floor.byConcurrency,
+      loadAverage: { start: loadStart, end: loadAverage() },
+      timesFloor: round(pushSeconds / bestSeconds, 2),
+      timesFloorAt4: round(pushSeconds / floor.byConcurrency['4'], 2),
     },
     published: { site, roostId, versionId: result.versionId, config },
   };
 }
 
 /** Publishes the tree untimed (when `republish` runs without `push`). */
-export async function publishTree(bench: BenchStack, tree: TreeInfo, concurrency: number): Promise<PublishedTree> {
+export async function publishTree(bench: BenchStack, tree: TreeInfo, concurrency: number | undefined): Promise<PublishedTree> {
   const site = await bench.newSite('republish');
   const roostId = await createRoost(site, 'bench tree');
   const config = { ...producerConfig(), producer: 'roost-cli' as const };
@@ -201,7 +242,7 @@ export async function publishTree(bench: BenchStack, tree: TreeInfo, concurrency
 export async function benchRepublish(
   tree: TreeInfo,
   published: PublishedTree,
-  opts: { concurrency: number; rounds: number },
+  opts: { concurrency?: number; rounds: number },
 ): Promise<RepublishFigures> {
   const { files } = await walkTree(tree.root);
   const paths = files.map((f) => f.absPath);

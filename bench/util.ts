@@ -3,6 +3,7 @@
  * statistics, throughput in MB/s (10^6 bytes per second) and a seeded PRNG (so the generated tree and
  * the request sets are the same on every run).
  */
+import os from 'node:os';
 import { performance } from 'node:perf_hooks';
 
 const origin = performance.now();
@@ -99,4 +100,9 @@ export function mib(bytes: number): string {
 /** Sleeps `ms` milliseconds. */
 export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** The 1-minute load average, two decimals. */
+export function loadAverage(): number {
+  return round(os.loadavg()[0], 2);
 }

@@ -20,7 +20,7 @@ import pLimit from 'p-limit';
 import { CHUNK_SIZE, type ChunkRef, type FileEntry, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION, type VersionBody } from '../domain/version';
 import { CLI_VERSION } from './version';
 import { collidingPaths, filePathProblem } from '../domain/paths';
-import { defaultHashThreads, hashFiles } from './hash-pool';
+import { defaultHashThreads, type HashOutcome, hashFiles } from './hash-pool';
 
 /** The tree cannot be turned into a version body (bad names, no files, a file changed while read). */
 export class ChunkerError extends Error {
@@ -215,6 +215,11 @@ export interface ScanOptions {
   /** Replaces the default producer config (tests pin createdAt through this). */
   config?: Record<string, unknown>;
   onProgress?: (p: ScanProgress) => void;
+  /**
+   * Called once per file as soon as its chunks are known (in completion order, not path order), so a
+   * caller can start on them while the rest is hashed (cli/push.ts). A throw fails the scan.
+   */
+  onEntry?: (file: WalkedFile, entry: FileEntry) => void;
 }
 
 export interface ScanResult {
@@ -235,6 +240,7 @@ async function hashInline(
   concurrency: number,
   progress: ScanProgress,
   onProgress: ScanOptions['onProgress'],
+  onEntry: ScanOptions['onEntry'],
 ): Promise<FileEntry[]> {
   const limit = pLimit(concurrency);
   return Promise.all(
@@ -249,7 +255,9 @@ async function hashInline(
               });
         progress.filesDone += 1;
         onProgress?.({ ...progress });
-        return { path: f.path, size: f.size, chunks };
+        const entry: FileEntry = { path: f.path, size: f.size, chunks };
+        onEntry?.(f, entry);
+        return entry;
       }),
     ),
   );
@@ -264,8 +272,17 @@ async function hashOnThreads(
   threads: number,
   progress: ScanProgress,
   onProgress: ScanOptions['onProgress'],
+  onEntry: ScanOptions['onEntry'],
 ): Promise<FileEntry[]> {
+  const toEntry = (f: WalkedFile, o: HashOutcome): FileEntry => {
+    if ('error' in o) throw new ChunkerError(`cannot read ${f.absPath}: ${o.error}`, [f.absPath]);
+    if (o.total !== f.size) {
+      throw new ChunkerError(`${f.absPath} changed while it was read (${f.size} bytes listed, ${o.total} read)`, [f.absPath]);
+    }
+    return { path: f.path, size: f.size, chunks: o.chunks };
+  };
   const outcomes = await hashFiles(files, {
+    onOutcome: onEntry ? (i, o) => onEntry(files[i], toEntry(files[i], o)) : undefined,
     threads,
     onBytes: (n) => {
       progress.bytesDone += n;
@@ -276,14 +293,7 @@ async function hashOnThreads(
       onProgress?.({ ...progress });
     },
   });
-  return files.map((f, i): FileEntry => {
-    const o = outcomes[i];
-    if ('error' in o) throw new ChunkerError(`cannot read ${f.absPath}: ${o.error}`, [f.absPath]);
-    if (o.total !== f.size) {
-      throw new ChunkerError(`${f.absPath} changed while it was read (${f.size} bytes listed, ${o.total} read)`, [f.absPath]);
-    }
-    return { path: f.path, size: f.size, chunks: o.chunks };
-  });
+  return files.map((f, i) => toEntry(f, outcomes[i]));
 }
 
 /**
@@ -300,8 +310,8 @@ export async function scanTree(root: string, opts: ScanOptions = {}): Promise<Sc
   const threads = opts.threads ?? defaultHashThreads();
   const entries =
     threads > 1 && bytesTotal >= POOL_MIN_BYTES
-      ? await hashOnThreads(files, threads, progress, opts.onProgress)
-      : await hashInline(files, Math.max(1, opts.concurrency ?? 2), progress, opts.onProgress);
+      ? await hashOnThreads(files, threads, progress, opts.onProgress, opts.onEntry)
+      : await hashInline(files, Math.max(1, opts.concurrency ?? 2), progress, opts.onProgress, opts.onEntry);
   const locations = new Map<string, ChunkLocation>();
   entries.forEach((entry, i) => {
     let offset = 0;

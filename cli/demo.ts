@@ -215,10 +215,15 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
           siteId,
           roostId,
           dir: work,
-          concurrency: 8,
           description,
           onProgress: (p) =>
-            progress.update({ stage: p.stage, done: p.done, total: p.total, bytes: p.stage === 'hash' || p.stage === 'upload' }),
+            progress.update({
+              stage: p.stage,
+              done: p.done,
+              total: p.total,
+              final: p.final ?? true,
+              bytes: p.stage === 'hash' || p.stage === 'upload',
+            }),
         });
       } finally {
         progress.stop();

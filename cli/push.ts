@@ -2,22 +2,26 @@
  * The push pipeline (docs/contract.md Chunks "Upload flow": check, then upload-urls for the missing hashes, then
  * PUT each, then publish; "Roost versions" POST /api/roosts/{roostId}/versions).
  *
- * Stages, each timed in ms:
- * 1. hash: walk and chunk the tree (cli/chunker.ts), building the version body;
- * 2. check: `POST /api/chunks/check` in batches of at most 1000 distinct hashes;
- * 3. upload: per batch of at most 1000 missing hashes, `POST /api/chunks/upload-urls`, then PUT every
- *    chunk straight to its signed URL with bounded concurrency, re-reading its bytes from the file at
- *    its offset (at most `concurrency` chunks are in memory); an expired or refused URL (403) is
- *    re-issued once;
- * 4. publish: one Idempotency-Key for the whole push, reused on every retry. A 412
- *    precondition_failed naming missingChunks (say a chunk vanished between check and publish) uploads
- *    those and publishes again (at most 3 publish attempts).
- * Each stage is also exported (findMissing, uploadChunks, publishScan) for callers that drive them.
+ * `push()` runs the stages overlapped, not one after the other (docs/decisions/push-pipeline.md):
+ * 1. hash: walk and chunk the tree (cli/chunker.ts, worker threads), each file's chunks handed on as soon
+ *    as its hashing batch is back;
+ * 2. check: new distinct hashes go to `POST /api/chunks/check` in batches of at most 1000, a batch sent
+ *    as soon as 1000 are waiting or nothing else is in flight or queued;
+ * 3. upload: each check answer's missing hashes get their signed URLs at once (`POST
+ *    /api/chunks/upload-urls`), and their PUTs join one upload window (cli/upload-window.ts: up to 32
+ *    small chunks or 64 MiB in flight, or exactly `concurrency` chunks when given), each chunk re-read
+ *    from its file at its offset and re-verified; an expired or refused URL (403) is re-issued once;
+ * 4. publish: once every PUT is done, one Idempotency-Key for the whole push, reused on every retry. A
+ *    412 precondition_failed naming missingChunks (say a chunk vanished between check and publish)
+ *    uploads those and publishes again (at most 3 publish attempts).
+ * The first failure that survives its retries ends the push: PUTs in flight are aborted, queued ones
+ * never start, hashing stops. Each stage is also exported (findMissing, uploadChunks, publishScan) for
+ * callers that drive them one after another.
  * Errors: ClientError from the API (problem code/status/detail), ChunkerError from the tree.
  */
 import { performance } from 'node:perf_hooks';
-import pLimit from 'p-limit';
 import { type ChunkLocation, type ScanResult, type SkippedEntry, readChunk, scanTree } from './chunker';
+import { UploadWindow, uploadLimits } from './upload-window';
 import { ClientError, type RoostClient, newIdempotencyKey, seg } from './client';
 import { computeVersionId, type VersionBody } from '../domain/version';
 
@@ -34,11 +38,18 @@ const MISSING_CHUNK_ROUNDS = 3;
 
 export type PushStage = 'hash' | 'check' | 'upload' | 'publish';
 
-/** One progress tick. `done`/`total` count bytes for hash and upload, hashes for check, 0..1 for publish. */
+/**
+ * One progress tick. `done`/`total` count bytes for hash and upload, hashes for check, 0..1 for publish.
+ * Stages overlap in `push()`, so ticks of different stages interleave; a stage's `total` may still grow
+ * until a tick says `final` (hash: from the start; check: once hashing ended; upload: once every check
+ * batch is answered).
+ */
 export interface PushProgress {
   stage: PushStage;
   done: number;
   total: number;
+  /** `total` will not grow any more (absent: true). */
+  final?: boolean;
   /** Stage-specific figures (files hashed, chunks uploaded, …). */
   detail?: Record<string, number>;
 }
@@ -49,7 +60,10 @@ export interface PushOptions {
   roostId: string;
   /** Root folder of the tree to publish. */
   dir: string;
-  /** Chunk uploads in flight at once (default 4). */
+  /**
+   * Chunk uploads in flight at once. Default: chosen from the chunks' sizes (cli/upload-window.ts: up
+   * to 32 small chunks, 64 MiB of 4 MiB ones).
+   */
   concurrency?: number;
   onProgress?: (p: PushProgress) => void;
   /** Version description (max 500 chars, docs/contract.md Limits). */
@@ -89,8 +103,15 @@ export interface PushResult {
   skipped: SkippedEntry[];
   /** True when the server answered the publish from its idempotency cache. */
   replayed: boolean;
-  /** Wall time per stage in ms. */
+  /**
+   * Wall time per stage in ms: how long the stage had work in flight. Stages overlap, so these add up
+   * to more than `wallMs`.
+   */
   timings: Record<PushStage, number>;
+  /** Wall time of the whole push in ms. */
+  wallMs: number;
+  /** Most chunk PUTs in flight at once, and the limits the upload window ran with. */
+  upload: { peakInFlight: number; maxChunks: number; maxBytes: number | null };
   /** The version body that was published (its JCS SHA-256 is versionId). */
   body: VersionBody;
 }
@@ -106,15 +127,20 @@ interface UploadUrlsResponse {
   expiresAt?: string;
 }
 
-/** Accumulates per-stage wall time (ms). */
+/**
+ * Accumulates per-stage wall time (ms) as the union of the stage's busy intervals: overlapping runs of
+ * one stage (parallel PUTs) count once.
+ */
 export class StageTimer {
   readonly timings: Record<PushStage, number> = { hash: 0, check: 0, upload: 0, publish: 0 };
+  private readonly active: Record<PushStage, number> = { hash: 0, check: 0, upload: 0, publish: 0 };
+  private readonly since: Record<PushStage, number> = { hash: 0, check: 0, upload: 0, publish: 0 };
   async run<T>(stage: PushStage, fn: () => Promise<T>): Promise<T> {
-    const t0 = performance.now();
+    if (this.active[stage]++ === 0) this.since[stage] = performance.now();
     try {
       return await fn();
     } finally {
-      this.timings[stage] += Math.round(performance.now() - t0);
+      if (--this.active[stage] === 0) this.timings[stage] += Math.round(performance.now() - this.since[stage]);
     }
   }
 }
@@ -124,7 +150,7 @@ export interface StageContext {
   client: RoostClient;
   siteId: string;
   scan: ScanResult;
-  /** Chunk uploads in flight at once (default 4). */
+  /** Chunk uploads in flight at once (default: chosen from chunk sizes, cli/upload-window.ts). */
   concurrency?: number;
   onProgress?: (p: PushProgress) => void;
 }
@@ -159,10 +185,40 @@ export interface UploadTally {
 }
 
 /**
- * Upload stage: signed URLs per batch of at most 1000, then one PUT per chunk with bounded concurrency,
- * its bytes re-read from the file (and re-verified). A 403 from storage re-signs that URL once; a chunk
- * storage already holds (the create-only URL is refused) counts as stored, not uploaded.
- * Adds to `tally`. @throws ClientError, ChunkerError (a file changed since hashing)
+ * PUTs one chunk to its signed URL, its bytes re-read from the file (and re-verified). A 403 from
+ * storage re-signs that URL once. Resolves 'exists' when storage already holds the chunk (the
+ * create-only URL is refused). @throws ClientError, ChunkerError (a file changed since hashing)
+ */
+async function putChunk(
+  client: RoostClient,
+  siteId: string,
+  loc: ChunkLocation,
+  hash: string,
+  url: string | undefined,
+  signal: AbortSignal,
+): Promise<'created' | 'exists'> {
+  signal.throwIfAborted();
+  if (!url) throw new Error(`the server issued no upload URL for chunk ${hash}`);
+  const bytes = await readChunk(loc, hash);
+  signal.throwIfAborted();
+  try {
+    return await client.putBlob(url, bytes, { signal });
+  } catch (err) {
+    if (!(err instanceof ClientError) || err.code !== 'upload_forbidden') throw err;
+    const fresh = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: [hash] }, { retrySafe: true });
+    const again = fresh.urls?.[hash];
+    if (!again) throw err;
+    return client.putBlob(again, bytes, { signal });
+  }
+}
+
+/**
+ * Upload stage on its own: signed URLs per batch of at most 1000, then one PUT per chunk through an
+ * upload window (cli/upload-window.ts), its bytes re-read from the file (and re-verified). A 403 from
+ * storage re-signs that URL once; a chunk storage already holds (the create-only URL is refused)
+ * counts as stored, not uploaded. The first failure that survives its retries ends the stage: PUTs in
+ * flight are aborted and queued ones never start. Adds to `tally`.
+ * @throws ClientError, ChunkerError (a file changed since hashing)
  */
 export async function uploadChunks(
   ctx: StageContext,
@@ -175,26 +231,11 @@ export async function uploadChunks(
   let done = 0;
   let chunksDone = 0;
   progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });
-  const limit = pLimit(Math.max(1, ctx.concurrency ?? 4));
-  // The first failure that survives its retries ends the whole stage: uploads in flight are aborted and
-  // queued ones never start, so the command reports the error and exits instead of running on.
+  const window = new UploadWindow(uploadLimits(ctx.concurrency));
   const stop = new AbortController();
   const upload = async (hash: string, urls: Record<string, string> | undefined): Promise<void> => {
-    stop.signal.throwIfAborted();
     const loc = scan.locations.get(hash) as ChunkLocation;
-    const url = urls?.[hash];
-    if (!url) throw new Error(`the server issued no upload URL for chunk ${hash}`);
-    const bytes = await readChunk(loc, hash);
-    let put: 'created' | 'exists';
-    try {
-      put = await client.putBlob(url, bytes, { signal: stop.signal });
-    } catch (err) {
-      if (!(err instanceof ClientError) || err.code !== 'upload_forbidden') throw err;
-      const fresh = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: [hash] }, { retrySafe: true });
-      const again = fresh.urls?.[hash];
-      if (!again) throw err;
-      put = await client.putBlob(again, bytes, { signal: stop.signal });
-    }
+    const put = await putChunk(client, siteId, loc, hash, urls?.[hash], stop.signal);
     // 'exists': storage holds the chunk already (create-only URL); publish checks it like any other.
     if (put === 'created') {
       tally.uploaded.add(hash);
@@ -209,17 +250,17 @@ export async function uploadChunks(
       const { urls } = await client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: batch }, { retrySafe: true });
       await Promise.all(
         batch.map((hash) =>
-          limit(() =>
-            upload(hash, urls).catch((err: unknown) => {
+          window
+            .run(scan.locations.get(hash)?.size ?? 0, () => upload(hash, urls))
+            .catch((err: unknown) => {
               if (!stop.signal.aborted) stop.abort(err);
+              window.clear(stop.signal.reason);
               throw err;
             }),
-          ),
         ),
       );
     }
   } catch (err) {
-    limit.clearQueue();
     // The first failure, not an abort echoed by the uploads it cancelled.
     throw stop.signal.aborted ? stop.signal.reason : err;
   }
@@ -282,27 +323,149 @@ export async function publishScan(
 }
 
 /**
- * Runs the whole pipeline (hash, check, upload, publish) and returns what it did. @throws ClientError
- * (API refusals: scope, 404, 412 version_stale, quota…), ChunkerError (unusable tree), Error when the
- * server's version id is not the SHA-256 of the canonical body sent.
+ * Runs the whole pipeline (hash, check, upload overlapped; then publish) and returns what it did.
+ * The version body, the chunks uploaded and the published version are the same as running the stages
+ * one after another. @throws ClientError (API refusals: scope, 404, 412 version_stale, quota…),
+ * ChunkerError (unusable tree), Error when the server's version id is not the SHA-256 of the canonical
+ * body sent.
  */
 export async function push(opts: PushOptions): Promise<PushResult> {
   const { client, siteId, roostId } = opts;
   const progress = opts.onProgress ?? (() => undefined);
   const timer = new StageTimer();
+  const t0 = performance.now();
+  const window = new UploadWindow(uploadLimits(opts.concurrency));
+  const tally: UploadTally = { uploaded: new Set(), bytes: 0 };
+  // The first failure ends everything: hashing (onEntry throws), queued PUTs, PUTs in flight.
+  const stop = new AbortController();
+  const fail = (err: unknown): void => {
+    if (!stop.signal.aborted) stop.abort(err);
+    window.clear(stop.signal.reason);
+  };
 
-  const scan: ScanResult = await timer.run('hash', () =>
-    scanTree(opts.dir, {
-      config: opts.config,
-      // 8 files hashed at once: measured 235–254 MB/s against 132–155 MB/s with 2 (docs/benchmarks.md).
-      concurrency: HASH_FILES_IN_FLIGHT,
-      onProgress: (p) =>
-        progress({ stage: 'hash', done: p.bytesDone, total: p.bytesTotal, detail: { filesDone: p.filesDone, filesTotal: p.filesTotal } }),
-    }),
-  );
-  const ctx: StageContext = { client, siteId, scan, concurrency: opts.concurrency, onProgress: opts.onProgress };
-  const missing = await timer.run('check', () => findMissing(ctx));
-  const tally = await timer.run('upload', () => uploadChunks(ctx, missing));
+  /** Distinct chunks in hashing-completion order, where their bytes are, and what is waiting for a check. */
+  const seen = new Map<string, ChunkLocation>();
+  let waiting: string[] = [];
+  let hashingDone = false;
+  let requestsInFlight = 0;
+  const tasks: Promise<void>[] = [];
+  const c = { checked: 0, checkBatchesOpen: 0, upTotal: 0, upChunksTotal: 0, upDone: 0, upChunksDone: 0 };
+  const checkTick = () => progress({ stage: 'check', done: c.checked, total: seen.size, final: hashingDone });
+  const uploadTick = () =>
+    progress({
+      stage: 'upload',
+      done: c.upDone,
+      total: c.upTotal,
+      final: hashingDone && c.checkBatchesOpen === 0 && waiting.length === 0,
+      detail: { chunksDone: c.upChunksDone, chunksTotal: c.upChunksTotal },
+    });
+
+  /** One check batch, then its missing chunks' URLs, then their PUTs through the window. */
+  const checkAndUpload = async (batch: string[]): Promise<void> => {
+    let missing: string[];
+    let urls: Record<string, string>;
+    requestsInFlight += 1;
+    try {
+      const res = await timer.run('check', () =>
+        client.post<{ missing: string[] }>('/api/chunks/check', { siteId, hashes: batch }, { retrySafe: true }),
+      );
+      const lacking = new Set(res.missing ?? []);
+      missing = batch.filter((h) => lacking.has(h));
+      c.checked += batch.length;
+      checkTick();
+      urls = missing.length
+        ? (
+            await timer.run('upload', () =>
+              client.post<UploadUrlsResponse>('/api/chunks/upload-urls', { siteId, hashes: missing }, { retrySafe: true }),
+            )
+          ).urls
+        : {};
+      for (const h of missing) c.upTotal += seen.get(h)!.size;
+      c.upChunksTotal += missing.length;
+    } finally {
+      requestsInFlight -= 1;
+      c.checkBatchesOpen -= 1;
+    }
+    uploadTick();
+    sendChecks();
+    // Settled, not all: the push returns (or throws) only once none of its PUTs is still running.
+    const puts = await Promise.allSettled(
+      missing.map((hash) => {
+        const loc = seen.get(hash)!;
+        return window
+          .run(loc.size, async () => {
+            const put = await timer.run('upload', () => putChunk(client, siteId, loc, hash, urls[hash], stop.signal));
+            if (put === 'created') {
+              tally.uploaded.add(hash);
+              tally.bytes += loc.size;
+            }
+            c.upDone += loc.size;
+            c.upChunksDone += 1;
+            uploadTick();
+          })
+          .catch((err: unknown) => {
+            fail(err); // at once: PUTs in flight are aborted, queued ones never start
+            throw err;
+          });
+      }),
+    );
+    const failed = puts.find((p) => p.status === 'rejected');
+    if (failed) throw failed.reason;
+  };
+
+  /** Sends full batches, and a partial one when the pipeline would otherwise idle (or hashing ended). */
+  const sendChecks = (): void => {
+    while (waiting.length >= HASH_BATCH || (waiting.length > 0 && (hashingDone || (requestsInFlight === 0 && window.queued === 0)))) {
+      if (stop.signal.aborted) return;
+      const batch = waiting.slice(0, HASH_BATCH);
+      waiting = waiting.slice(HASH_BATCH);
+      c.checkBatchesOpen += 1;
+      tasks.push(checkAndUpload(batch).catch((err: unknown) => fail(err)));
+    }
+  };
+
+  let scan: ScanResult | undefined;
+  try {
+    scan = await timer.run('hash', () =>
+      scanTree(opts.dir, {
+        config: opts.config,
+        // 8 files hashed at once on the main thread (small trees): measured 235–254 MB/s against 132–155 MB/s with 2 (docs/benchmarks.md).
+        concurrency: HASH_FILES_IN_FLIGHT,
+        onProgress: (p) =>
+          progress({
+            stage: 'hash',
+            done: p.bytesDone,
+            total: p.bytesTotal,
+            final: true,
+            detail: { filesDone: p.filesDone, filesTotal: p.filesTotal },
+          }),
+        onEntry: (file, entry) => {
+          stop.signal.throwIfAborted();
+          let offset = 0;
+          for (const ch of entry.chunks) {
+            if (!seen.has(ch.hash)) {
+              seen.set(ch.hash, { absPath: file.absPath, offset, size: ch.size });
+              waiting.push(ch.hash);
+            }
+            offset += ch.size;
+          }
+          sendChecks();
+        },
+      }),
+    );
+  } catch (err) {
+    fail(err);
+  }
+  hashingDone = true;
+  if (!stop.signal.aborted) {
+    checkTick();
+    sendChecks();
+  }
+  // Tasks catch their own errors into fail(); a batch can still add PUTs to its own task, never new tasks.
+  await Promise.all(tasks);
+  if (stop.signal.aborted) throw stop.signal.reason;
+  uploadTick();
+  const ctx: StageContext = { client, siteId, scan: scan!, concurrency: opts.concurrency, onProgress: opts.onProgress };
   const published = await publishScan(
     {
       ...ctx,
@@ -314,7 +477,7 @@ export async function push(opts: PushOptions): Promise<PushResult> {
     },
     timer,
   );
-  const chunksTotal = scan.locations.size;
+  const chunksTotal = scan!.locations.size;
   const res = published.response;
   return {
     roostId,
@@ -322,15 +485,21 @@ export async function push(opts: PushOptions): Promise<PushResult> {
     versionId: res.versionId,
     versionNumber: res.versionNumber,
     previousVersionId: res.previousVersionId ?? null,
-    filesTotal: scan.body.files.length,
-    bytesTotal: scan.bytesTotal,
+    filesTotal: scan!.body.files.length,
+    bytesTotal: scan!.bytesTotal,
     chunksTotal,
     chunksUploaded: tally.uploaded.size,
     chunksSkipped: chunksTotal - tally.uploaded.size,
     bytesUploaded: tally.bytes,
-    skipped: scan.skipped,
+    skipped: scan!.skipped,
     replayed: published.replayed,
     timings: timer.timings,
-    body: scan.body,
+    wallMs: Math.round(performance.now() - t0),
+    upload: {
+      peakInFlight: window.peakChunks,
+      maxChunks: window.limits.maxChunks,
+      maxBytes: Number.isFinite(window.limits.maxBytes) ? window.limits.maxBytes : null,
+    },
+    body: scan!.body,
   };
 }

@@ -2,7 +2,7 @@
  * `roost push <roostId> <dir>`: chunk, upload what the site lacks and publish a new version
  * (cli/push.ts; docs/contract.md Chunks upload flow and POST /api/roosts/{roostId}/versions).
  * --json prints the PushResult without the body (versionId, versionNumber, chunk and byte counts,
- * timings per stage, skipped entries).
+ * timings per stage (stages overlap), wall time, the upload window, skipped entries).
  */
 import { type Command } from 'commander';
 import { commandContext, formatBytes, positiveInt, withJson } from '../context';
@@ -18,9 +18,13 @@ export function registerPush(program: Command): void {
       .argument('<dir>', 'folder to publish')
       .option('-d, --description <text>', 'version description (max 500 chars)')
       .option('--expect-current <versionId>', 'publish only if the current version is still this id (else version_stale)')
-      .option('-c, --concurrency <n>', 'chunk uploads in flight', positiveInt('--concurrency'), 4),
+      .option(
+        '-c, --concurrency <n>',
+        'chunk uploads in flight (default: chosen from chunk sizes, up to 32 small chunks or 64 MiB)',
+        positiveInt('--concurrency'),
+      ),
   ).action(
-    async (roostId: string, dir: string, opts: { description?: string; expectCurrent?: string; concurrency: number }, cmd: Command) => {
+    async (roostId: string, dir: string, opts: { description?: string; expectCurrent?: string; concurrency?: number }, cmd: Command) => {
       const ctx = commandContext(cmd);
       const progress = createProgress(ctx);
       let result;
@@ -34,7 +38,13 @@ export function registerPush(program: Command): void {
           description: opts.description,
           expectedCurrentVersionId: opts.expectCurrent,
           onProgress: (p) =>
-            progress.update({ stage: p.stage, done: p.done, total: p.total, bytes: p.stage === 'hash' || p.stage === 'upload' }),
+            progress.update({
+              stage: p.stage,
+              done: p.done,
+              total: p.total,
+              final: p.final ?? true,
+              bytes: p.stage === 'hash' || p.stage === 'upload',
+            }),
         });
       } finally {
         progress.stop();
@@ -48,7 +58,7 @@ export function registerPush(program: Command): void {
             `published ${roostId} version ${result.versionNumber} (${result.versionId})`,
             `  files ${result.filesTotal}, ${formatBytes(result.bytesTotal)}`,
             `  chunks ${result.chunksTotal}: ${result.chunksUploaded} uploaded (${formatBytes(result.bytesUploaded)}), ${result.chunksSkipped} already stored`,
-            `  took hash ${t.hash} ms, check ${t.check} ms, upload ${t.upload} ms, publish ${t.publish} ms`,
+            `  took ${result.wallMs} ms (stages overlap: hash ${t.hash} ms, check ${t.check} ms, upload ${t.upload} ms, publish ${t.publish} ms; up to ${result.upload.peakInFlight} uploads in flight)`,
             result.replayed ? '  (the server replayed an earlier identical publish)' : '',
           ]
             .filter(Boolean)

@@ -1,4 +1,5 @@
 /**
+ * A chunk PUT cut by the network is retried and the push publishes what it would have without the failure; and
  * `roost push` stops at its first fatal error: with Azure Blob unreachable (the API's blob endpoint is a TCP
  * proxy in front of the suite's Azurite, closed for the test), the upload stage rejects once the first chunk
  * has used its retries, uploads in flight are abandoned and queued ones never start (cli/push.ts).
@@ -12,7 +13,8 @@ import { randomBytes } from 'node:crypto';
 import { azuriteConnectionString } from '../../config/env';
 import { RoostClient, type RetryInfo } from '../../cli/client';
 import { scanTree } from '../../cli/chunker';
-import { findMissing, uploadChunks } from '../../cli/push';
+import { findMissing, push, uploadChunks } from '../../cli/push';
+import { computeVersionId } from '../../domain/version';
 import { createHarness, type Harness } from '../support/harness';
 import { testConfig } from '../support/env';
 
@@ -20,16 +22,29 @@ let h: Harness;
 let proxy: net.Server;
 const sockets = new Set<net.Socket>();
 let tmp: string;
+let refuse = 0;
+let refused = 0;
 
 beforeAll(async () => {
   const azurite = testConfig().ROOST_AZURITE_PORT;
   proxy = net.createServer((client) => {
-    const upstream = net.connect(azurite, '127.0.0.1');
-    sockets.add(client).add(upstream);
-    client.pipe(upstream).pipe(client);
-    const end = () => (client.destroy(), upstream.destroy());
-    client.on('error', end).on('close', end);
-    upstream.on('error', end).on('close', end);
+    sockets.add(client);
+    client.once('data', (first: Buffer) => {
+      // While `refuse` > 0, a new connection whose first request is a PUT is cut (a failed chunk PUT the client retries).
+      if (refuse > 0 && first.toString('latin1', 0, 4) === 'PUT ') {
+        refuse -= 1;
+        refused += 1;
+        client.destroy();
+        return;
+      }
+      const upstream = net.connect(azurite, '127.0.0.1');
+      sockets.add(upstream);
+      upstream.write(first);
+      client.pipe(upstream).pipe(client);
+      upstream.on('error', () => (client.destroy(), upstream.destroy())).on('close', () => (client.destroy(), upstream.destroy()));
+      client.on('close', () => upstream.destroy());
+    });
+    client.on('error', () => client.destroy());
   });
   await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
   const port = (proxy.address() as net.AddressInfo).port;
@@ -43,6 +58,33 @@ afterAll(async () => {
   proxy?.close();
   for (const s of sockets) s.destroy();
   await fsp.rm(tmp, { recursive: true, force: true });
+});
+
+test('a PUT that fails is retried and the pipelined push publishes the same version as without failures', async () => {
+  const base = await h.listen();
+  const retries: RetryInfo[] = [];
+  // A site of its own: the next test expects every chunk of the tree to be missing from the harness's site.
+  const other = await h.other();
+  const client = new RoostClient({
+    baseUrl: base,
+    apiKey: other.apiKey,
+    maxAttempts: 4,
+    onRetry: (r) => retries.push(r),
+    sleep: (ms) => new Promise((r) => setTimeout(r, Math.min(ms, 50))),
+  });
+  const roost = await client.post<{ roostId: string }>('/api/roosts', {
+    siteId: other.siteId,
+    name: `retry-${randomBytes(3).toString('hex')}`,
+  });
+  const config = { producer: 'roost-cli', cliVersion: 'test', createdAt: '2024-01-01T00:00:00.000Z', hostname: 'h', platform: 'linux' };
+  refuse = 2;
+  const res = await push({ client, siteId: other.siteId, roostId: roost.roostId, dir: tmp, config, concurrency: 2 });
+  expect(refused).toBe(2);
+  expect(retries.filter((r) => r.method === 'PUT').length).toBeGreaterThanOrEqual(1);
+  expect(res).toMatchObject({ versionNumber: 1, chunksTotal: 24, chunksUploaded: 24 });
+  const scan = await scanTree(tmp, { config });
+  expect(res.versionId).toBe(computeVersionId(scan.body));
+  for (const f of res.body.files) for (const c of f.chunks) expect(await h.deps.blob.chunkSize(other.siteId, c.hash)).toBe(c.size);
 });
 
 test('an unreachable blob store ends the upload stage at the first fatal error, with nothing left running', async () => {

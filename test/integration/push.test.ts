@@ -8,7 +8,7 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { ClientError, RoostClient } from '../../cli/client';
-import { publishScan, push, type PushProgress } from '../../cli/push';
+import { findMissing, publishScan, push, type PushProgress, uploadChunks } from '../../cli/push';
 import { scanTree } from '../../cli/chunker';
 import { listAllFiles, listVersions } from '../../cli/commands/versions';
 import { type Rollout, watchRollout } from '../../cli/commands/deploy';
@@ -244,22 +244,102 @@ describe('batching', () => {
     const dir = path.join(tmp, 'many');
     const salt = randomBytes(4).toString('hex');
     for (let i = 0; i < 1005; i++) await write(dir, `f/${String(i).padStart(4, '0')}.txt`, `${salt}:${i}`);
-    const checks: number[] = [];
-    const res = await push({
-      client,
-      siteId: h.siteId,
-      roostId,
-      dir,
-      concurrency: 16,
-      onProgress: (p) => {
-        if (p.stage === 'check' && p.done > 0) checks.push(p.done);
-      },
-    });
-    expect(checks).toEqual([1000, 1005]);
+    const recording = new RecordingClient({ baseUrl: base, apiKey: h.apiKey });
+    const res = await push({ client: recording, siteId: h.siteId, roostId, dir, concurrency: 16 });
+    const checked = recording.calls.filter((c) => c.path === '/api/chunks/check');
+    const signed = recording.calls.filter((c) => c.path === '/api/chunks/upload-urls');
+    // Pipelined: a batch leaves as soon as the pipeline would idle, never more than 1000 hashes, each hash once.
+    for (const c of [...checked, ...signed]) expect(c.hashes.length).toBeLessThanOrEqual(1000);
+    expect(new Set(checked.flatMap((c) => c.hashes)).size).toBe(1005);
+    expect(checked.flatMap((c) => c.hashes)).toHaveLength(1005);
+    expect(signed.flatMap((c) => c.hashes)).toHaveLength(1005);
     expect(res).toMatchObject({ filesTotal: 1005, chunksTotal: 1005, chunksUploaded: 1005, versionNumber: 1 });
+    expect(res.upload).toEqual({ peakInFlight: 16, maxChunks: 16, maxBytes: null });
     const files = await listAllFiles(client, h.siteId, roostId, 'current');
     expect(files).toHaveLength(1005);
     expect(files).toEqual(res.body.files);
+  });
+});
+
+/** A client that records the hashes of every chunk check and upload-urls call. */
+class RecordingClient extends RoostClient {
+  readonly calls: { path: string; hashes: string[] }[] = [];
+  override post<T = unknown>(p: string, body: unknown, opts?: Parameters<RoostClient['post']>[2]): Promise<T> {
+    const hashes = (body as { hashes?: unknown }).hashes;
+    if (Array.isArray(hashes)) this.calls.push({ path: p, hashes: hashes as string[] });
+    return super.post<T>(p, body, opts);
+  }
+}
+
+describe('the pipelined push', () => {
+  const PINNED = { producer: 'roost-cli', cliVersion: 'test', createdAt: '2024-01-01T00:00:00.000Z', hostname: 'h', platform: 'linux' };
+  let dir: string;
+  let sequential: { versionId: string; uploaded: Set<string> };
+
+  /** Above the hashing pool's threshold (so files are hashed on threads, out of path order), many small chunks, duplicates. */
+  beforeAll(async () => {
+    dir = path.join(tmp, 'pipelined');
+    const salt = randomBytes(4).toString('hex');
+    await write(dir, 'big/a.bin', randomBytes(2 * CHUNK_SIZE + 17));
+    await write(dir, 'big/b.bin', randomBytes(CHUNK_SIZE));
+    await write(dir, 'big/c.bin', randomBytes(3 * CHUNK_SIZE - 5));
+    for (let i = 0; i < 300; i++) await write(dir, `small/${String(i).padStart(3, '0')}.txt`, `${salt}:${i % 280}`);
+    await write(dir, 'empty', '');
+    // The same tree through the stages one after another, into a roost of its own (a fresh site: nothing deduplicated).
+    const other = await h.other();
+    const otherClient = new RoostClient({ baseUrl: base, apiKey: other.apiKey });
+    const roost = await otherClient.post<{ roostId: string }>('/api/roosts', { siteId: other.siteId, name: 'sequential' });
+    const scan = await scanTree(dir, { config: PINNED });
+    const ctx = { client: otherClient, siteId: other.siteId, scan, concurrency: 4 };
+    const tally = await uploadChunks(ctx, await findMissing(ctx));
+    const res = await publishScan({ ...ctx, roostId: roost.roostId, tally });
+    sequential = { versionId: res.response.versionId, uploaded: tally.uploaded };
+  });
+
+  it('publishes the same version and uploads the same chunks as the stages run one after another, with overlapping progress', async () => {
+    const roostId = await createRoost();
+    const ticks: PushProgress[] = [];
+    const res = await push({ client, siteId: h.siteId, roostId, dir, config: PINNED, onProgress: (p) => ticks.push(p) });
+    expect(res.versionId).toBe(sequential.versionId);
+    expect(new Set(res.body.files.flatMap((f) => f.chunks.map((c) => c.hash)))).toEqual(sequential.uploaded);
+    expect(res).toMatchObject({ filesTotal: 304, chunksTotal: sequential.uploaded.size, chunksUploaded: sequential.uploaded.size });
+    const distinct = new Map(res.body.files.flatMap((f) => f.chunks.map((c) => [c.hash, c.size] as const)));
+    expect(res.bytesUploaded).toBe([...distinct.values()].reduce((a, b) => a + b, 0));
+    expect(await listAllFiles(client, h.siteId, roostId, 'current')).toEqual(res.body.files);
+    for (const f of res.body.files) for (const c of f.chunks) expect(await h.deps.blob.chunkSize(h.siteId, c.hash)).toBe(c.size);
+    // the automatic rule: small chunks many at once
+    expect(res.upload).toMatchObject({ maxChunks: 32, maxBytes: 64 * 1024 * 1024 });
+    expect(res.upload.peakInFlight).toBeGreaterThan(4);
+    // progress: stages start in pipeline order, each ends on a final tick with done = total, publish last
+    const firsts = [...new Set(ticks.map((t) => t.stage))];
+    expect(firsts).toEqual(['hash', 'check', 'upload', 'publish']);
+    for (const stage of ['hash', 'check', 'upload', 'publish'] as const) {
+      const last = ticks.filter((t) => t.stage === stage).pop()!;
+      expect(last.final ?? true).toBe(true);
+      expect(last.done).toBe(last.total);
+    }
+    const lastUpload = ticks.filter((t) => t.stage === 'upload').pop()!;
+    expect(lastUpload.total).toBe(res.bytesUploaded);
+    expect(lastUpload.detail).toEqual({ chunksDone: res.chunksUploaded, chunksTotal: res.chunksUploaded });
+    // overlapped: some check or upload tick came before the last hash tick
+    const lastHash = ticks.map((t) => t.stage).lastIndexOf('hash');
+    expect(ticks.slice(0, lastHash).some((t) => t.stage === 'check' || t.stage === 'upload')).toBe(true);
+    expect(ticks.findIndex((t) => t.stage === 'publish')).toBeGreaterThan(ticks.map((t) => t.stage).lastIndexOf('upload'));
+    expect(res.wallMs).toBeGreaterThan(0);
+  });
+
+  it('resumes: chunks an interrupted push already stored are not uploaded again', async () => {
+    const roostId = await createRoost();
+    const resumeDir = path.join(tmp, 'resume');
+    for (let i = 0; i < 40; i++) await write(resumeDir, `f${i}.bin`, randomBytes(2000 + i));
+    // The interrupted push: the first 15 chunks reached storage, nothing was published.
+    const scan = await scanTree(resumeDir);
+    const ctx = { client, siteId: h.siteId, scan };
+    const stored = (await findMissing(ctx)).slice(0, 15);
+    await uploadChunks(ctx, stored);
+    const res = await push({ client, siteId: h.siteId, roostId, dir: resumeDir });
+    expect(res).toMatchObject({ versionNumber: 1, chunksTotal: 40, chunksUploaded: 25, chunksSkipped: 15 });
+    expect(await listAllFiles(client, h.siteId, roostId, 'current')).toEqual(res.body.files);
   });
 });
 
