@@ -71,25 +71,23 @@ export interface EnrolInput {
 /**
  * Creates or re-enrols a machine with a new agent-token digest (the old token stops working), marks it
  * online with a fresh heartbeat and records `machine.online` when it was not live before.
+ *
+ * No statement reads an absent key: a new machine is one `INSERT … ON CONFLICT DO NOTHING`, a known one one
+ * `UPDATE` that reads its previous liveness in the same statement. (A `SELECT` of the not-yet-existing row
+ * first took a SERIALIZABLE predicate lock on the index page, and every concurrent enrolment of a
+ * neighbouring machine id inserting into that page was a read/write conflict: a fleet of 300 enrolling 50
+ * at a time retried 1.5 transactions per enrolment and some gave up with 500; docs/benchmarks.md "Fleet
+ * start".)
  * @returns true when the machine row is new.
  */
 export async function enrolMachine(db: Pool, input: EnrolInput, tokenHash: string, staleSeconds: number): Promise<boolean> {
+  const capabilities = input.capabilities === undefined ? null : JSON.stringify(input.capabilities);
   return withTx(db, async (tx) => {
-    const prev = await tx.query<{ live: boolean }>(
-      `SELECT ${onlineExpr('m', '$3')} AS live FROM machines m WHERE m.site_id = $1 AND m.machine_id = $2`,
-      [input.siteId, input.machineId, staleSeconds],
-    );
-    const { rows } = await tx.query<{ last_heartbeat: Date }>(
+    const inserted = await tx.query<{ last_heartbeat: Date }>(
       `INSERT INTO machines (site_id, machine_id, hostname, agent_token_hash, agent_version, online, last_heartbeat,
                              machine_timezone, machine_timezone_iana, capabilities, rebooting, shutting_down, enrolled_at, updated_at)
        VALUES ($1, $2, $3, $4, $5, true, now(), $6, $7, COALESCE($8::jsonb, '{}'::jsonb), false, false, now(), now())
-       ON CONFLICT (site_id, machine_id) DO UPDATE SET
-         hostname = excluded.hostname, agent_token_hash = excluded.agent_token_hash, agent_version = excluded.agent_version,
-         online = true, last_heartbeat = now(), rebooting = false, shutting_down = false,
-         machine_timezone = COALESCE(excluded.machine_timezone, machines.machine_timezone),
-         machine_timezone_iana = COALESCE(excluded.machine_timezone_iana, machines.machine_timezone_iana),
-         capabilities = CASE WHEN $8::jsonb IS NULL THEN machines.capabilities ELSE excluded.capabilities END,
-         updated_at = now()
+       ON CONFLICT (site_id, machine_id) DO NOTHING
        RETURNING last_heartbeat`,
       [
         input.siteId,
@@ -99,17 +97,48 @@ export async function enrolMachine(db: Pool, input: EnrolInput, tokenHash: strin
         input.agentVersion,
         input.timezone ?? null,
         input.timezoneIana ?? null,
-        input.capabilities === undefined ? null : JSON.stringify(input.capabilities),
+        capabilities,
       ],
     );
-    if (!prev.rows[0]?.live) {
+    let wasLive = false;
+    let lastHeartbeat = inserted.rows[0]?.last_heartbeat;
+    if (!lastHeartbeat) {
+      const updated = await tx.query<{ was_live: boolean; last_heartbeat: Date }>(
+        `UPDATE machines m SET
+           hostname = $3, agent_token_hash = $4, agent_version = $5,
+           online = true, last_heartbeat = now(), rebooting = false, shutting_down = false,
+           machine_timezone = COALESCE($6, m.machine_timezone),
+           machine_timezone_iana = COALESCE($7, m.machine_timezone_iana),
+           capabilities = CASE WHEN $8::jsonb IS NULL THEN m.capabilities ELSE $8::jsonb END,
+           updated_at = now()
+         FROM (SELECT ${onlineExpr('p', '$9')} AS live FROM machines p WHERE p.site_id = $1 AND p.machine_id = $2) prev
+         WHERE m.site_id = $1 AND m.machine_id = $2
+         RETURNING prev.live AS was_live, m.last_heartbeat`,
+        [
+          input.siteId,
+          input.machineId,
+          input.hostname,
+          tokenHash,
+          input.agentVersion,
+          input.timezone ?? null,
+          input.timezoneIana ?? null,
+          capabilities,
+          staleSeconds,
+        ],
+      );
+      // Deleted between the two statements by a concurrent request: retried as a serialization failure.
+      if (!updated.rows[0]) throw Object.assign(new Error('machine row vanished during enrolment'), { code: '40001' });
+      wasLive = updated.rows[0].was_live;
+      lastHeartbeat = updated.rows[0].last_heartbeat;
+    }
+    if (!wasLive) {
       await recordEvent(tx, input.siteId, 'machine.online', {
         machineId: input.machineId,
         siteId: input.siteId,
-        lastHeartbeat: rows[0].last_heartbeat.toISOString(),
+        lastHeartbeat: lastHeartbeat.toISOString(),
       });
     }
-    return prev.rows.length === 0;
+    return inserted.rows.length > 0;
   });
 }
 

@@ -234,6 +234,42 @@ describe('POST /api/agent/enrol', () => {
     expect((await agentReq(second, 'POST', '/api/agent/heartbeat', {})).statusCode).toBe(200);
   });
 
+  it('enrols a fleet at once without serialization retries; machine.online once per new machine, again only after going stale', async () => {
+    const ids = Array.from({ length: 40 }, (_, i) => `burst-${String(i).padStart(3, '0')}`);
+    let retries = 0;
+    const onRetry = () => retries++;
+    h.deps.db.on('txRetry', onRetry);
+    try {
+      await Promise.all(ids.map((id) => enrol(id)));
+    } finally {
+      h.deps.db.off('txRetry', onRetry);
+    }
+    // Neighbouring new machine ids used to conflict on the index page their absent rows were read from.
+    expect(retries).toBe(0);
+    const online = async (id: string) =>
+      (
+        await h.deps.db.query(`SELECT 1 FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = $2`, [
+          h.siteId,
+          id,
+        ])
+      ).rows.length;
+    expect(await Promise.all(ids.map(online))).toEqual(ids.map(() => 1));
+    // Re-enrolling a live machine: new token, same row, no second machine.online.
+    await enrol(ids[0]);
+    expect(await online(ids[0])).toBe(1);
+    // Re-enrolling a stale one: online again, recorded.
+    await h.deps.db.query(`UPDATE machines SET last_heartbeat = now() - INTERVAL '1 hour' WHERE site_id = $1 AND machine_id = $2`, [
+      h.siteId,
+      ids[1],
+    ]);
+    await enrol(ids[1]);
+    expect(await online(ids[1])).toBe(2);
+    const { rows } = await h.deps.db.query(`SELECT count(*)::int AS n FROM machines WHERE site_id = $1 AND machine_id LIKE 'burst-%'`, [
+      h.siteId,
+    ]);
+    expect(rows[0].n).toBe(40);
+  });
+
   it('refuses a wrong secret or unknown site with 401 and no hint', async () => {
     for (const body of [
       { siteId: h.siteId, enrolmentSecret: `ses_${randomToken()}` },
