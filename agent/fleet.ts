@@ -7,6 +7,12 @@
  * `downloadConcurrency` chunks in memory at once. Per-agent cost at rest: one pending long-poll request,
  * one heartbeat timer and a few small maps.
  *
+ * Connections: every long-poll has a keep-alive connection of its own (one per agent: it is held for the
+ * whole wait), every other API call of the fleet shares one keep-alive pool of at most `apiConnections`
+ * connections (requests beyond it queue in the pool). Without the bound, a heartbeat or report sent while
+ * the agent's poll waited opened a second connection and kept it: 10,000 agents held over 20,000 sockets
+ * (the process's open-file limit; `connect EMFILE`), and the API as many.
+ *
  * Faults (AgentFaults) apply to every agent: `failMachines` fail every sync of the listed machines,
  * `failStageMachines` fail only their staged syncs (activation 'staged'; their live trees stay as they were).
  *
@@ -17,6 +23,7 @@ import { createReadStream } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import pLimit from 'p-limit';
+import { Agent as HttpAgent } from 'undici';
 import { Agent, type AgentFaults, type AgentOptions, type AgentStats, type CommandOutcome, createLimiter } from './agent';
 import { emptyStats } from './commands';
 
@@ -30,6 +37,10 @@ export interface FleetOptions extends AgentFaults {
   rootDir: string;
   /** Machine ids are `<prefix><index>` with a zero-padded index (default `sim-`). */
   machinePrefix?: string;
+  /** Explicit machine ids (`count` of them; e.g. one slice of a fleet spread over processes); overrides the prefix. */
+  machineIds?: string[];
+  /** Keep-alive connections the fleet's API calls other than long-polls share (default 64). */
+  apiConnections?: number;
   /** Heartbeat interval per agent (ms, default 30000). */
   heartbeatMs?: number;
   /** Long-poll wait (seconds, default 25). */
@@ -73,7 +84,10 @@ export function fleetMachineIds(count: number, prefix = 'sim-'): string[] {
  * is rethrown.
  */
 export async function startFleet(opts: FleetOptions): Promise<Fleet> {
-  const machineIds = fleetMachineIds(opts.count, opts.machinePrefix);
+  const machineIds = opts.machineIds ?? fleetMachineIds(opts.count, opts.machinePrefix);
+  if (machineIds.length !== opts.count) throw new Error(`machineIds has ${machineIds.length} ids for a fleet of ${opts.count}`);
+  const api = new HttpAgent({ connections: opts.apiConnections ?? 64, keepAliveTimeout: 60_000 });
+  const poll = new HttpAgent({ keepAliveTimeout: 60_000 });
   const downloadLimit = createLimiter(opts.downloadConcurrency ?? 32);
   const warnings: string[] = [];
   const agents = machineIds.map(
@@ -96,6 +110,7 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
         failStageMachines: opts.failStageMachines,
         syncDelayMs: opts.syncDelayMs,
         fsyncFiles: opts.fsyncFiles ?? false,
+        dispatchers: { api, poll },
         ...(opts.perAgent?.(i, machineId) ?? {}),
       }),
   );
@@ -108,6 +123,7 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
   const byId = new Map(agents.map((a) => [a.machineId, a]));
   const stop = async () => {
     await Promise.all(agents.map((a) => a.stop()));
+    await Promise.all([api.close(), poll.close()]).catch(() => undefined);
   };
   const limit = pLimit(opts.startConcurrency ?? 50);
   const started = await Promise.allSettled(agents.map((a) => limit(() => a.start())));

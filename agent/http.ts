@@ -5,6 +5,13 @@
  */
 
 import { AsyncLocalStorage } from 'node:async_hooks';
+import type { Dispatcher } from 'undici';
+
+/**
+ * Requests this process made so far: `api` to the Roost API (ApiClient), `blob` GETs of signed URLs
+ * (fetchBytes). The fleet simulator (agent/fleet.ts) reports them as requests per synced machine.
+ */
+export const requestCounters = { api: 0, blob: 0 };
 
 /** A W3C `traceparent` value: version, 32-hex trace id, 16-hex parent id, flags. */
 const TRACEPARENT_RE = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
@@ -89,15 +96,22 @@ export interface RequestOptions {
   contentType?: string;
   signal?: AbortSignal;
   query?: Record<string, string | number | undefined>;
+  /** Connection pool of this request (an undici Dispatcher, e.g. the long-poll's); default: the client's. */
+  dispatcher?: Dispatcher;
 }
 
 /** A JSON client of the Roost API for one credential. */
 export class ApiClient {
   token: string | undefined;
 
+  /**
+   * @param dispatcher connection pool of every request (an undici Dispatcher, e.g. an Agent with bounded
+   *        keep-alive connections); default: Node's global one
+   */
   constructor(
     readonly baseUrl: string,
     token?: string,
+    readonly dispatcher?: Dispatcher,
   ) {
     this.baseUrl = baseUrl.replace(/\/+$/, '');
     this.token = token;
@@ -128,7 +142,9 @@ export class ApiClient {
       headers['content-type'] = 'application/json';
     }
     const { res, text } = await withRequestSignal(opts.signal, async (signal) => {
-      const r = await fetch(url, { method, headers, body, signal });
+      requestCounters.api++;
+      const dispatcher = opts.dispatcher ?? this.dispatcher;
+      const r = await fetch(url, { method, headers, body, signal, ...(dispatcher ? { dispatcher } : {}) } as RequestInit);
       return { res: r, text: await r.text() };
     });
     let parsed: unknown = undefined;
@@ -162,6 +178,7 @@ export class ApiClient {
  */
 export async function fetchBytes(url: string, signal?: AbortSignal): Promise<Buffer> {
   return withRequestSignal(signal, async (s) => {
+    requestCounters.blob++;
     const res = await fetch(url, { signal: s });
     if (!res.ok) {
       await res.arrayBuffer().catch(() => undefined);

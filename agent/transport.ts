@@ -5,6 +5,7 @@
  * token and pinned signing keys), and one method per agent route.
  */
 import type { InstallerDownload } from './self-update';
+import type { Dispatcher } from 'undici';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import type { SyncCounters, TargetStatus } from '../domain/target-state';
@@ -39,6 +40,13 @@ export interface AgentIdentity {
   capabilities?: Record<string, unknown>;
   /** Keep the agent token in `<rootDir>/state/agent.json` and reuse it on restart (default true). */
   persistToken?: boolean;
+  /**
+   * Connection pools (undici Dispatchers; default Node's global one): `api` for every API call but the
+   * long-poll, `poll` for the long-poll, which holds its connection for up to `wait` seconds. The fleet
+   * simulator shares a bounded `api` pool among its agents and gives the polls a pool of their own, so a
+   * process never holds more than one poll connection per agent plus the bounded pool.
+   */
+  dispatchers?: { api?: Dispatcher; poll?: Dispatcher };
 }
 
 /** A command as the agent receives it (`GET /api/agent/commands`). */
@@ -98,7 +106,7 @@ export class AgentTransport {
     private readonly random: () => number,
     private readonly retryBaseMs = 100,
   ) {
-    this.client = new ApiClient(id.baseUrl);
+    this.client = new ApiClient(id.baseUrl, undefined, id.dispatchers?.api);
   }
 
   /** Agent token (after enrolment or loadState). */
@@ -253,7 +261,7 @@ export class AgentTransport {
 
   /** GET /api/agent/commands?wait=… (long-poll, `wait` in seconds; no retry). */
   pollCommands(wait: number, signal: AbortSignal): Promise<{ commands: AgentCommand[] }> {
-    return this.call('GET', '/api/agent/commands', { query: { wait }, signal });
+    return this.call('GET', '/api/agent/commands', { query: { wait }, signal, dispatcher: this.id.dispatchers?.poll });
   }
 
   /**

@@ -26,7 +26,8 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { CLASSIC_INSTALL, classicDeploymentWorkflowId } from '../domain/classic';
 import { installerScript, startInstallerServer } from '../test/support/installers';
-import { commandFloor, FleetProcess } from './rollout';
+import { commandFloor, FleetProcess, fleetChildOptions } from './rollout';
+import type { FleetTuning } from './options';
 import type { BenchStack, BenchSite } from './stack';
 import { latencySummary, log, round } from './util';
 
@@ -175,7 +176,10 @@ async function deployAndWait(
 }
 
 /** Runs benchmark 6 on a fresh site of `bench`; `rootDir` holds the machines' folders (deleted afterwards). */
-export async function benchClassic(bench: BenchStack, opts: { machines: number; rootDir: string }): Promise<ClassicFigures> {
+export async function benchClassic(
+  bench: BenchStack,
+  opts: { machines: number; fleet: FleetTuning; rootDir: string },
+): Promise<ClassicFigures> {
   // Generous: on a loaded 2-core machine a 1,000-target run needed more than 10 minutes (docs/benchmarks.md).
   const timeoutMs = Math.max(10 * 60_000, opts.machines * 2000);
   const site = await bench.newSite('classic');
@@ -192,7 +196,7 @@ export async function benchClassic(bench: BenchStack, opts: { machines: number; 
     {},
     { idempotencyKey: true },
   );
-  log(`classic: starting ${opts.machines} simulated machines (one child process)`);
+  log(`classic: starting ${opts.machines} simulated machines (${opts.fleet.processes} child process(es))`);
   let fleet: FleetProcess | undefined;
   try {
     const started = await FleetProcess.start({
@@ -202,6 +206,7 @@ export async function benchClassic(bench: BenchStack, opts: { machines: number; 
       count: opts.machines,
       rootDir: path.join(opts.rootDir, 'machines'),
       installerCa: server.ca,
+      ...fleetChildOptions(opts.fleet),
     });
     fleet = started.fleet;
     const { machineIds } = started;

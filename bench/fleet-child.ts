@@ -3,13 +3,20 @@
  * machines and the API with its worker do not share one event loop), driven over Node IPC by
  * bench/rollout.ts. Never run by hand.
  *
- * Parent → child: `start` (fleet options), `stop`.
+ * bench/rollout.ts spreads a big fleet over several of these (`--fleet-processes`).
+ *
+ * Parent → child: `start` (fleet options), `counters` (asks for the request counters), `stop`.
  * Child → parent: `ready` (machine ids, enrolment ms), `outcomes` (every handled command with its
- * wall-clock time `at` in epoch ms, batched every 50 ms), `stopped` (fleet stats and last warnings),
- * `failed` (message).
+ * wall-clock time `at` in epoch ms, batched every 50 ms), `counters` (API and blob requests so far, CPU
+ * seconds of this process), `stopped` (fleet stats and last warnings), `failed` (message).
+ *
+ * Signed-URL GETs (blob storage) go through Node's global connection pool, bounded here to
+ * `blobConnections` keep-alive connections per origin.
  */
+import { Agent as HttpAgent, setGlobalDispatcher } from 'undici';
 import { startFleet, type Fleet } from '../agent/fleet';
 import type { CommandOutcome } from '../agent/agent';
+import { requestCounters } from '../agent/http';
 
 /** Options the parent sends with `start`. */
 export interface FleetChildStart {
@@ -20,6 +27,26 @@ export interface FleetChildStart {
   rootDir: string;
   /** PEM of an extra CA every agent trusts for installer downloads (bench/classic.ts's HTTPS installer server). */
   installerCa?: string;
+  /** The machine ids of this process's agents (`count` of them). */
+  machineIds?: string[];
+  /** Heartbeat interval of every agent (ms; agent default 30000). */
+  heartbeatMs?: number;
+  /** Long-poll wait (s; agent default 25). */
+  pollWaitSeconds?: number;
+  /** Agents enrolling at once (fleet default 50). */
+  startConcurrency?: number;
+  /** Keep-alive connections shared by the API calls other than long-polls (fleet default 64). */
+  apiConnections?: number;
+  /** Keep-alive connections per blob origin (default 64). */
+  blobConnections?: number;
+}
+
+/** Request counters of one fleet process. */
+export interface FleetCounters {
+  api: number;
+  blob: number;
+  /** User+system CPU seconds of the fleet process. */
+  cpuSeconds: number;
 }
 
 /** One handled command as reported to the parent. */
@@ -33,9 +60,10 @@ export interface FleetOutcome {
   at: number;
 }
 
-export type ToChild = { type: 'start'; opts: FleetChildStart } | { type: 'stop' };
+export type ToChild = { type: 'start'; opts: FleetChildStart } | { type: 'counters' } | { type: 'stop' };
 export type FromChild =
   | { type: 'ready'; machineIds: string[]; startMs: number }
+  | { type: 'counters'; counters: FleetCounters }
   | { type: 'outcomes'; items: FleetOutcome[] }
   | { type: 'stopped'; stats: ReturnType<Fleet['stats']>; warnings: string[] }
   | { type: 'failed'; message: string };
@@ -56,7 +84,8 @@ const flusher = setInterval(() => {
 process.on('message', (msg: ToChild) => {
   if (msg.type === 'start') {
     const t0 = Date.now();
-    const { installerCa, ...opts } = msg.opts;
+    const { installerCa, blobConnections, ...opts } = msg.opts;
+    setGlobalDispatcher(new HttpAgent({ connections: blobConnections ?? 64, keepAliveTimeout: 60_000 }));
     startFleet({ ...opts, ...(installerCa ? { perAgent: () => ({ installerCa }) } : {}) })
       .then((f) => {
         fleet = f;
@@ -75,6 +104,12 @@ process.on('message', (msg: ToChild) => {
         send({ type: 'ready', machineIds: f.machineIds, startMs: Date.now() - t0 });
       })
       .catch((err) => send({ type: 'failed', message: (err as Error).stack ?? String(err) }));
+  } else if (msg.type === 'counters') {
+    const cpu = process.cpuUsage();
+    send({
+      type: 'counters',
+      counters: { api: requestCounters.api, blob: requestCounters.blob, cpuSeconds: (cpu.user + cpu.system) / 1e6 },
+    });
   } else if (msg.type === 'stop') {
     const done = async () => {
       if (fleet) await fleet.stop();

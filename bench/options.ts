@@ -4,6 +4,11 @@
  *   --only <names>        comma list of benchmarks: chunker, push, republish, check, rollout, classic, api, scaleout (default all)
  *   --size-mib <n>        size of the generated tree for chunker, push, republish (default 1024)
  *   --machines <n>        simulated machines for rollout, classic and scaleout (default 1000)
+ *   --fleet-processes <n> child processes the simulated machines are spread over (default one per 2,500 machines)
+ *   --heartbeat-ms <n>    heartbeat interval of every simulated machine (default 30000, 6 ms per machine
+ *                         above 5,000 machines, at most 60000: the API's 90 s staleness bound stays met)
+ *   --poll-wait <s>       long-poll wait of every simulated machine in seconds, 1..30 (default 25)
+ *   --api-connections <n> keep-alive connections per fleet process for API calls other than long-polls (default 64)
  *   --requests <n>        chunks/check requests (default 300)
  *   --stored-chunks <n>   chunks stored for the check benchmark (default 100000)
  *   --concurrency <n>     chunk PUTs in flight for the push (default: the CLI's automatic rule, cli/upload-window.ts)
@@ -24,6 +29,7 @@ export interface BenchOptions {
   only: BenchName[];
   sizeMiB: number;
   machines: number;
+  fleet: FleetTuning;
   requests: number;
   storedChunks: number;
   /** Chunk PUTs in flight for the push; undefined = the CLI's automatic rule. */
@@ -36,6 +42,22 @@ export interface BenchOptions {
   database: string;
   keepDatabase: boolean;
   out?: string;
+}
+
+/** How the simulated fleet of rollout and classic runs (bench/fleet-child.ts). */
+export interface FleetTuning {
+  processes: number;
+  heartbeatMs: number;
+  pollWaitSeconds: number;
+  apiConnections: number;
+}
+
+/** Machines per fleet process by default. */
+export const MACHINES_PER_FLEET_PROCESS = 2500;
+
+/** The default heartbeat interval for `machines` simulated machines (ms; see the header). */
+export function defaultHeartbeatMs(machines: number): number {
+  return Math.min(60_000, Math.max(30_000, machines * 6));
 }
 
 function positive(name: string, raw: string | undefined, fallback: number): number {
@@ -55,6 +77,10 @@ export function parseOptions(argv: string[]): BenchOptions {
       only: { type: 'string' },
       'size-mib': { type: 'string' },
       machines: { type: 'string' },
+      'fleet-processes': { type: 'string' },
+      'heartbeat-ms': { type: 'string' },
+      'poll-wait': { type: 'string' },
+      'api-connections': { type: 'string' },
       requests: { type: 'string' },
       'stored-chunks': { type: 'string' },
       concurrency: { type: 'string' },
@@ -79,10 +105,19 @@ export function parseOptions(argv: string[]): BenchOptions {
   }
   const database = values.database ?? 'roost_bench';
   if (!/^[a-z_][a-z0-9_]{0,62}$/.test(database)) throw new Error(`--database must be a plain lowercase identifier (got ${database})`);
+  const machines = positive('machines', values.machines, 1000);
+  const pollWaitSeconds = positive('poll-wait', values['poll-wait'], 25);
+  if (pollWaitSeconds > 30) throw new Error(`--poll-wait must be 1..30 seconds (got ${pollWaitSeconds})`);
   return {
     only,
     sizeMiB: positive('size-mib', values['size-mib'], 1024),
-    machines: positive('machines', values.machines, 1000),
+    machines,
+    fleet: {
+      processes: positive('fleet-processes', values['fleet-processes'], Math.ceil(machines / MACHINES_PER_FLEET_PROCESS)),
+      heartbeatMs: positive('heartbeat-ms', values['heartbeat-ms'], defaultHeartbeatMs(machines)),
+      pollWaitSeconds,
+      apiConnections: positive('api-connections', values['api-connections'], 64),
+    },
     requests: positive('requests', values.requests, 300),
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),
     concurrency: values.concurrency === undefined ? undefined : positive('concurrency', values.concurrency, 4),

@@ -25,11 +25,13 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { resolveExtractDir } from '../agent/agent';
-import { verifyTree } from '../agent/fleet';
+import { fleetMachineIds, verifyTree } from '../agent/fleet';
 import { push } from '../cli/push';
 import { createRoost } from './push';
-import type { FleetChildStart, FleetOutcome, FromChild, ToChild } from './fleet-child';
+import type { FleetChildStart, FleetCounters, FleetOutcome, FromChild, ToChild } from './fleet-child';
 import type { BenchStack } from './stack';
+import type { FleetTuning } from './options';
+import { postgresCpuSeconds, postmasterPid, processCpuSeconds } from './cpu';
 import { log, round, sleep } from './util';
 
 export interface RolloutFigures {
@@ -54,6 +56,22 @@ export interface RolloutFigures {
   floor: { command: 'reboot_machine'; seconds: number; samplesSeconds: number[] };
   /** lastCommitSeconds ÷ floor seconds. */
   timesFloor: number;
+  /** lastCommitSeconds per 1,000 machines (the figure that must stay flat as the fleet grows). */
+  secondsPer1000Machines: number;
+  /** How the simulated fleet ran. */
+  fleet: FleetTuning;
+  /**
+   * HTTP requests the agents made from the deploy request to the last commit, per committed machine:
+   * `api` to the Roost API (long-polls, reports, heartbeats and every sync call), `blob` signed-URL GETs
+   * (version body, chunks), `total` both.
+   */
+  requestsPerMachine: { api: number; blob: number; total: number };
+  /**
+   * CPU seconds per 1,000 committed syncs over the same window: `api` the bench process (API and the
+   * Temporal worker with the rollout workflow: they share it), `postgres` the whole cluster, `fleet` the
+   * simulator processes; -1 where /proc cannot be read.
+   */
+  cpuSecondsPer1000Syncs: { api: number; postgres: number; fleet: number };
   verifiedMachines: number;
   fleetStats: Record<string, number>;
 }
@@ -80,55 +98,87 @@ export async function writeSmallVersion(dir: string): Promise<number> {
   return bytes;
 }
 
-/** The fleet child process and the outcomes it reported (also used by bench/classic.ts). */
+/** What `FleetProcess.start` takes: the fleet child's options for the whole fleet, and how many processes share it. */
+export type FleetStart = Omit<FleetChildStart, 'machineIds'> & {
+  /** Child processes the agents are spread over (default 1; ids are split into contiguous slices). */
+  processes?: number;
+};
+
+/**
+ * The fleet child processes (bench/fleet-child.ts) and the outcomes they reported, merged (also used by
+ * bench/classic.ts). Machine ids are `sim-0000`… over the whole fleet, whatever the number of processes.
+ */
 export class FleetProcess {
   readonly outcomes: FleetOutcome[] = [];
   private readonly listeners = new Set<() => void>();
   private exited = false;
 
-  private constructor(private readonly child: ChildProcess) {
-    child.on('message', (m: FromChild) => {
-      if (m.type === 'outcomes') {
-        this.outcomes.push(...m.items);
+  private constructor(private readonly children: ChildProcess[]) {
+    for (const child of children) {
+      child.on('message', (m: FromChild) => {
+        if (m.type === 'outcomes') {
+          this.outcomes.push(...m.items);
+          for (const l of this.listeners) l();
+        }
+      });
+      child.once('exit', () => {
+        this.exited = true;
         for (const l of this.listeners) l();
-      }
-    });
-    child.once('exit', () => {
-      this.exited = true;
-      for (const l of this.listeners) l();
-    });
+      });
+    }
   }
 
-  /** Spawns the child (`node --import tsx bench/fleet-child.ts`) and starts `count` agents in it. */
-  static async start(opts: FleetChildStart): Promise<{ fleet: FleetProcess; machineIds: string[]; startMs: number }> {
-    const child = spawn(process.execPath, ['--import', 'tsx', path.join(__dirname, 'fleet-child.ts')], {
-      cwd: path.join(__dirname, '..'),
-      stdio: ['ignore', 2, 'inherit', 'ipc'],
-    });
-    const fleet = new FleetProcess(child);
-    const ready = await new Promise<{ machineIds: string[]; startMs: number }>((resolve, reject) => {
-      const onMsg = (m: FromChild) => {
-        if (m.type === 'ready') resolve(m);
-        else if (m.type === 'failed') reject(new Error(`fleet failed to start: ${m.message}`));
-      };
-      child.on('message', onMsg);
-      child.once('exit', (code) => reject(new Error(`fleet process exited with ${code} before it was ready`)));
-      child.send({ type: 'start', opts } satisfies ToChild);
-    });
-    return { fleet, ...ready };
+  /** Number of child processes. */
+  get processes(): number {
+    return this.children.length;
+  }
+
+  /** Spawns the children (`node --import tsx bench/fleet-child.ts`) and starts `count` agents over them. */
+  static async start(opts: FleetStart): Promise<{ fleet: FleetProcess; machineIds: string[]; startMs: number }> {
+    const { processes = 1, ...childOpts } = opts;
+    const n = Math.max(1, Math.min(processes, opts.count));
+    const ids = fleetMachineIds(opts.count);
+    const children = Array.from({ length: n }, () =>
+      spawn(process.execPath, ['--import', 'tsx', path.join(__dirname, 'fleet-child.ts')], {
+        cwd: path.join(__dirname, '..'),
+        stdio: ['ignore', 2, 'inherit', 'ipc'],
+      }),
+    );
+    const fleet = new FleetProcess(children);
+    const t0 = Date.now();
+    try {
+      const ready = await Promise.all(
+        children.map((child, i) => {
+          const slice = ids.slice(Math.floor((i * ids.length) / n), Math.floor(((i + 1) * ids.length) / n));
+          return new Promise<string[]>((resolve, reject) => {
+            const onMsg = (m: FromChild) => {
+              if (m.type === 'ready') resolve(m.machineIds);
+              else if (m.type === 'failed') reject(new Error(`fleet failed to start: ${m.message}`));
+            };
+            child.on('message', onMsg);
+            child.once('exit', (code) => reject(new Error(`fleet process exited with ${code} before it was ready`)));
+            child.send({ type: 'start', opts: { ...childOpts, count: slice.length, machineIds: slice } } satisfies ToChild);
+          });
+        }),
+      );
+      return { fleet, machineIds: ready.flat(), startMs: Date.now() - t0 };
+    } catch (err) {
+      await fleet.stop().catch(() => undefined);
+      throw err;
+    }
   }
 
   /** Resolves once `done()` holds (checked on every batch of outcomes and every `pollMs`), rejects at `timeoutMs`. */
   async until(done: () => boolean | Promise<boolean>, timeoutMs: number, pollMs = 1000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (!(await done())) {
-      if (this.exited) throw new Error('the fleet process exited');
+      if (this.exited) throw new Error('a fleet process exited');
       if (Date.now() > deadline) throw new Error(`timed out after ${Math.round(timeoutMs / 1000)} s`);
       await this.nextBatch(pollMs);
     }
   }
 
-  /** Resolves at the next batch of outcomes (or the child's exit), or after `ms`. */
+  /** Resolves at the next batch of outcomes (or a child's exit), or after `ms`. */
   private nextBatch(ms: number): Promise<void> {
     return new Promise<void>((resolve) => {
       const finish = () => {
@@ -141,32 +191,69 @@ export class FleetProcess {
     });
   }
 
-  /** Stops every agent; resolves with the fleet's stats. */
+  /** Requests the agents made so far (API, blob) and the CPU seconds of the fleet processes, summed. */
+  async counters(): Promise<FleetCounters> {
+    const all = await Promise.all(
+      this.children.map(
+        (child) =>
+          new Promise<FleetCounters>((resolve, reject) => {
+            const t = setTimeout(() => reject(new Error('a fleet process did not answer for its counters')), 30_000);
+            const onMsg = (m: FromChild) => {
+              if (m.type !== 'counters') return;
+              clearTimeout(t);
+              child.off('message', onMsg);
+              resolve(m.counters);
+            };
+            child.on('message', onMsg);
+            child.send({ type: 'counters' } satisfies ToChild);
+          }),
+      ),
+    );
+    return all.reduce((a, c) => ({ api: a.api + c.api, blob: a.blob + c.blob, cpuSeconds: a.cpuSeconds + c.cpuSeconds }), {
+      api: 0,
+      blob: 0,
+      cpuSeconds: 0,
+    });
+  }
+
+  /** Stops every agent; resolves with the fleet's stats (summed over the processes). */
   async stop(): Promise<{ stats: Record<string, number>; warnings: string[] }> {
-    if (this.exited) return { stats: {}, warnings: [] };
+    const results = await Promise.all(this.children.map((c) => FleetProcess.stopChild(c)));
+    const stats: Record<string, number> = {};
+    for (const r of results) for (const [k, v] of Object.entries(r.stats)) stats[k] = (stats[k] ?? 0) + v;
+    return { stats, warnings: results.flatMap((r) => r.warnings).slice(-20) };
+  }
+
+  private static async stopChild(child: ChildProcess): Promise<{ stats: Record<string, number>; warnings: string[] }> {
+    if (child.exitCode !== null || child.signalCode !== null || !child.connected) return { stats: {}, warnings: [] };
     const result = await new Promise<{ stats: Record<string, number>; warnings: string[] }>((resolve) => {
       const t = setTimeout(() => resolve({ stats: {}, warnings: ['fleet stop timed out'] }), 60_000);
-      this.child.on('message', (m: FromChild) => {
+      child.on('message', (m: FromChild) => {
         if (m.type === 'stopped') {
           clearTimeout(t);
           resolve({ stats: m.stats, warnings: m.warnings });
         }
       });
-      this.child.send({ type: 'stop' } satisfies ToChild);
+      child.send({ type: 'stop' } satisfies ToChild);
     });
     await new Promise<void>((resolve) => {
-      if (this.exited) return resolve();
+      if (child.exitCode !== null || child.signalCode !== null) return resolve();
       const t = setTimeout(() => {
-        this.child.kill('SIGKILL');
+        child.kill('SIGKILL');
         resolve();
       }, 10_000);
-      this.child.once('exit', () => {
+      child.once('exit', () => {
         clearTimeout(t);
         resolve();
       });
     });
     return result;
   }
+}
+
+/** The fleet child options of a bench fleet tuning. */
+export function fleetChildOptions(t: FleetTuning): Pick<FleetStart, 'processes' | 'heartbeatMs' | 'pollWaitSeconds' | 'apiConnections'> {
+  return { processes: t.processes, heartbeatMs: t.heartbeatMs, pollWaitSeconds: t.pollWaitSeconds, apiConnections: t.apiConnections };
 }
 
 /**
@@ -211,7 +298,10 @@ export async function commandFloor(
 }
 
 /** Runs benchmark 5 on a fresh site of `bench`; `rootDir` holds the machines' trees (deleted afterwards). */
-export async function benchRollout(bench: BenchStack, opts: { machines: number; rootDir: string }): Promise<RolloutFigures> {
+export async function benchRollout(
+  bench: BenchStack,
+  opts: { machines: number; fleet: FleetTuning; rootDir: string },
+): Promise<RolloutFigures> {
   const timeoutMs = Math.max(10 * 60_000, opts.machines * 600);
   const site = await bench.newSite('rollout');
   const srcDir = path.join(opts.rootDir, '..', 'rollout-version');
@@ -227,13 +317,14 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
 
   await fs.rm(opts.rootDir, { recursive: true, force: true });
   await fs.mkdir(opts.rootDir, { recursive: true });
-  log(`rollout: starting ${opts.machines} simulated machines (one child process)`);
+  log(`rollout: starting ${opts.machines} simulated machines (${opts.fleet.processes} child process(es))`);
   const started = await FleetProcess.start({
     baseUrl: bench.apiUrl,
     siteId: site.siteId,
     enrolmentSecret: secret.enrolmentSecret,
     count: opts.machines,
     rootDir: opts.rootDir,
+    ...fleetChildOptions(opts.fleet),
   });
   const { fleet, machineIds } = started;
   log(`rollout: fleet up in ${round(started.startMs / 1000)} s`);
@@ -245,6 +336,9 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
     log(`rollout: floor (one trivial command to each machine) ${round(floorSamples[0])} s`);
 
     // The rollout.
+    const pm = bench.cfg.embedded.postgres ? postmasterPid(path.join(bench.cfg.ROOST_DATA_DIR, 'pg')) : null;
+    const cpu0 = { api: processCpuSeconds(process.pid), postgres: pm ? postgresCpuSeconds(pm) : -1 };
+    const req0 = await fleet.counters();
     const from = fleet.outcomes.length;
     const t0 = Date.now();
     const deploy = await site.client.request<{ rolloutId: string; canary: string[]; fleet: string[] }>(
@@ -286,6 +380,23 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
       }
       return false;
     }, timeoutMs);
+    const req1 = await fleet.counters();
+    const cpu1 = { api: processCpuSeconds(process.pid), postgres: pm ? postgresCpuSeconds(pm) : -1 };
+    const n = committedAt.size;
+    const perThousand = (a: number, b: number) => (a < 0 || b < 0 ? -1 : round(((b - a) * 1000) / n, 2));
+    const requestsPerMachine = {
+      api: round((req1.api - req0.api) / n, 2),
+      blob: round((req1.blob - req0.blob) / n, 2),
+      total: round((req1.api - req0.api + req1.blob - req0.blob) / n, 2),
+    };
+    const cpuSecondsPer1000Syncs = {
+      api: perThousand(cpu0.api, cpu1.api),
+      postgres: perThousand(cpu0.postgres, cpu1.postgres),
+      fleet: perThousand(req0.cpuSeconds, req1.cpuSeconds),
+    };
+    log(
+      `rollout: requests per machine ${JSON.stringify(requestsPerMachine)}, CPU s per 1,000 syncs ${JSON.stringify(cpuSecondsPer1000Syncs)}`,
+    );
     const lastCommit = Math.max(...committedAt.values());
     const canaryLast = Math.max(...[...committedAt].filter(([m]) => canary.has(m)).map(([, at]) => at));
     const fleetTimes = [...committedAt].filter(([m]) => !canary.has(m)).map(([, at]) => at);
@@ -349,6 +460,10 @@ export async function benchRollout(bench: BenchStack, opts: { machines: number; 
       },
       floor: { command: 'reboot_machine', seconds: round(floor), samplesSeconds: floorSamples.map((s) => round(s)) },
       timesFloor: round(lastCommitSeconds / floor, 2),
+      secondsPer1000Machines: round((lastCommitSeconds * 1000) / machineIds.length, 2),
+      fleet: { ...opts.fleet, processes: fleet.processes },
+      requestsPerMachine,
+      cpuSecondsPer1000Syncs,
       verifiedMachines: uniqueSample.length,
       fleetStats: stopped.stats,
     };

@@ -112,15 +112,21 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
       if (wants('rollout')) {
         // The push benchmarks left ~2 × 17,500 blobs in the bench Azurite; the rollout starts from an empty one.
         if (wants('push') || wants('republish')) await bench.resetStorage();
-        await attempt('rollout', () => benchRollout(bench!, { machines: opts.machines, rootDir: path.join(benchDir, 'fleet') }));
+        await attempt('rollout', () =>
+          benchRollout(bench!, { machines: opts.machines, fleet: opts.fleet, rootDir: path.join(benchDir, 'fleet') }),
+        );
       }
       if (wants('classic')) {
-        await attempt('classic', () => benchClassic(bench!, { machines: opts.machines, rootDir: path.join(benchDir, 'classic') }));
+        await attempt('classic', () =>
+          benchClassic(bench!, { machines: opts.machines, fleet: opts.fleet, rootDir: path.join(benchDir, 'classic') }),
+        );
       }
       if (wants('scaleout')) {
         // Only the benchmark's own worker processes serve the task queue.
         if (bench.stack.worker) await bench.stack.stopWorker();
-        await attempt('scaleout', () => benchScaleout(bench!, { machines: opts.machines, rootDir: path.join(benchDir, 'scaleout') }));
+        await attempt('scaleout', () =>
+          benchScaleout(bench!, { machines: opts.machines, fleet: opts.fleet, rootDir: path.join(benchDir, 'scaleout') }),
+        );
       }
       if (wants('api')) {
         await attempt('api', () =>

@@ -22,7 +22,8 @@ import { RoostClient } from '../cli/client';
 import { push } from '../cli/push';
 import { childEnv } from './api';
 import { createRoost } from './push';
-import { commandFloor, FleetProcess, writeSmallVersion } from './rollout';
+import { commandFloor, FleetProcess, fleetChildOptions, writeSmallVersion } from './rollout';
+import type { FleetTuning } from './options';
 import { CLIENT_TIMEOUT_MS, type BenchStack } from './stack';
 import { log, round, sleep } from './util';
 
@@ -197,7 +198,7 @@ export interface ScaleoutFigures {
  */
 export async function benchScaleout(
   bench: BenchStack,
-  opts: { machines: number; rootDir: string; killAtFraction?: number },
+  opts: { machines: number; rootDir: string; killAtFraction?: number; fleet?: FleetTuning },
 ): Promise<ScaleoutFigures> {
   const killAt = Math.max(1, Math.floor(opts.machines * (opts.killAtFraction ?? 0.4)));
   // Generous: on a loaded 2-core machine one API process serves the whole fleet after the kill.
@@ -240,6 +241,7 @@ export async function benchScaleout(
       enrolmentSecret: secret.enrolmentSecret,
       count: opts.machines,
       rootDir: opts.rootDir,
+      ...(opts.fleet ? fleetChildOptions(opts.fleet) : {}),
     });
     fleet = started.fleet;
     const { machineIds } = started;
