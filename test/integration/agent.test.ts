@@ -238,11 +238,13 @@ describe('POST /api/agent/enrol', () => {
     const ids = Array.from({ length: 40 }, (_, i) => `burst-${String(i).padStart(3, '0')}`);
     let retries = 0;
     const onRetry = () => retries++;
-    h.deps.db.on('txRetry', onRetry);
+    // db/pool.ts withTx emits txRetry on the pool before each retry.
+    const pool = h.deps.db as unknown as NodeJS.EventEmitter;
+    pool.on('txRetry', onRetry);
     try {
       await Promise.all(ids.map((id) => enrol(id)));
     } finally {
-      h.deps.db.off('txRetry', onRetry);
+      pool.off('txRetry', onRetry);
     }
     // Neighbouring new machine ids used to conflict on the index page their absent rows were read from.
     expect(retries).toBe(0);
