@@ -6,6 +6,7 @@
 // Tracing (when an OTLP endpoint is set) must start before http and pg load: first import.
 import '../telemetry/instrument';
 import type { FastifyInstance } from 'fastify';
+import type { Logger } from 'pino';
 import type { Config } from '../config/env';
 import { loadConfig } from '../config/env';
 import { buildApp } from './app';
@@ -24,10 +25,13 @@ export interface RunningApi {
   close(): Promise<void>;
 }
 
-/** Starts one API process. Port 0 picks a free port (the returned url names it). */
-export async function startApi(cfg: Config, opts: { logger?: boolean } = {}): Promise<RunningApi> {
+/** Starts one API process. Port 0 picks a free port (the returned url names it). `loggerInstance` replaces the process logger (tests). */
+export async function startApi(cfg: Config, opts: { logger?: boolean; loggerInstance?: Logger } = {}): Promise<RunningApi> {
   const deps = await createDeps(cfg);
-  const app = await buildApp(deps, opts.logger === false ? { logger: false } : {});
+  const app = await buildApp(
+    deps,
+    opts.loggerInstance ? { loggerInstance: opts.loggerInstance } : opts.logger === false ? { logger: false } : {},
+  );
   await app.listen({ host: cfg.ROOST_API_HOST, port: cfg.ROOST_API_PORT });
   const addr = app.server.address();
   const port = typeof addr === 'object' && addr ? addr.port : cfg.ROOST_API_PORT;

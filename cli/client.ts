@@ -15,6 +15,7 @@
  *   with the identical method, path, query and body bytes.
  */
 import { randomUUID } from 'node:crypto';
+import type { Logger } from 'pino';
 import { CLI_VERSION } from './version';
 
 /** HTTP statuses retried with backoff (429 also, with Retry-After). */
@@ -99,6 +100,10 @@ export interface ClientOptions {
   sleep?: (ms: number) => Promise<void>;
   /** Source of the jitter factor in [0, 1) (default Math.random). */
   random?: () => number;
+  /** `--verbose` log (cli/log.ts): a line per API answer with its requestId, per failed attempt, per blob upload. */
+  logger?: Logger;
+  /** W3C trace context sent as `traceparent` on every API request (cli/log.ts cliTrace). */
+  traceparent?: string;
 }
 
 export type QueryValue = string | number | boolean | undefined | null | Array<string | number>;
@@ -218,8 +223,12 @@ export class RoostClient {
   private readonly sleep: (ms: number) => Promise<void>;
   private readonly random: () => number;
   private readonly onRetry?: (info: RetryInfo) => void;
+  private readonly log?: Logger;
+  private readonly traceparent?: string;
 
   constructor(opts: ClientOptions) {
+    this.log = opts.logger;
+    this.traceparent = opts.traceparent;
     this.baseUrl = opts.baseUrl.replace(/\/+$/, '');
     this.apiKey = opts.apiKey;
     this.maxAttempts = Math.max(1, opts.maxAttempts ?? DEFAULT_MAX_ATTEMPTS);
@@ -241,7 +250,12 @@ export class RoostClient {
   ): { url: string; idempotencyKey?: string; headers: Record<string, string>; payload?: string } {
     const url = `${this.baseUrl}${path}${buildQuery(opts.query)}`;
     const idempotencyKey = opts.idempotencyKey === true ? newIdempotencyKey() : opts.idempotencyKey;
-    const headers: Record<string, string> = { accept, 'user-agent': `roost-cli/${CLI_VERSION}`, ...opts.headers };
+    const headers: Record<string, string> = {
+      accept,
+      'user-agent': `roost-cli/${CLI_VERSION}`,
+      ...(this.traceparent ? { traceparent: this.traceparent } : {}),
+      ...opts.headers,
+    };
     if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
     if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
     let payload: string | undefined;
@@ -270,10 +284,12 @@ export class RoostClient {
       const lastFor = (outage: boolean, delayMs: number) =>
         spent && !(outage && Math.max(Date.now() - started, waited) + delayMs <= this.outageWindowMs);
       let res: Response;
+      const sent = Date.now();
       try {
         res = await fetch(url, { method: m, headers, body: payload, signal: AbortSignal.timeout(opts.timeoutMs ?? this.timeoutMs) });
       } catch (err) {
         const reason = describeNetworkError(err);
+        this.log?.warn({ method: m, path, attempt: attempt + 1, durationMs: Date.now() - sent, err: reason }, 'api request failed');
         const delay = backoffDelayMs(attempt, this.random);
         if (!lastFor(true, delay) && isRetryable(undefined, replayable)) {
           waited += delay;
@@ -292,6 +308,21 @@ export class RoostClient {
       }
       const body = await readBody(res);
       const requestId = res.headers.get('x-request-id') ?? undefined;
+      const code = (body as { code?: unknown } | undefined)?.code;
+      this.log?.[res.ok ? 'info' : 'warn'](
+        {
+          method: m,
+          path,
+          status: res.status,
+          attempt: attempt + 1,
+          durationMs: Date.now() - sent,
+          requestId,
+          ...(idempotencyKey ? { idempotencyKey } : {}),
+          ...(res.headers.get('idempotent-replayed') === 'true' ? { replayed: true } : {}),
+          ...(!res.ok && typeof code === 'string' ? { code } : {}),
+        },
+        'api request',
+      );
       if (res.ok) {
         return {
           status: res.status,
@@ -385,6 +416,7 @@ export class RoostClient {
       });
     }
     const requestId = res.headers.get('x-request-id') ?? undefined;
+    this.log?.[res.ok ? 'info' : 'warn']({ method: m, path, status: res.status, requestId, stream: true }, 'api request');
     if (res.ok) return { response: res, requestId, idempotencyKey };
     const body = await readBody(res);
     const problem = body && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
@@ -465,6 +497,10 @@ export class RoostClient {
         });
       }
       const text = await res.text();
+      this.log?.debug(
+        { method: 'PUT', blob: display.replace(/^https?:\/\/[^/]+/, ''), status: res.status, attempt: attempt + 1 },
+        'blob upload',
+      );
       if (res.ok) return 'created';
       if (!last && isRetryable(res.status, true)) {
         const after = res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined;

@@ -6,6 +6,8 @@
  * document to stdout and nothing else (on failure: `{"error": <problem>}`); without it, human text.
  * Progress, retries and warnings always go to stderr. Exit codes (EXIT below): 0 success, 1 failure,
  * 2 usage, 3 conflict or failed precondition, 4 not found, 5 authentication or authorisation.
+ * With `--verbose`, stderr carries JSON log lines only (cli/log.ts: a line per API answer with its
+ * requestId, the failure with its requestId), never the result.
  * Values of `--api`, `--key` and `--site` come from the flag, the environment, then the config file
  * (cli/config.ts), then the default.
  */
@@ -13,6 +15,7 @@ import { type Command, Option } from 'commander';
 import { ClientError, type RetryInfo, RoostClient } from './client';
 import { ChunkerError } from './chunker';
 import { readConfig } from './config';
+import { activeCliLogger, cliLogger, cliTrace, setActiveCliLogger } from './log';
 
 export const DEFAULT_API_URL = 'http://127.0.0.1:8080';
 
@@ -33,6 +36,7 @@ export interface GlobalOptions {
   key?: string;
   site?: string;
   quiet?: boolean;
+  verbose?: boolean;
 }
 
 /** A usage problem detected by the CLI itself (missing --site, bad flag value): exit code 2. */
@@ -49,7 +53,13 @@ export function addGlobalOptions(program: Command): Command {
     .addOption(new Option('--api <url>', `API base URL (default: the config file's, else ${DEFAULT_API_URL})`).env('ROOST_API_URL'))
     .addOption(new Option('--key <key>', 'API key (svk_…)').env('ROOST_API_KEY'))
     .addOption(new Option('--site <siteId>', 'site id').env('ROOST_SITE_ID'))
-    .addOption(new Option('-q, --quiet', 'no progress output on stderr'));
+    .addOption(new Option('-q, --quiet', 'no progress output on stderr'))
+    .addOption(
+      new Option(
+        '--verbose',
+        'JSON log lines on stderr instead of progress: one per API answer with its requestId (and traceId when tracing is on)',
+      ),
+    );
 }
 
 /** Adds `--json` to a command (every command has it). */
@@ -94,9 +104,15 @@ export function commandContext(cmd: Command): CommandContext {
   const opts = cmd.optsWithGlobals<Partial<GlobalOptions> & { json?: boolean }>();
   const json = opts.json === true;
   jsonMode = json;
-  const quiet = opts.quiet === true;
+  // --verbose: stderr carries JSON lines only (cli/log.ts): progress is off and info lines become log lines.
+  const verbose = opts.verbose === true;
+  const trace = cliTrace();
+  const log = cliLogger({ verbose, trace });
+  setActiveCliLogger(verbose ? log : undefined);
+  const quiet = opts.quiet === true || verbose;
   const info = (line: string) => {
-    if (!quiet) process.stderr.write(`${line}\n`);
+    if (verbose) log.info(line);
+    else if (!quiet) process.stderr.write(`${line}\n`);
   };
   // The config file is read only when a flag or variable left a value open.
   let config: ReturnType<typeof readConfig> | undefined;
@@ -108,12 +124,14 @@ export function commandContext(cmd: Command): CommandContext {
     new RoostClient({
       baseUrl: api,
       apiKey: credential,
+      logger: verbose ? log : undefined,
+      traceparent: trace?.traceparent,
       onRetry: (r: RetryInfo) =>
         info(`retrying ${r.method} ${r.url.split('?')[0]} in ${(r.delayMs / 1000).toFixed(1)}s (attempt ${r.attempt} failed: ${r.reason})`),
     });
   let client: RoostClient | undefined;
   return {
-    globals: { api, key, site, quiet },
+    globals: { api, key, site, quiet, verbose },
     json,
     quiet,
     tty: !quiet && process.stderr.isTTY === true,
@@ -203,6 +221,13 @@ export function problemOf(err: unknown): Record<string, unknown> {
  */
 export function reportError(err: unknown, json: boolean): number {
   const p = problemOf(err);
+  // --verbose: the failure is one JSON line (with the failing request's id) and stderr stays JSON only.
+  const log = activeCliLogger();
+  if (log) {
+    log.error({ code: p.code, status: p.status, requestId: p.requestId }, String(p.detail));
+    if (json) process.stdout.write(`${JSON.stringify({ error: p }, null, 2)}\n`);
+    return exitCodeOf(p);
+  }
   const lines = [`error: ${String(p.code)}: ${String(p.detail)}`];
   const errors = p.errors as Record<string, unknown> | undefined;
   if (errors && typeof errors === 'object')

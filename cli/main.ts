@@ -2,7 +2,7 @@
  * The `roost` command (`npx roost …` runs bin/roost.js → this file). Each command lives in its own file
  * under cli/commands/ and exports a `register…(program)` function; API commands are listed in cli/program.ts.
  * Global options: --api (ROOST_API_URL, then the config file, default http://127.0.0.1:8080), --key
- * (ROOST_API_KEY), --site (ROOST_SITE_ID), --quiet. Every command has --json (cli/context.ts output
+ * (ROOST_API_KEY), --site (ROOST_SITE_ID), --quiet, --verbose (JSON log lines on stderr, cli/log.ts). Every command has --json (cli/context.ts output
  * contract). On failure the problem's code, detail and request id go to stderr and process.exitCode is
  * set (cli/context.ts EXIT: 1 failure, 2 usage, 3 conflict, 4 not found, 5 auth).
  */

@@ -16,6 +16,7 @@ import { cliRunner, ROOST_BIN } from '../support/cli';
 import { createHarness, type Harness } from '../support/harness';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy';
 import { deployRoute, publishFiles, startTestWorker, terminateAll, type TestWorker } from '../integration/rollout-fixtures';
+import { teeToTestLog } from '../support/test-log';
 
 const BIN = ROOST_BIN;
 
@@ -69,6 +70,9 @@ class AgentProcess {
       for (const l of lines) if (l.trim()) this.logs.push(JSON.parse(l));
     });
     this.child.stderr.on('data', (d) => (this.stderr += d));
+    // The agent's JSON lines are part of the suite's logs, grepped for secrets (test/support/test-log.ts).
+    teeToTestLog(this.child.stdout);
+    teeToTestLog(this.child.stderr);
     this.exited = new Promise((resolve) => this.child.on('close', (code) => resolve(code)));
   }
 

@@ -12,6 +12,7 @@ import { hashSetDigest } from '../../domain/audit';
 import { sha256Hex } from '../../domain/hex';
 import { createHarness, type Harness, idemKey } from '../support/harness';
 import { insertKey, makeUser, addMember, sessionFor } from '../support/identity';
+import { testLogger } from '../support/test-log';
 
 let h: Harness;
 
@@ -266,7 +267,7 @@ describe('api_key_used sampling and the api_key.used event', () => {
     expect(ev[1].ip).toBe('10.1.0.2');
 
     // A second API process over the same database: the table, not the cache, decides.
-    const app2 = await buildApp(h.deps, { logger: false });
+    const app2 = await buildApp(h.deps, { loggerInstance: testLogger('roost-api') });
     try {
       await app2.ready();
       expect((await quota('10.1.0.1', app2)).statusCode).toBe(200);
@@ -278,7 +279,7 @@ describe('api_key_used sampling and the api_key.used event', () => {
         h.deps.cfg.ROOST_AUDIT_KEY_USE_SAMPLE_SECONDS * 1000 + 1000,
         '10.1.0.2',
       ]);
-      const app3 = await buildApp(h.deps, { logger: false });
+      const app3 = await buildApp(h.deps, { loggerInstance: testLogger('roost-api') });
       try {
         await app3.ready();
         expect((await quota('10.1.0.2', app3)).statusCode).toBe(200);

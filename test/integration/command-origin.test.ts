@@ -18,6 +18,7 @@ import { createLogger } from '../../telemetry/logging';
 import { startTracing, type Tracing } from '../../telemetry/tracing';
 import { installRuntime } from '../../worker/worker';
 import { createHarness, type Harness } from '../support/harness';
+import { appendTestLog } from '../support/test-log';
 import { closeRolloutSuite, startTestWorker, type TestWorker } from './rollout-fixtures';
 
 const apiLines: string[] = [];
@@ -64,11 +65,21 @@ beforeAll(async () => {
   process.env.ROOST_CLASSIC_POLL_MS = '100';
   tracing = startTracing({ OTEL_SERVICE_NAME: 'roost-command-origin-test' }, { spanProcessor: new SimpleSpanProcessor({ exporter }) })!;
   installRuntime(undefined, {
-    logger: createLogger({ service: 'roost-worker', level: 'info', destination: { write: (l: string) => void workerLines.push(l) } }),
+    logger: createLogger({
+      service: 'roost-worker',
+      level: 'info',
+      destination: { write: (l: string) => void (workerLines.push(l), appendTestLog(l)) },
+    }),
   });
   h = await createHarness(
     {},
-    { logger: createLogger({ service: 'roost-api', level: 'info', destination: { write: (l: string) => void apiLines.push(l) } }) },
+    {
+      logger: createLogger({
+        service: 'roost-api',
+        level: 'info',
+        destination: { write: (l: string) => void (apiLines.push(l), appendTestLog(l)) },
+      }),
+    },
   );
   w = await startTestWorker(h);
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-command-origin-'));
@@ -85,7 +96,7 @@ beforeAll(async () => {
   agentRun = runService({
     rootDir,
     agentVersion: '1.0.0',
-    logStream: { write: (l: string) => agentLines.push(l) } as unknown as NodeJS.WritableStream,
+    logStream: { write: (l: string) => void (agentLines.push(l), appendTestLog(l)) } as unknown as NodeJS.WritableStream,
     logLevel: 'info',
     heartbeatMs: 1000,
     pollWaitSeconds: 1,

@@ -14,13 +14,19 @@ import { createLogger, SECRET_PATTERNS } from '../../telemetry/logging';
 import { startTracing, type Tracing } from '../../telemetry/tracing';
 import { installRuntime } from '../../worker/worker';
 import { createHarness, type Harness } from '../support/harness';
+import { appendTestLog } from '../support/test-log';
 import { closeRolloutSuite, seedRoost, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { rolloutWorkflowId } from '../../workflows/client';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 
 const lines: string[] = [];
-const capture = { write: (line: string) => void lines.push(line) };
+const capture = {
+  write: (line: string) => {
+    lines.push(line);
+    appendTestLog(line);
+  },
+};
 const exporter = new InMemorySpanExporter();
 let tracing: Tracing;
 let h: Harness;

@@ -20,6 +20,7 @@ import {
   startTestWorker,
   terminateAll,
 } from './rollout-fixtures';
+import { testLogger } from '../support/test-log';
 
 let h: Harness;
 let w: TestWorker;
@@ -360,7 +361,7 @@ describe('POST /api/roosts/{roostId}/deploy', () => {
     const connection = Connection.lazy({ address: '127.0.0.1:1', interceptors: [] });
     const broken = await buildApp(
       { ...h.deps, temporal: new Client({ connection, namespace: h.deps.cfg.TEMPORAL_NAMESPACE }) },
-      { logger: false },
+      { loggerInstance: testLogger('roost-api') },
     );
     try {
       await broken.ready();

@@ -14,6 +14,7 @@ import { sha256Hex } from '../../domain/hex';
 import { localIssuer } from '../../config/oidc';
 import { createHarness, type Harness } from '../support/harness';
 import { addMember, idTokenFor, insertKey, makeUser, sessionFor } from '../support/identity';
+import { testLogger } from '../support/test-log';
 
 let h: Harness;
 let member: { uid: string; email: string };
@@ -153,7 +154,7 @@ describe('an external issuer configured by URL (production path)', () => {
       ROOST_OIDC_JWKS_URL: `http://127.0.0.1:${port}/keys`,
       ROOST_OIDC_AUDIENCE: 'roost-prod',
     };
-    issuerApp = await buildApp({ ...h.deps, cfg }, { logger: false });
+    issuerApp = await buildApp({ ...h.deps, cfg }, { loggerInstance: testLogger('roost-api') });
     await issuerApp.ready();
   });
   afterAll(async () => {
@@ -218,7 +219,7 @@ describe('an external issuer configured by URL (production path)', () => {
       ROOST_OIDC_JWKS_URL: 'http://127.0.0.1:9/keys',
       ROOST_OIDC_AUDIENCE: 'roost-prod',
     };
-    const down = await buildApp({ ...h.deps, cfg }, { logger: false });
+    const down = await buildApp({ ...h.deps, cfg }, { loggerInstance: testLogger('roost-api') });
     try {
       await down.ready();
       const res = await down.inject({
@@ -235,7 +236,9 @@ describe('an external issuer configured by URL (production path)', () => {
 
   it('refuses to start with an issuer but no JWKS URL', async () => {
     const cfg = { ...h.deps.cfg, ROOST_OIDC_ISSUER: issuer, ROOST_OIDC_JWKS_URL: undefined };
-    await expect(buildApp({ ...h.deps, cfg }, { logger: false }).then((a) => a.ready())).rejects.toThrow(/ROOST_OIDC_JWKS_URL/);
+    await expect(buildApp({ ...h.deps, cfg }, { loggerInstance: testLogger('roost-api') }).then((a) => a.ready())).rejects.toThrow(
+      /ROOST_OIDC_JWKS_URL/,
+    );
   });
 });
 

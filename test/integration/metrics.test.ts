@@ -9,6 +9,7 @@ import { startApi, type RunningApi } from '../../api/server';
 import { createHarness, idemKey, type Harness } from '../support/harness';
 import { testConfig } from '../support/env';
 import { parseMetrics, type Exposition } from '../support/metrics';
+import { testLogger } from '../support/test-log';
 
 const TOKEN = 'metrics-token-0123456789abcdef';
 let h: Harness;
@@ -170,7 +171,7 @@ describe('separate listener (ROOST_METRICS_PORT)', () => {
   let api: RunningApi;
   beforeAll(async () => {
     api = await startApi(testConfig({ ROOST_API_PORT: '0', ROOST_METRICS_PORT: '0', ROOST_TASK_QUEUE: 'metrics-listener' }), {
-      logger: false,
+      loggerInstance: testLogger('roost-api'),
     });
   });
   afterAll(async () => api.close());

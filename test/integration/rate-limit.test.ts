@@ -17,6 +17,7 @@ import { freePort, type ServiceHandle, startRedisServer } from '../../stack/serv
 import { testConfig } from '../support/env';
 import { createHarness, type Harness } from '../support/harness';
 import { scopedKey } from '../support/identity';
+import { testLogger } from '../support/test-log';
 
 /** A key of the harness user with `scopes` (inserted the way db/bootstrap.ts does). */
 
@@ -84,7 +85,7 @@ describe('with the shared store in Redis', () => {
   });
 
   it('shares the counters between API processes', async () => {
-    const second = await buildApp(h.deps, { logger: false });
+    const second = await buildApp(h.deps, { loggerInstance: testLogger('roost-api') });
     await second.ready();
     try {
       const res = await second.inject({ method: 'GET', url: '/api/whoami', headers: { authorization: `Bearer ${h.apiKey}` } });

@@ -20,6 +20,7 @@ import { BlobStore } from '../../storage/blob';
 import type { Config } from '../../config/env';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy';
 import { testConfig } from '../support/env';
+import { testLogger } from '../support/test-log';
 
 let dataDir: string;
 let cfg: Config;
@@ -70,7 +71,7 @@ beforeAll(async () => {
   const pool = createPool(cfg.databaseUrl, 1);
   await migrate(pool).finally(() => pool.end());
   deps = await createServiceDeps(cfg);
-  app = await buildApp(deps, { logger: false });
+  app = await buildApp(deps, { loggerInstance: testLogger('roost-api') });
   await app.ready();
 }, 180_000);
 

@@ -19,6 +19,7 @@ import { sequenceEvents } from '../../db/events';
 import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
 import { publishFiles, seedRoost } from './rollout-fixtures';
+import { testLogger } from '../support/test-log';
 
 /** Stream settings of these tests: frequent keepalives and polls. */
 const STREAM_ENV = { ROOST_STREAM_KEEPALIVE_MS: '300', ROOST_STREAM_POLL_MS: '40' };
@@ -37,7 +38,7 @@ async function listen(app: FastifyInstance, port = 0): Promise<string> {
 
 async function startSecondProcess(port = 0): Promise<void> {
   deps2 = await createDeps({ ...h.deps.cfg, ROOST_STREAM_CLIENT_BUFFER_BYTES: 262144, ROOST_STREAM_STALL_MS: 1000 });
-  app2 = await buildApp(deps2, { logger: false });
+  app2 = await buildApp(deps2, { loggerInstance: testLogger('roost-api') });
   base2 = await listen(app2, port);
 }
 

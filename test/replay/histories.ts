@@ -1,11 +1,13 @@
 /**
  * What the replay tests share (test/replay/*.replay.test.ts): reading a recorded history (proto3 JSON,
- * scripts/record-history.ts) and a Temporal Runtime that logs errors only.
+ * scripts/record-history.ts) and the test process's Temporal Runtime.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { DefaultLogger, Runtime, Worker, bundleWorkflowCode } from '@temporalio/worker';
 import { historyFromJson } from '../../scripts/record-history';
+import { runtimeLogger } from '../../worker/logging';
+import { testLogger } from '../support/test-log';
 
 /** Names of the recorded histories (`*.json`) in the folder `dir`, sorted. */
 export function historyFiles(dir: string): string[] {
@@ -29,10 +31,17 @@ export function loadHistory(dir: string, file: string) {
   return historyFromJson(JSON.parse(fs.readFileSync(path.join(dir, file), 'utf8')));
 }
 
-/** Installs the Temporal Runtime with an ERROR-level logger (once per process; later calls are no-ops). */
+/**
+ * Installs the Temporal Runtime of the test process (once per process; later calls are no-ops): nothing on
+ * stdout; the SDK's lines and the activities' lines at INFO go through the worker's JSON logger
+ * (worker/logging.ts) into the run's log file (test/support/test-log.ts), like a worker process's.
+ */
 export function quietRuntime(): void {
   try {
-    Runtime.install({ logger: new DefaultLogger('ERROR'), telemetryOptions: { logging: { filter: { core: 'ERROR', other: 'ERROR' } } } });
+    Runtime.install({
+      logger: runtimeLogger(testLogger('roost-worker'), 'INFO'),
+      telemetryOptions: { logging: { filter: { core: 'WARN', other: 'WARN' } } },
+    });
   } catch {
     /* already installed in this process */
   }

@@ -7,6 +7,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { testConfig, testDatabase } from './env';
+import { teeToTestLog } from './test-log';
 
 const ROOT = path.join(__dirname, '..', '..');
 
@@ -70,7 +71,7 @@ export class PgProxy {
 
 /**
  * Starts `node api/server.ts` on a free loopback port with its database reached through `proxy`; `env` adds
- * settings. Resolves with the process and its base URL once it listens.
+ * settings. It logs at info into the run's log file. Resolves with the process and its base URL once it listens.
  */
 export function startApiChild(proxy: PgProxy, env: Record<string, string> = {}): Promise<{ child: ChildProcess; url: string }> {
   const cfg = testConfig();
@@ -82,11 +83,14 @@ export function startApiChild(proxy: PgProxy, env: Record<string, string> = {}):
       DATABASE_URL: cfg.databaseUrl.replace(`:${cfg.ROOST_PG_PORT}/`, `:${proxy.port}/`),
       ROOST_API_PORT: '0',
       ROOST_API_HOST: '127.0.0.1',
-      ROOST_LOG_LEVEL: 'silent',
+      ROOST_LOG_LEVEL: 'info',
       ...env,
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  // Its JSON lines are part of the suite's logs, grepped for secrets (test/support/test-log.ts).
+  teeToTestLog(child.stdout);
+  teeToTestLog(child.stderr);
   return new Promise((resolve, reject) => {
     let out = '';
     let err = '';

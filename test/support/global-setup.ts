@@ -4,6 +4,8 @@
  * migrations. Handles are kept on globalThis for global-teardown.ts.
  */
 import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 import { createDatabase, ensureServicesAwayFromOthers } from '../../stack/services';
 import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
@@ -19,6 +21,11 @@ export default async function globalSetup(): Promise<void> {
   // The suite sends hundreds of requests per key within minutes: every rate limit is multiplied (the
   // rate-limit tests set their own numbers; docs/decisions/rate-limit-buckets.md).
   if (!process.env.ROOST_RATE_LIMIT_SCALE) process.env.ROOST_RATE_LIMIT_SCALE = '1000';
+  // Every app, worker and agent of the run logs into this folder (test/support/test-log.ts); the logs are
+  // grepped for secrets after the run (scripts/run-tests.ts, global-teardown.ts).
+  if (!process.env.ROOST_TEST_LOG_DIR)
+    process.env.ROOST_TEST_LOG_DIR = path.join(__dirname, '..', '..', '.data', 'test-logs', process.env.ROOST_TEST_DATABASE);
+  fs.mkdirSync(process.env.ROOST_TEST_LOG_DIR, { recursive: true });
   // Another clone's services on the default ports (its demo, its test run, its `roost stack`) are never
   // reused: this run moves to free ports, exported so the test workers and the commands they spawn follow.
   const { moved, handles } = await ensureServicesAwayFromOthers(testConfig());

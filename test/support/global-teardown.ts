@@ -1,9 +1,19 @@
 /** Jest global teardown: drops this run's database and blob containers, and stops the services global-setup started. */
 import { dropDatabase, type ServiceHandle, stopServices } from '../../stack/services';
+import fs from 'node:fs';
 import { testConfig } from './env';
+import { checkLogDir, describeCheck } from './log-leaks';
 import { BlobStore } from '../../storage/blob';
 
 export default async function globalTeardown(): Promise<void> {
+  // The secret grep over this run's logs. scripts/run-tests.ts (`npm test`, CI) fails the run on a
+  // finding; a partial run (`npx jest <files>`) gets the report here and keeps the logs to look at.
+  const logDir = process.env.ROOST_TEST_LOG_DIR;
+  if (logDir && !process.env.ROOST_TEST_LOG_CHECKED_BY_RUNNER) {
+    const check = checkLogDir(logDir);
+    if (check.leaks.length > 0) process.stderr.write(`\n${describeCheck(logDir, check)}\n`);
+    else if (!process.env.ROOST_KEEP_TEST_LOGS) fs.rmSync(logDir, { recursive: true, force: true });
+  }
   const cfg = testConfig();
   if (cfg.embedded.postgres && process.env.ROOST_TEST_DATABASE?.startsWith('roost_test_')) {
     try {

@@ -11,6 +11,7 @@ import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '
 import type { AppDeps } from '../../api/context';
 import { bootstrap } from '../../db/bootstrap';
 import { testConfig } from './env';
+import { testLogger } from './test-log';
 
 export interface Harness {
   app: FastifyInstance;
@@ -43,12 +44,12 @@ export function idemKey(): string {
 
 /**
  * Builds the harness; `overrides` adjust configuration (task queue etc.); `opts.logger` logs the app's
- * lines there (telemetry/logging.ts createLogger), else the app logs nothing.
+ * lines there (telemetry/logging.ts createLogger), else into the run's log file (test/support/test-log.ts).
  */
 export async function createHarness(overrides: Record<string, string> = {}, opts: { logger?: Logger } = {}): Promise<Harness> {
   const cfg = testConfig({ ROOST_TASK_QUEUE: `roost-test-${randomBytes(4).toString('hex')}`, ...overrides });
   const deps = await createDeps(cfg);
-  const app = await buildApp(deps, opts.logger ? { loggerInstance: opts.logger } : { logger: false });
+  const app = await buildApp(deps, { loggerInstance: opts.logger ?? testLogger('roost-api') });
   await app.ready();
   const secret = 'test-bootstrap-secret';
   const tag = randomBytes(4).toString('hex');

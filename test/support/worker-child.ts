@@ -7,6 +7,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import path from 'node:path';
 import { testDatabase } from './env';
+import { teeToTestLog } from './test-log';
 
 const ROOT = path.join(__dirname, '..', '..');
 
@@ -23,6 +24,9 @@ export function startWorkerChild(env: Record<string, string>): Promise<ChildProc
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  // Its JSON lines are part of the suite's logs, grepped for secrets (test/support/test-log.ts).
+  teeToTestLog(child.stdout);
+  teeToTestLog(child.stderr);
   return new Promise((resolve, reject) => {
     let out = '';
     let err = '';
