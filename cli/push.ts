@@ -2,7 +2,7 @@
  * The push pipeline (docs/contract.md Chunks "Upload flow": check, then upload-urls for the missing hashes, then
  * PUT each, then publish; "Roost versions" POST /api/roosts/{roostId}/versions).
  *
- * `push()` runs the stages overlapped, not one after the other (docs/decisions/push-pipeline.md):
+ * `push()` runs the stages overlapped, not one after the other (docs/decisions/cli-push-pipeline.md):
  * 1. hash: walk and chunk the tree (cli/chunker.ts, worker threads), each file's chunks handed on as soon
  *    as its hashing batch is back;
  * 2. check: new distinct hashes go to `POST /api/chunks/check` in batches of at most 1000, a batch sent

@@ -1,5 +1,5 @@
 /**
- * How many chunk PUTs a push keeps in flight (docs/decisions/push-pipeline.md): chosen from the chunks'
+ * How many chunk PUTs a push keeps in flight (docs/decisions/cli-push-pipeline.md): chosen from the chunks'
  * sizes rather than a fixed count. A chunk may start while fewer than `maxChunks` are in flight and the
  * bytes in flight stay within `maxBytes`; one chunk alone always may start, whatever its size. So small
  * chunks (most of a typical tree, a few KiB each, where each PUT is mostly a round trip) go up to
