@@ -188,9 +188,12 @@ describe('upload, finalise, latest', () => {
     await bad('POST', '/api/installer/upload', { version: v(7), sha256: sha(bytesA), releaseNotes: 'x'.repeat(10_001) });
     await bad('PUT', '/api/installer/upload', { version: v(1), setAsLatest: 'yes' });
     await bad('POST', '/api/installer/1.02.3/set-latest');
-    await bad('DELETE', '/api/installer/latest');
     await bad('GET', '/api/installer?page_size=101', undefined, undefined);
     await bad('GET', '/api/installer?page_token=forged', undefined, undefined);
+    // `latest` is no version: DELETE /api/installer/{version} does not match, and the path allows only GET.
+    const del = await h.request({ method: 'DELETE', url: '/api/installer/latest', idempotencyKey: true });
+    expectProblem(del, 405, 'method_not_allowed');
+    expect(String(del.headers.allow)).not.toContain('DELETE');
     expectProblem(
       await h.request({ method: 'POST', url: '/api/installer/upload', body: { version: v(7), sha256: sha(bytesA) } }),
       400,
