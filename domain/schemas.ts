@@ -88,6 +88,11 @@ export const InstallerVersion = Type.String({
   pattern: INSTALLER_VERSION_RE.source,
   description: 'semver X.Y.Z (no pre-release or build parts)',
 });
+/**
+ * A name or text that is not blank (at least one non-space character) and carries no U+0000 (the input rule
+ * of domain/input.ts), as one anchored pattern, so the document states both rules the server enforces.
+ */
+export const NON_BLANK_TEXT = '^\\s*[^\\s\\u0000][^\\u0000]*$';
 /** Lowercase SHA-256 hex, 64 characters. */
 export const Sha256Hex = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase SHA-256 hex' });
 

@@ -30,7 +30,7 @@ import {
   MAX_TITLE_LENGTH,
   type ReplyFrame,
 } from '../../domain/cortex';
-import { DateTime, MachineId, NullableDateTime, PagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
+import { DateTime, MachineId, NullableDateTime, PagingQuery, PageTokens, problems, SiteId, NON_BLANK_TEXT } from '../../domain/schemas';
 import type { Permission, Requirement } from '../../domain/scopes';
 import {
   type Caller,
@@ -62,7 +62,7 @@ const ConversationId = Type.String({ pattern: CONVERSATION_ID_RE.source, descrip
 const Title = Type.String({
   minLength: 1,
   maxLength: MAX_TITLE_LENGTH,
-  pattern: '\\S',
+  pattern: NON_BLANK_TEXT,
   description: 'display title (an empty string counts as no title)',
 });
 /** An empty title is no title (stored as null): bodies are not coerced, so it is its own branch. */
@@ -82,7 +82,14 @@ const CreateBody = Type.Object(
  * handler for those codes; the document states them with `x-roost-closed` / `x-roost-required`, api/openapi.ts).
  */
 const SendBody = Type.Object(
-  { message: Type.String({ minLength: 1, maxLength: MAX_MESSAGE_LENGTH, pattern: '\\S', description: 'the user message (plain text)' }) },
+  {
+    message: Type.String({
+      minLength: 1,
+      maxLength: MAX_MESSAGE_LENGTH,
+      pattern: NON_BLANK_TEXT,
+      description: 'the user message (plain text)',
+    }),
+  },
   { 'x-roost-closed': true },
 );
 const RenameBody = Type.Object(

@@ -30,7 +30,7 @@ import {
   MIN_LIFETIME_DAYS,
 } from '../../domain/keys';
 import { PERMISSIONS, RESOURCES } from '../../domain/scopes';
-import { pagingQuery, Problem, problems, SITE_ID_RE } from '../../domain/schemas';
+import { pagingQuery, Problem, problems, SITE_ID_RE, NON_BLANK_TEXT } from '../../domain/schemas';
 import { isKeyPosition, issueKeyForUser, issueOwnKey, type KeyRow, listKeyPage, revokeKey, rotateKey } from '../../services/keys';
 import { parsePaging } from '../pagination';
 import { requireInteractive, requireSuperadmin } from '../plugins/auth';
@@ -66,7 +66,7 @@ const ScopeSchema = Type.Object(
 export const MAX_SCOPES_PER_KEY = 50;
 
 const CreateFields = {
-  name: Type.String({ minLength: 1, maxLength: 100, pattern: '\\S', description: 'label' }),
+  name: Type.String({ minLength: 1, maxLength: 100, pattern: NON_BLANK_TEXT, description: 'label' }),
   environment: Type.Optional(oneOf(KEY_ENVIRONMENTS, { description: 'live (default) or test' })),
   scopes: Type.Optional(
     Type.Array(ScopeSchema, { minItems: 1, maxItems: MAX_SCOPES_PER_KEY, description: 'mutually exclusive with preset' }),

@@ -11,7 +11,17 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { type Static, Type } from '@sinclair/typebox';
 import { ApiError } from '../../domain/errors';
 import type { Requirement } from '../../domain/scopes';
-import { DateTime, ExtractPath, MachineId, Nullable, problems, RoostId, SiteId, isCreatedAtPosition } from '../../domain/schemas';
+import {
+  DateTime,
+  ExtractPath,
+  MachineId,
+  Nullable,
+  problems,
+  RoostId,
+  SiteId,
+  isCreatedAtPosition,
+  NON_BLANK_TEXT,
+} from '../../domain/schemas';
 import { createRoost, deleteRoost, getRoost, listRoosts, type RoostDetail, updateRoost } from '../../services/roosts';
 import { pagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
@@ -23,7 +33,7 @@ export const RoostParams = Type.Object({ roostId: RoostId });
 export const SiteQuery = Type.Object({ siteId: SiteId });
 
 /** Display name: 1..200 characters, not blank. */
-export const RoostName = Type.String({ minLength: 1, maxLength: 200, pattern: '\\S' });
+export const RoostName = Type.String({ minLength: 1, maxLength: 200, pattern: NON_BLANK_TEXT });
 export const Targets = Type.Array(MachineId, { maxItems: 10000, uniqueItems: true, description: 'target machine ids' });
 /** Destination root on the target machines (domain/schemas.ts). */
 export { ExtractPath };

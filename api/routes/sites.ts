@@ -14,7 +14,7 @@ import type { FastifyRequest } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { DateTime, pagingQuery, PageTokens, problems, SITE_ID_RE, SiteId, UserId } from '../../domain/schemas';
+import { DateTime, pagingQuery, PageTokens, problems, SITE_ID_RE, SiteId, UserId, NON_BLANK_TEXT } from '../../domain/schemas';
 import { SITE_TIERS } from '../../domain/users';
 import { createSite, getSite, listSites, patchSite, requireSiteAdmin, siteMembers, type SiteRow } from '../../services/sites';
 import { parsePaging } from '../pagination';
@@ -28,7 +28,7 @@ const Tier = Type.Union(
   SITE_TIERS.map((t) => Type.Literal(t)),
   { description: SITE_TIERS.join(', ') },
 );
-const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '\\S', description: 'unique site name' });
+const Name = Type.String({ minLength: 1, maxLength: 100, pattern: NON_BLANK_TEXT, description: 'unique site name' });
 // services/sites.ts checks the name (domain/users.ts isIanaTimeZone); the document lists the runtime's zones (`x-roost-enum`).
 const TimeZone = Type.String({
   minLength: 1,

@@ -20,7 +20,7 @@ import type { FastifyRequest } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
-import { DateTime, HttpsUrl, NullableDateTime, pagingQuery, PageTokens, problems, SiteId } from '../../domain/schemas';
+import { DateTime, HttpsUrl, NullableDateTime, pagingQuery, PageTokens, problems, SiteId, NON_BLANK_TEXT } from '../../domain/schemas';
 import {
   type AttemptRow,
   createWebhook,
@@ -63,7 +63,7 @@ const DeliveryId = Type.String({ pattern: DELIVERY_ID_RE.source, description: 'd
 const Url = HttpsUrl('https URL receiving the deliveries (http and private addresses only with ROOST_WEBHOOK_ALLOW_PRIVATE)', {
   fragment: false,
 });
-const Name = Type.String({ minLength: 1, maxLength: 100, pattern: '\\S', description: 'label' });
+const Name = Type.String({ minLength: 1, maxLength: 100, pattern: NON_BLANK_TEXT, description: 'label' });
 // The handler names the unknown event in its 400 validation_failed; the document lists the catalog (`x-roost-enum`).
 const Event = Type.String({ minLength: 1, maxLength: 100, 'x-roost-enum': [...WEBHOOK_EVENTS] });
 const Events = Type.Array(Event, {

@@ -359,6 +359,27 @@ describe('the document says what the server enforces', () => {
     expect(new RegExp(NO_NUL).test('a\u0000b')).toBe(false);
   });
 
+  it('states the input rule in every pattern of a request string: none admits U+0000', () => {
+    const found: string[] = [];
+    const walk = (node: unknown, where: string): void => {
+      if (Array.isArray(node)) node.forEach((n, i) => walk(n, `${where}[${i}]`));
+      else if (node && typeof node === 'object') {
+        const n = node as Record<string, unknown>;
+        if (n.type === 'string' && typeof n.pattern === 'string') {
+          const re = new RegExp(n.pattern, 'u');
+          if (re.test('a\u0000b') || re.test('\u0000')) found.push(`${where}: ${n.pattern}`);
+        }
+        for (const [k, v] of Object.entries(n)) walk(v, `${where}.${k}`);
+      }
+    };
+    for (const [path, ops] of Object.entries<any>(doc.paths))
+      for (const [method, op] of Object.entries<any>(ops)) {
+        walk(op.parameters, `${method} ${path} parameters`);
+        walk(op.requestBody, `${method} ${path} body`);
+      }
+    expect(found).toEqual([]);
+  });
+
   it('closes bodies whose unknown fields are refused, and PATCH bodies need a change', () => {
     expect(body('/api/roosts', 'post').additionalProperties).toBe(false);
     const patchRoost = body('/api/roosts/{roostId}', 'patch');
