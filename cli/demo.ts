@@ -14,7 +14,7 @@ import { startStack, type RunningStack } from '../stack/run';
 import { bootstrap } from '../db/bootstrap';
 import { bootstrapSecret } from '../config/secrets';
 import { RoostClient, seg } from './client';
-import { push, type PushResult } from './push';
+import { push, pushTick, type PushResult } from './push';
 import { createProgress } from './progress';
 import { startFleet, verifyTree } from '../agent/fleet';
 import { resolveExtractDir } from '../agent/agent';
@@ -216,14 +216,7 @@ export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
           roostId,
           dir: work,
           description,
-          onProgress: (p) =>
-            progress.update({
-              stage: p.stage,
-              done: p.done,
-              total: p.total,
-              final: p.final ?? true,
-              bytes: p.stage === 'hash' || p.stage === 'upload',
-            }),
+          onProgress: (p) => progress.update(pushTick(p)),
         });
       } finally {
         progress.stop();

@@ -19,6 +19,7 @@
  * callers that drive them one after another.
  * Errors: ClientError from the API (problem code/status/detail), ChunkerError from the tree.
  */
+import type { Tick } from './progress';
 import { performance } from 'node:perf_hooks';
 import { type ChunkLocation, type ScanResult, type SkippedEntry, readChunk, scanTree } from './chunker';
 import { UploadWindow, uploadLimits } from './upload-window';
@@ -52,6 +53,11 @@ export interface PushProgress {
   final?: boolean;
   /** Stage-specific figures (files hashed, chunks uploaded, …). */
   detail?: Record<string, number>;
+}
+
+/** A push tick as the progress display (cli/progress.ts) takes it: hash and upload count bytes, the others items. */
+export function pushTick(p: PushProgress): Tick {
+  return { stage: p.stage, done: p.done, total: p.total, final: p.final ?? true, bytes: p.stage === 'hash' || p.stage === 'upload' };
 }
 
 export interface PushOptions {

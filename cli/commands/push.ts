@@ -7,7 +7,7 @@
 import { type Command } from 'commander';
 import { commandContext, formatBytes, positiveInt, withJson } from '../context';
 import { createProgress } from '../progress';
-import { push } from '../push';
+import { push, pushTick } from '../push';
 
 export function registerPush(program: Command): void {
   withJson(
@@ -37,14 +37,7 @@ export function registerPush(program: Command): void {
           concurrency: opts.concurrency,
           description: opts.description,
           expectedCurrentVersionId: opts.expectCurrent,
-          onProgress: (p) =>
-            progress.update({
-              stage: p.stage,
-              done: p.done,
-              total: p.total,
-              final: p.final ?? true,
-              bytes: p.stage === 'hash' || p.stage === 'upload',
-            }),
+          onProgress: (p) => progress.update(pushTick(p)),
         });
       } finally {
         progress.stop();
