@@ -82,6 +82,17 @@ export interface EnrolInput {
  */
 export async function enrolMachine(db: Pool, input: EnrolInput, tokenHash: string, staleSeconds: number): Promise<boolean> {
   const capabilities = input.capabilities === undefined ? null : JSON.stringify(input.capabilities);
+  /** $1..$8 of both statements: the machine's row as enrolment writes it. */
+  const row = [
+    input.siteId,
+    input.machineId,
+    input.hostname,
+    tokenHash,
+    input.agentVersion,
+    input.timezone ?? null,
+    input.timezoneIana ?? null,
+    capabilities,
+  ];
   return withTx(db, async (tx) => {
     const inserted = await tx.query<{ last_heartbeat: Date }>(
       `INSERT INTO machines (site_id, machine_id, hostname, agent_token_hash, agent_version, online, last_heartbeat,
@@ -89,16 +100,7 @@ export async function enrolMachine(db: Pool, input: EnrolInput, tokenHash: strin
        VALUES ($1, $2, $3, $4, $5, true, now(), $6, $7, COALESCE($8::jsonb, '{}'::jsonb), false, false, now(), now())
        ON CONFLICT (site_id, machine_id) DO NOTHING
        RETURNING last_heartbeat`,
-      [
-        input.siteId,
-        input.machineId,
-        input.hostname,
-        tokenHash,
-        input.agentVersion,
-        input.timezone ?? null,
-        input.timezoneIana ?? null,
-        capabilities,
-      ],
+      row,
     );
     let wasLive = false;
     let lastHeartbeat = inserted.rows[0]?.last_heartbeat;
@@ -114,17 +116,7 @@ export async function enrolMachine(db: Pool, input: EnrolInput, tokenHash: strin
          FROM (SELECT ${onlineExpr('p', '$9')} AS live FROM machines p WHERE p.site_id = $1 AND p.machine_id = $2) prev
          WHERE m.site_id = $1 AND m.machine_id = $2
          RETURNING prev.live AS was_live, m.last_heartbeat`,
-        [
-          input.siteId,
-          input.machineId,
-          input.hostname,
-          tokenHash,
-          input.agentVersion,
-          input.timezone ?? null,
-          input.timezoneIana ?? null,
-          capabilities,
-          staleSeconds,
-        ],
+        [...row, staleSeconds],
       );
       // Deleted between the two statements by a concurrent request: retried as a serialization failure.
       if (!updated.rows[0]) throw Object.assign(new Error('machine row vanished during enrolment'), { code: '40001' });
