@@ -70,22 +70,14 @@ export class PgProxy {
 }
 
 /**
- * Starts `node api/server.ts` on a free loopback port with its database reached through `proxy`; `env` adds
- * settings. It logs at info into the run's log file. Resolves with the process and its base URL once it listens.
+ * Starts `node -r tsx/cjs <entry>` (a path under the repository root) with `env` over this process's, its
+ * output teed into the run's log file, and resolves with the process and the match once its stdout matches `ready`; rejects with the tail of its
+ * stderr when it exits first.
  */
-export function startApiChild(proxy: PgProxy, env: Record<string, string> = {}): Promise<{ child: ChildProcess; url: string }> {
-  const cfg = testConfig();
-  const child = spawn(process.execPath, ['-r', 'tsx/cjs', path.join(ROOT, 'api', 'server.ts')], {
+export function startEntry(entry: string, env: NodeJS.ProcessEnv, ready: RegExp): Promise<{ child: ChildProcess; match: RegExpExecArray }> {
+  const child = spawn(process.execPath, ['-r', 'tsx/cjs', path.join(ROOT, entry)], {
     cwd: ROOT,
-    env: {
-      ...process.env,
-      ROOST_PG_DATABASE: testDatabase(),
-      DATABASE_URL: cfg.databaseUrl.replace(`:${cfg.ROOST_PG_PORT}/`, `:${proxy.port}/`),
-      ROOST_API_PORT: '0',
-      ROOST_API_HOST: '127.0.0.1',
-      ROOST_LOG_LEVEL: 'info',
-      ...env,
-    },
+    env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   // Its JSON lines are part of the suite's logs, grepped for secrets (test/support/test-log.ts).
@@ -97,11 +89,35 @@ export function startApiChild(proxy: PgProxy, env: Record<string, string> = {}):
     child.stderr!.on('data', (d) => (err += d));
     child.stdout!.on('data', (d) => {
       out += d;
-      const m = /listening on (http:\/\/\S+)/.exec(out);
-      if (m) resolve({ child, url: m[1] });
+      const match = ready.exec(out);
+      if (match) {
+        out = '';
+        resolve({ child, match });
+      }
     });
-    child.on('exit', (code) => reject(new Error(`api exited ${code}: ${err.slice(-2000)}`)));
+    child.on('exit', (code, signal) => reject(new Error(`${entry} exited ${code ?? signal}: ${err.slice(-2000)}`)));
   });
+}
+
+/**
+ * Starts `node api/server.ts` on a free loopback port with its database reached through `proxy`; `env` adds
+ * settings. It logs at info into the run's log file. Resolves with the process and its base URL once it listens.
+ */
+export async function startApiChild(proxy: PgProxy, env: Record<string, string> = {}): Promise<{ child: ChildProcess; url: string }> {
+  const cfg = testConfig();
+  const { child, match } = await startEntry(
+    path.join('api', 'server.ts'),
+    {
+      ROOST_PG_DATABASE: testDatabase(),
+      DATABASE_URL: cfg.databaseUrl.replace(`:${cfg.ROOST_PG_PORT}/`, `:${proxy.port}/`),
+      ROOST_API_PORT: '0',
+      ROOST_API_HOST: '127.0.0.1',
+      ROOST_LOG_LEVEL: 'info',
+      ...env,
+    },
+    /listening on (http:\/\/\S+)/,
+  );
+  return { child, url: match[1] };
 }
 
 /** SIGKILLs `child` and resolves once it is gone. */
