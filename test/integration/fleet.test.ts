@@ -11,6 +11,7 @@ import { newId, sha256Hex } from '../../domain/hex';
 import { CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import { fleetMachineIds, startFleet, verifyTree, type Fleet } from '../../agent/fleet';
+import type { CommandOutcome } from '../../agent/agent';
 
 let h: Harness;
 let baseUrl: string;
@@ -82,6 +83,35 @@ async function queueAll(machineIds: string[], type: string, params: Record<strin
   return new Map(machineIds.map((m, i) => [m, ids[i]]));
 }
 
+/**
+ * Waits for every listed command (machineId → commandId) for up to `timeoutMs`; when some are still out then,
+ * fails with what explains them: their rows' statuses, target states, the agents' state and recent warnings.
+ */
+async function waitOrExplain(fleet: Fleet, cmds: Map<string, string>, timeoutMs: number): Promise<CommandOutcome[]> {
+  const entries = [...cmds];
+  const settled = await Promise.allSettled(entries.map(([m, c]) => fleet.agent(m)!.waitForCommand(c, timeoutMs)));
+  const late = entries.filter((_, i) => settled[i].status === 'rejected');
+  if (late.length === 0) return settled.map((s) => (s as PromiseFulfilledResult<CommandOutcome>).value);
+  const lateIds = late.map(([m]) => m);
+  const commands = await h.deps.db.query(
+    `SELECT status, count(*)::INT AS n, min(machine_id) AS example FROM commands WHERE site_id = $1 AND command_id = ANY($2) GROUP BY status`,
+    [h.siteId, late.map(([, c]) => c)],
+  );
+  const targets = await h.deps.db.query(
+    `SELECT status, count(*)::INT AS n FROM roost_target_states WHERE site_id = $1 AND machine_id = ANY($2) GROUP BY status`,
+    [h.siteId, lateIds],
+  );
+  const agents = lateIds.slice(0, 5).map((m) => ({ machineId: m, running: fleet.agent(m)!.running, stats: fleet.agent(m)!.stats }));
+  const warnings = fleet.warnings.filter((w) => lateIds.some((m) => w.startsWith(`${m}:`))).slice(-20);
+  throw new Error(
+    `${late.length} of ${entries.length} commands not handled within ${timeoutMs} ms: ${JSON.stringify(
+      { commands: commands.rows, targets: targets.rows, agents, warnings, recentWarnings: fleet.warnings.slice(-10), stats: fleet.stats() },
+      null,
+      1,
+    )}`,
+  );
+}
+
 async function writeTree(dir: string, files: Record<string, Buffer>): Promise<void> {
   for (const [p, data] of Object.entries(files)) {
     await fs.mkdir(path.dirname(path.join(dir, p)), { recursive: true });
@@ -126,7 +156,7 @@ describe('startFleet', () => {
       expect(rows[0].n).toBe(COUNT);
       // Every agent receives and acknowledges a command through its long-poll.
       const cmds = await queueAll(fleet.machineIds, 'reboot_machine', { delaySeconds: 0 });
-      const outcomes = await fleet.waitForCommands(cmds, SLOW);
+      const outcomes = await waitOrExplain(fleet, cmds, SLOW - 30_000);
       expect(outcomes.every((o) => o.status === 'completed')).toBe(true);
       const done = await h.deps.db.query(
         `SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND type = 'reboot_machine' AND status = 'completed'`,
@@ -151,7 +181,7 @@ describe('startFleet', () => {
         extractRoot: 'D:\\Apps\\kiosk',
         attempt: 1,
       });
-      const outcomes = await fleet.waitForCommands(cmds, SLOW);
+      const outcomes = await waitOrExplain(fleet, cmds, SLOW - 30_000);
       expect(outcomes.filter((o) => o.status !== 'completed')).toEqual([]);
       const { rows } = await h.deps.db.query(
         `SELECT status, count(*)::INT AS n FROM roost_target_states WHERE site_id = $1 AND roost_id = 'fleet-roost' AND reported_version_id = $2 GROUP BY status`,
