@@ -24,7 +24,7 @@ import {
 } from '../domain/keys';
 import type { Scope } from '../domain/scopes';
 import type { UserRole } from '../domain/principal';
-import { type Queryable, withTx } from './pool';
+import { prepared, type Queryable, withTx } from './pool';
 import { accessibleSiteIds, mayActCondition, type SiteAccess, type SiteUser } from './sites';
 
 /** An `api_keys` row joined with its owner's email (times in epoch ms unless Date). */
@@ -233,6 +233,14 @@ export type AuthKeyRow = Pick<
   | 'email'
 > & { key_hash: string; role: UserRole; deleted: boolean };
 
+const AUTH_KEY_COLS = `k.key_id, k.key_hash, k.name, k.key_prefix, k.scopes, k.environment, k.is_legacy, k.primary_site_id, k.status,
+            k.expires_at, k.grace_until, k.last_used_at, u.uid, u.email, u.role, u.deleted`;
+const KEY_FOR_AUTH_SQL = `SELECT ${AUTH_KEY_COLS} FROM api_keys k JOIN users u ON u.uid = k.uid WHERE k.key_hash = $1`;
+const KEY_FOR_AUTH_SITE_SQL = `SELECT ${AUTH_KEY_COLS}, s.environment AS site_environment, s.roost_enabled AS site_roost_enabled
+       FROM api_keys k JOIN users u ON u.uid = k.uid
+       LEFT JOIN sites s ON s.site_id = $2 AND ${mayActCondition('s', 'u.uid', "u.role = 'superadmin'")}
+      WHERE k.key_hash = $1`;
+
 /**
  * The key whose digest is `digest` (SHA-256 hex of the raw key) with its owner; undefined when none. With
  * `siteId`, the same statement also reads what authorisation needs of that site for the key's owner
@@ -243,19 +251,15 @@ export async function keyForAuth(
   digest: string,
   siteId?: string,
 ): Promise<(AuthKeyRow & { site?: SiteAccess }) | undefined> {
-  const cols = `k.key_id, k.key_hash, k.name, k.key_prefix, k.scopes, k.environment, k.is_legacy, k.primary_site_id, k.status,
-            k.expires_at, k.grace_until, k.last_used_at, u.uid, u.email, u.role, u.deleted`;
+  // Named statements (db/pool.ts `prepared`): every authenticated API-key request sends one of them.
   if (siteId === undefined) {
-    const { rows } = await db.query<AuthKeyRow>(`SELECT ${cols} FROM api_keys k JOIN users u ON u.uid = k.uid WHERE k.key_hash = $1`, [
-      digest,
-    ]);
+    const { rows } = await prepared<AuthKeyRow>(db, 'auth_key', KEY_FOR_AUTH_SQL, [digest]);
     return rows[0];
   }
-  const { rows } = await db.query<AuthKeyRow & { site_environment: SiteAccess['environment'] | null; site_roost_enabled: boolean | null }>(
-    `SELECT ${cols}, s.environment AS site_environment, s.roost_enabled AS site_roost_enabled
-       FROM api_keys k JOIN users u ON u.uid = k.uid
-       LEFT JOIN sites s ON s.site_id = $2 AND ${mayActCondition('s', 'u.uid', "u.role = 'superadmin'")}
-      WHERE k.key_hash = $1`,
+  const { rows } = await prepared<AuthKeyRow & { site_environment: SiteAccess['environment'] | null; site_roost_enabled: boolean | null }>(
+    db,
+    'auth_key_site',
+    KEY_FOR_AUTH_SITE_SQL,
     [digest, siteId],
   );
   const row = rows[0];

@@ -6,9 +6,38 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { Pool, type PoolClient, type QueryResultRow } from 'pg';
 
+/**
+ * A statement with a name: `pg` prepares it once per connection (Parse) and later only binds and executes it,
+ * so the server parses and plans it once per connection instead of on every call (see `prepared`).
+ */
+export interface NamedStatement {
+  name: string;
+  text: string;
+  values?: unknown[];
+}
+
 /** Anything that can run a parameterised query: the pool or a transaction's client. */
 export interface Queryable {
   query<R extends QueryResultRow = QueryResultRow>(text: string, values?: unknown[]): Promise<{ rows: R[]; rowCount: number | null }>;
+  query<R extends QueryResultRow = QueryResultRow>(statement: NamedStatement): Promise<{ rows: R[]; rowCount: number | null }>;
+}
+
+/**
+ * Runs `text` as a named (prepared) statement: for the statements every request sends (authentication's
+ * key and site read, db/keys.ts `keyForAuth`), where planning cost the server several times what executing
+ * does (a three-table join with a membership subquery: ~0.4 ms of PostgreSQL CPU planned each time against
+ * ~0.1 ms prepared, docs/benchmarks.md "API overhead"). `name` must be unique per distinct `text` in the
+ * process (each connection keeps its prepared statements until it closes). Read-only statements only: a
+ * write must go through `query(text, values)` so an active TxObserver sees it (`createPool`). CockroachDB
+ * prepares named statements the same way over the wire protocol.
+ */
+export function prepared<R extends QueryResultRow = QueryResultRow>(
+  db: Queryable,
+  name: string,
+  text: string,
+  values: unknown[],
+): Promise<{ rows: R[]; rowCount: number | null }> {
+  return db.query<R>({ name, text, values });
 }
 
 export type Db = Pool;

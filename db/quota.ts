@@ -20,7 +20,7 @@ import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
 import { CHUNK_SIZE } from '../domain/version';
 import { recordEvent } from './events';
-import { type Queryable, withTx } from './pool';
+import { prepared, type Queryable, withTx } from './pool';
 
 const GiB = 1024 ** 3;
 
@@ -266,10 +266,13 @@ export async function reserveUploads(
  * primary-key probe per hash.
  */
 export async function reservedHashes(db: Queryable, siteId: string, hashes: string[]): Promise<string[]> {
-  const { rows } = await db.query<{ hash: string }>('SELECT hash FROM upload_reservations WHERE site_id = $1 AND hash = ANY($2::text[])', [
-    siteId,
-    hashes,
-  ]);
+  // A named statement (db/pool.ts `prepared`): every `POST /api/chunks/check` sends it beside db/chunks.ts `chunkRows`.
+  const { rows } = await prepared<{ hash: string }>(
+    db,
+    'reserved_hashes',
+    'SELECT hash FROM upload_reservations WHERE site_id = $1 AND hash = ANY($2::text[])',
+    [siteId, hashes],
+  );
   return rows.map((r) => r.hash);
 }
 

@@ -4,7 +4,7 @@
  * the only copy: authorisation (`authorizeSite`, api/plugins/auth.ts), the scope checks of new API keys
  * (db/keys.ts), `GET /api/whoami` and the operator bootstrap (db/bootstrap.ts) all call it.
  */
-import type { Queryable } from './pool';
+import { prepared, type Queryable } from './pool';
 
 /** The user whose access is asked about. */
 export interface SiteUser {
@@ -45,16 +45,16 @@ export interface SiteAccess {
   roost_enabled: boolean;
 }
 
+const SITE_ACCESS_SQL = `SELECT s.environment, s.roost_enabled FROM sites s WHERE s.site_id = $1 AND ${mayActCondition('s', '$2', '$3')}`;
+
 /**
  * The site's environment and roostEnabled flag when the site exists and `user` may act on it (the rule of
  * `accessibleSiteIds`), else undefined: one statement where authorisation used to send three (membership,
  * environment, roostEnabled).
  */
 export async function siteAccess(q: Queryable, user: SiteUser, siteId: string): Promise<SiteAccess | undefined> {
-  const { rows } = await q.query<SiteAccess>(
-    `SELECT s.environment, s.roost_enabled FROM sites s WHERE s.site_id = $1 AND ${mayActCondition('s', '$2', '$3')}`,
-    [siteId, user.uid, user.role === 'superadmin'],
-  );
+  // A named statement (db/pool.ts `prepared`): authorisation of every session or ID-token request sends it.
+  const { rows } = await prepared<SiteAccess>(q, 'site_access', SITE_ACCESS_SQL, [siteId, user.uid, user.role === 'superadmin']);
   return rows[0];
 }
 
