@@ -217,6 +217,12 @@ export class Agent extends EventEmitter {
       await this.transport.retrying(() => this.enrol());
       this.scheduleHeartbeats(every, Math.floor(every * this.random()));
     }
+    // stop() while the enrolment or first heartbeat was out: nothing more starts.
+    if (this.abort.signal.aborted) {
+      if (this.heartbeatTimer) clearTimeout(this.heartbeatTimer);
+      this.heartbeatTimer = undefined;
+      return;
+    }
     // Commands a previous run took and did not finish come first, in the order they were taken.
     for (const cmd of (await this.opts.journal?.pending()) ?? []) this.dispatch(cmd);
     this.pollLoop = this.runPollLoop();

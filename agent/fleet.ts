@@ -54,6 +54,11 @@ export interface FleetOptions extends AgentFaults {
   random?: () => number;
   /** fsync every assembled file (default false here: simulated machines share one disk; see AgentOptions). */
   fsyncFiles?: boolean;
+  /**
+   * Gives up the start when aborted (e.g. `AbortSignal.timeout(ms)`): the agents started so far are stopped
+   * and startFleet rejects with the signal's reason, so no agent outlives a start that failed.
+   */
+  signal?: AbortSignal;
   /** Extra per-agent options (e.g. hostname), by index. */
   perAgent?: (index: number, machineId: string) => Partial<AgentOptions>;
 }
@@ -126,7 +131,18 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
     await Promise.all([api.close(), poll.close()]).catch(() => undefined);
   };
   const limit = pLimit(opts.startConcurrency ?? 50);
-  const started = await Promise.allSettled(agents.map((a) => limit(() => a.start())));
+  const signal = opts.signal;
+  const starting = Promise.allSettled(
+    agents.map((a) => limit(() => (signal?.aborted ? Promise.reject(signal.reason as Error) : a.start()))),
+  );
+  let started: PromiseSettledResult<void>[];
+  try {
+    started = signal ? await Promise.race([starting, abortedPromise(signal)]) : await starting;
+  } catch (err) {
+    limit.clearQueue();
+    await stop();
+    throw err;
+  }
   const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
   if (failed) {
     await stop();
@@ -152,6 +168,14 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
     },
     stop,
   };
+}
+
+/** Rejects with the signal's reason once it aborts (at once when it already has). */
+function abortedPromise(signal: AbortSignal): Promise<never> {
+  return new Promise((_, reject) => {
+    if (signal.aborted) reject(signal.reason as Error);
+    else signal.addEventListener('abort', () => reject(signal.reason as Error), { once: true });
+  });
 }
 
 /** One difference between two trees; `path` is relative with forward slashes. */

@@ -137,9 +137,12 @@ describe('startFleet', () => {
       enrolmentSecret: secret,
       count: COUNT,
       rootDir: path.join(tmpRoot, 'fleet'),
-      heartbeatMs: 20_000,
-      pollWaitSeconds: 20,
+      // A thousand agents at rest cost the API about 1000/60 heartbeats plus 1000/30 polls a second; the API
+      // and the agents share this Jest worker's event loop, beside the other test files on two cores.
+      heartbeatMs: 60_000,
+      pollWaitSeconds: 30,
       downloadConcurrency: 32,
+      signal: AbortSignal.timeout(SLOW - 30_000),
     });
   }, SLOW);
   afterAll(async () => fleet?.stop());
