@@ -98,6 +98,9 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     http: { maxHeaderSize: MAX_HEADER_BYTES },
     // Agents hold keep-alive connections and long-polls; closing the app must not wait for them.
     forceCloseConnections: true,
+    // Building the OpenAPI document and the docs UI at start takes seconds on a busy 2-core machine; Fastify's
+    // 10 s default failed the start ("Plugin did not start in time") when the machine was saturated.
+    pluginTimeout: 60_000,
     genReqId: newRequestId,
     // `x-roost-*` keywords are document-only annotations (domain/schemas.ts pagingQuery, api/openapi.ts).
     ajv: {
