@@ -7,7 +7,16 @@
  * Workers of one process share one NativeConnection per address (a restarted worker reuses it); close
  * them with `closeWorkerConnections()` when the process is done with Temporal.
  */
-import { type LogLevel, NativeConnection, Runtime, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import fs from 'node:fs/promises';
+import {
+  type LogLevel,
+  type Logger as SdkLogger,
+  NativeConnection,
+  Runtime,
+  Worker,
+  bundleWorkflowCode,
+  type WorkflowBundleWithSourceMap,
+} from '@temporalio/worker';
 import type { Duration } from '@temporalio/common';
 import type { Config } from '../config/env';
 import { createActivities } from '../activities';
@@ -69,19 +78,41 @@ const REQUEST_ID_INTERCEPTORS = require.resolve('../workflows/request-id');
 const OTEL_WORKFLOW_INTERCEPTORS = require.resolve('@temporalio/interceptors-opentelemetry/lib/workflow-interceptors');
 
 /**
- * The workflow bundle of workflows/index.ts, built on first use and shared by every worker of the process;
- * with tracing on (telemetry/tracing.ts) it includes the OpenTelemetry workflow interceptors.
+ * Builds the workflow bundle of workflows/index.ts with webpack (seconds of CPU); `traced` adds the
+ * OpenTelemetry workflow interceptors. `logger` takes webpack's lines (default: the installed Runtime's).
+ */
+export function buildWorkflowBundle(traced: boolean, logger?: SdkLogger): Promise<WorkflowBundleWithSourceMap> {
+  return bundleWorkflowCode({
+    workflowsPath: WORKFLOWS_PATH,
+    workflowInterceptorModules: [REQUEST_ID_INTERCEPTORS, ...(traced ? [OTEL_WORKFLOW_INTERCEPTORS] : [])],
+    logger: logger ?? Runtime.instance().logger,
+  });
+}
+
+/**
+ * Environment variable naming a prebuilt untraced bundle (a JSON file `{code, sourceMap}` as
+ * buildWorkflowBundle returns it) that workflowBundle() loads instead of building one. The test suite's
+ * global setup (test/support/global-setup.ts) builds it once per run for every test file and the processes
+ * they spawn; nothing else sets it.
+ */
+export const PREBUILT_BUNDLE_ENV = 'ROOST_WORKFLOW_BUNDLE_FILE';
+
+/**
+ * The workflow bundle, built (or loaded from ROOST_WORKFLOW_BUNDLE_FILE when untraced) on first use and shared
+ * by every worker of the process; with tracing on (telemetry/tracing.ts) it includes the OpenTelemetry
+ * workflow interceptors.
  */
 export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
   installRuntime();
   const traced = activeTracing() !== undefined;
   if (bundle && bundleTraced !== traced) bundle = undefined;
   bundleTraced = traced;
-  bundle ??= bundleWorkflowCode({
-    workflowsPath: WORKFLOWS_PATH,
-    workflowInterceptorModules: [REQUEST_ID_INTERCEPTORS, ...(traced ? [OTEL_WORKFLOW_INTERCEPTORS] : [])],
-    logger: Runtime.instance().logger,
-  }).catch((err) => {
+  const prebuilt = traced ? undefined : process.env[PREBUILT_BUNDLE_ENV];
+  bundle ??= (
+    prebuilt
+      ? fs.readFile(prebuilt, 'utf8').then((text) => JSON.parse(text) as WorkflowBundleWithSourceMap)
+      : buildWorkflowBundle(traced)
+  ).catch((err) => {
     bundle = undefined;
     throw err;
   });

@@ -4,6 +4,7 @@ import fs from 'node:fs';
 import { testConfig } from './env';
 import { checkLogDir, describeCheck } from './log-leaks';
 import { BlobStore } from '../../storage/blob';
+import { PREBUILT_BUNDLE_ENV } from '../../worker/worker';
 
 export default async function globalTeardown(): Promise<void> {
   // The secret grep over this run's logs. scripts/run-tests.ts (`npm test`, CI) fails the run on a
@@ -14,6 +15,9 @@ export default async function globalTeardown(): Promise<void> {
     if (check.leaks.length > 0) process.stderr.write(`\n${describeCheck(logDir, check)}\n`);
     else if (!process.env.ROOST_KEEP_TEST_LOGS) fs.rmSync(logDir, { recursive: true, force: true });
   }
+  // The run's workflow bundle (global-setup.ts), when this run built it.
+  const bundleFile = process.env[PREBUILT_BUNDLE_ENV];
+  if (bundleFile?.includes(`workflow-bundle-${process.env.ROOST_TEST_DATABASE}.json`)) fs.rmSync(bundleFile, { force: true });
   const cfg = testConfig();
   if (cfg.embedded.postgres && process.env.ROOST_TEST_DATABASE?.startsWith('roost_test_')) {
     try {
