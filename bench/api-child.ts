@@ -13,7 +13,7 @@
  *   process's cache, services/version-bodies.ts), i.e. HTTP + the route's SQL + JSON.
  *
  * Driven over Node IPC. Parent → child: `start`, `stats`. Child → parent: `ready` (base URL), `stats`
- * (SQL statements sent through the pool since start), `failed`. Never run by hand; exits when the parent goes.
+ * (SQL statements sent through the pool since start, and the process's user+system CPU time so far, µs), `failed`. Never run by hand; exits when the parent goes.
  */
 import Fastify from 'fastify';
 import type { Pool } from 'pg';
@@ -27,7 +27,8 @@ import { closeServiceDeps, createServiceDeps } from '../services/deps';
 export type ApiChildStart = { mode: 'api'; logLevel: string; without: OptionalPlugin[] } | { mode: 'floor'; versionBody: unknown };
 
 export type ToApiChild = { type: 'start'; opts: ApiChildStart } | { type: 'stats' };
-export type FromApiChild = { type: 'ready'; url: string } | { type: 'stats'; queries: number } | { type: 'failed'; message: string };
+export type FromApiChild =
+  { type: 'ready'; url: string } | { type: 'stats'; queries: number; cpuMicros: number } | { type: 'failed'; message: string };
 
 /** The pool size services/deps.ts `createServiceDeps` gives the API. */
 export const POOL_SIZE = 20;
@@ -88,7 +89,8 @@ process.on('message', (msg: ToApiChild) => {
       (err) => send({ type: 'failed', message: (err as Error).stack ?? String(err) }),
     );
   } else if (msg.type === 'stats') {
-    send({ type: 'stats', queries });
+    const cpu = process.cpuUsage();
+    send({ type: 'stats', queries, cpuMicros: cpu.user + cpu.system });
   }
 });
 

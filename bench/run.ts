@@ -130,7 +130,13 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
       }
       if (wants('api')) {
         await attempt('api', () =>
-          benchApi(bench!, { connections: opts.connections, seconds: opts.seconds, ablations: opts.apiAblations, rootDir: benchDir }),
+          benchApi(bench!, {
+            connections: opts.connections,
+            seconds: opts.seconds,
+            rounds: opts.rounds,
+            ablations: opts.apiAblations,
+            rootDir: benchDir,
+          }),
         );
       }
     } finally {
