@@ -109,9 +109,7 @@ export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
   bundleTraced = traced;
   const prebuilt = traced ? undefined : process.env[PREBUILT_BUNDLE_ENV];
   bundle ??= (
-    prebuilt
-      ? fs.readFile(prebuilt, 'utf8').then((text) => JSON.parse(text) as WorkflowBundleWithSourceMap)
-      : buildWorkflowBundle(traced)
+    prebuilt ? fs.readFile(prebuilt, 'utf8').then((text) => JSON.parse(text) as WorkflowBundleWithSourceMap) : buildWorkflowBundle(traced)
   ).catch((err) => {
     bundle = undefined;
     throw err;
