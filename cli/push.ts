@@ -32,6 +32,23 @@ export const HASH_BATCH = 1000;
 /** Files read and hashed at once during the hash stage. */
 export const HASH_FILES_IN_FLIGHT = 8;
 
+/**
+ * Fewest chunks a push uploads before it confirms finished hash ranges ahead of publish (see
+ * `confirmBatchSize`): below this, publish's own storage lookup is cheap (a few hundred HEADs at most).
+ */
+export const CONFIRM_MIN_UPLOADS = 512;
+
+/**
+ * How many uploaded chunks one early confirmation (`POST /api/chunks/check` of chunks already PUT, which
+ * records them, docs/contract.md Chunks) carries, for a push uploading `uploads` chunks: about an eighth of
+ * them, at least 256 (the server lists storage rather than reading each blob from 256 on), at most 1000
+ * (the batch limit); 0 (no early confirmation) below CONFIRM_MIN_UPLOADS.
+ */
+export function confirmBatchSize(uploads: number): number {
+  if (uploads < CONFIRM_MIN_UPLOADS) return 0;
+  return Math.min(HASH_BATCH, Math.max(256, Math.ceil(uploads / 8)));
+}
+
 /** Per-attempt limit of the publish call: a cold publish of a large tree checks every new chunk's stored size (minutes for 10^4 chunks). */
 export const PUBLISH_TIMEOUT_MS = 15 * 60_000;
 /** Publish attempts after 412 precondition_failed with missingChunks. */
@@ -114,8 +131,12 @@ export interface PushResult {
    * to more than `wallMs`.
    */
   timings: Record<PushStage, number>;
+  /** When each stage first had work in flight and when its last work ended, ms since the push started. */
+  stageSpansMs: StageTimer['spans'];
   /** Wall time of the whole push in ms. */
   wallMs: number;
+  /** Uploaded chunks confirmed (recorded by the server) while later ones still uploaded, before publish. */
+  chunksConfirmedEarly: number;
   /** Most chunk PUTs in flight at once, and the limits the upload window ran with. */
   upload: { peakInFlight: number; maxChunks: number; maxBytes: number | null };
   /** The version body that was published (its JCS SHA-256 is versionId). */
@@ -139,14 +160,21 @@ interface UploadUrlsResponse {
  */
 export class StageTimer {
   readonly timings: Record<PushStage, number> = { hash: 0, check: 0, upload: 0, publish: 0 };
+  /** Per stage that ran: when its first run started and its last run ended, in ms since `origin`. */
+  readonly spans: Partial<Record<PushStage, { startMs: number; endMs: number }>> = {};
   private readonly active: Record<PushStage, number> = { hash: 0, check: 0, upload: 0, publish: 0 };
   private readonly since: Record<PushStage, number> = { hash: 0, check: 0, upload: 0, publish: 0 };
+  /** `origin`: performance.now() at the start of the push. */
+  constructor(private readonly origin = performance.now()) {}
   async run<T>(stage: PushStage, fn: () => Promise<T>): Promise<T> {
     if (this.active[stage]++ === 0) this.since[stage] = performance.now();
+    this.spans[stage] ??= { startMs: Math.round(this.since[stage] - this.origin), endMs: 0 };
     try {
       return await fn();
     } finally {
-      if (--this.active[stage] === 0) this.timings[stage] += Math.round(performance.now() - this.since[stage]);
+      const t = performance.now();
+      if (--this.active[stage] === 0) this.timings[stage] += Math.round(t - this.since[stage]);
+      this.spans[stage]!.endMs = Math.round(t - this.origin);
     }
   }
 }
@@ -338,9 +366,9 @@ export async function publishScan(
 export async function push(opts: PushOptions): Promise<PushResult> {
   const { client, siteId, roostId } = opts;
   const progress = opts.onProgress ?? (() => undefined);
-  const timer = new StageTimer();
   const t0 = performance.now();
-  const window = new UploadWindow(uploadLimits(opts.concurrency));
+  const timer = new StageTimer(t0);
+  const window = new UploadWindow(uploadLimits(opts.concurrency), 'key');
   const tally: UploadTally = { uploaded: new Set(), bytes: 0 };
   // The first failure ends everything: hashing (onEntry throws), queued PUTs, PUTs in flight.
   const stop = new AbortController();
@@ -366,7 +394,55 @@ export async function push(opts: PushOptions): Promise<PushResult> {
       detail: { chunksDone: c.upChunksDone, chunksTotal: c.upChunksTotal },
     });
 
-  /** One check batch, then its missing chunks' URLs, then their PUTs through the window. */
+  /**
+   * Early confirmation (docs/decisions/cli-push-pipeline.md): chunks upload in hash order (the window is
+   * keyed by hash), so hash ranges finish one after another while later ones upload. Once every chunk to
+   * upload is known, each finished range's chunks go to `POST /api/chunks/check` (the server finds them
+   * in storage by listing only that range, and records them), so publish no longer has to look the whole
+   * push up in storage after the last PUT; the last range is left to publish itself. Ranges are the 256
+   * two-hex-digit hash prefixes. A failed confirmation costs nothing but that saving (publish checks every
+   * chunk anyway), so its error is dropped.
+   */
+  const range = (hash: string): number => parseInt(hash.slice(0, 2), 16);
+  const rangePending = new Int32Array(256);
+  const rangeUploaded: string[][] = Array.from({ length: 256 }, () => []);
+  let nextRange = 0;
+  let confirmBuffer: string[] = [];
+  let confirmedEarly = 0;
+  const confirmations: Promise<void>[] = [];
+  const uploadsKnown = () => hashingDone && c.checkBatchesOpen === 0 && waiting.length === 0;
+  const sendConfirmation = (hashes: string[]): void => {
+    confirmations.push(
+      timer
+        .run('publish', () => client.post<{ missing: string[] }>('/api/chunks/check', { siteId, hashes }, { retrySafe: true }))
+        .then(
+          (res) => {
+            confirmedEarly += hashes.length - (res.missing?.length ?? 0);
+          },
+          () => undefined,
+        ),
+    );
+  };
+  const confirmFinishedRanges = (): void => {
+    if (!uploadsKnown() || stop.signal.aborted) return;
+    const size = confirmBatchSize(c.upChunksTotal);
+    if (size === 0) return;
+    while (nextRange < 256 && rangePending[nextRange] === 0) {
+      const hashes = rangeUploaded[nextRange++].sort();
+      if (confirmBuffer.length > 0 && confirmBuffer.length + hashes.length > HASH_BATCH) {
+        sendConfirmation(confirmBuffer);
+        confirmBuffer = [];
+      }
+      confirmBuffer.push(...hashes);
+      if (nextRange === 256) break; // the last range: publish looks it up itself, right after its PUTs
+      while (confirmBuffer.length >= size) {
+        sendConfirmation(confirmBuffer.slice(0, HASH_BATCH));
+        confirmBuffer = confirmBuffer.slice(HASH_BATCH);
+      }
+    }
+  };
+
+  /** One check batch, then its missing chunks' URLs, then their PUTs through the window (in hash order). */
   const checkAndUpload = async (batch: string[]): Promise<void> => {
     let missing: string[];
     let urls: Record<string, string>;
@@ -376,7 +452,7 @@ export async function push(opts: PushOptions): Promise<PushResult> {
         client.post<{ missing: string[] }>('/api/chunks/check', { siteId, hashes: batch }, { retrySafe: true }),
       );
       const lacking = new Set(res.missing ?? []);
-      missing = batch.filter((h) => lacking.has(h));
+      missing = batch.filter((h) => lacking.has(h)).sort();
       c.checked += batch.length;
       checkTick();
       urls = missing.length
@@ -386,7 +462,10 @@ export async function push(opts: PushOptions): Promise<PushResult> {
             )
           ).urls
         : {};
-      for (const h of missing) c.upTotal += seen.get(h)!.size;
+      for (const h of missing) {
+        c.upTotal += seen.get(h)!.size;
+        rangePending[range(h)] += 1;
+      }
       c.upChunksTotal += missing.length;
     } finally {
       requestsInFlight -= 1;
@@ -394,21 +473,29 @@ export async function push(opts: PushOptions): Promise<PushResult> {
     }
     uploadTick();
     sendChecks();
+    confirmFinishedRanges();
     // Settled, not all: the push returns (or throws) only once none of its PUTs is still running.
     const puts = await Promise.allSettled(
       missing.map((hash) => {
         const loc = seen.get(hash)!;
         return window
-          .run(loc.size, async () => {
-            const put = await timer.run('upload', () => putChunk(client, siteId, loc, hash, urls[hash], stop.signal));
-            if (put === 'created') {
-              tally.uploaded.add(hash);
-              tally.bytes += loc.size;
-            }
-            c.upDone += loc.size;
-            c.upChunksDone += 1;
-            uploadTick();
-          })
+          .run(
+            loc.size,
+            async () => {
+              const put = await timer.run('upload', () => putChunk(client, siteId, loc, hash, urls[hash], stop.signal));
+              if (put === 'created') {
+                tally.uploaded.add(hash);
+                tally.bytes += loc.size;
+              }
+              c.upDone += loc.size;
+              c.upChunksDone += 1;
+              rangeUploaded[range(hash)].push(hash);
+              rangePending[range(hash)] -= 1;
+              uploadTick();
+              confirmFinishedRanges();
+            },
+            hash,
+          )
           .catch((err: unknown) => {
             fail(err); // at once: PUTs in flight are aborted, queued ones never start
             throw err;
@@ -421,13 +508,17 @@ export async function push(opts: PushOptions): Promise<PushResult> {
 
   /** Sends full batches, and a partial one when the pipeline would otherwise idle (or hashing ended). */
   const sendChecks = (): void => {
+    let sent = false;
     while (waiting.length >= HASH_BATCH || (waiting.length > 0 && (hashingDone || (requestsInFlight === 0 && window.queued === 0)))) {
       if (stop.signal.aborted) return;
       const batch = waiting.slice(0, HASH_BATCH);
       waiting = waiting.slice(HASH_BATCH);
       c.checkBatchesOpen += 1;
       tasks.push(checkAndUpload(batch).catch((err: unknown) => fail(err)));
+      sent = true;
     }
+    // The check stage is under way from its first batch on, not only from the first answer.
+    if (sent) checkTick();
   };
 
   let scan: ScanResult | undefined;
@@ -466,9 +557,12 @@ export async function push(opts: PushOptions): Promise<PushResult> {
   if (!stop.signal.aborted) {
     checkTick();
     sendChecks();
+    confirmFinishedRanges();
   }
   // Tasks catch their own errors into fail(); a batch can still add PUTs to its own task, never new tasks.
   await Promise.all(tasks);
+  // Confirmations never reject; publish waits for them so the server records each chunk once.
+  await Promise.all(confirmations);
   if (stop.signal.aborted) throw stop.signal.reason;
   uploadTick();
   const ctx: StageContext = { client, siteId, scan: scan!, concurrency: opts.concurrency, onProgress: opts.onProgress };
@@ -500,7 +594,9 @@ export async function push(opts: PushOptions): Promise<PushResult> {
     skipped: scan!.skipped,
     replayed: published.replayed,
     timings: timer.timings,
+    stageSpansMs: timer.spans,
     wallMs: Math.round(performance.now() - t0),
+    chunksConfirmedEarly: confirmedEarly,
     upload: {
       peakInFlight: window.peakChunks,
       maxChunks: window.limits.maxChunks,

@@ -51,20 +51,27 @@ export function concurrencyFor(limits: UploadLimits, sizes: readonly number[]): 
 }
 
 /**
- * A first-come first-served window over chunk PUTs: `run(size, fn)` waits until `admits` lets a chunk
- * of `size` bytes start, runs `fn`, and frees its place when `fn` settles. Queued chunks start in the
- * order they were queued (a large chunk is never overtaken forever by small ones). `clear()` rejects
- * every queued chunk with `reason` (in-flight ones run on).
+ * A window over chunk PUTs: `run(size, fn, key)` waits until `admits` lets a chunk of `size` bytes start,
+ * runs `fn`, and frees its place when `fn` settles. Queued chunks start in the order they were queued, or,
+ * with `order: 'key'`, in ascending `key` order (ties in queueing order): `push()` keys chunks by hash so
+ * they finish roughly in hash order and a finished hash range can be confirmed while the rest uploads
+ * (docs/decisions/cli-push-pipeline.md). The head of the queue is never overtaken by a later chunk that
+ * would fit, so a large chunk waits only for bytes in flight to drain (and, in key order, for chunks
+ * queued later with smaller keys, finitely many per push). `clear()` rejects every queued chunk with
+ * `reason` (in-flight ones run on).
  */
 export class UploadWindow {
   private chunks = 0;
   private bytes = 0;
-  private readonly queue: { size: number; start: () => void; fail: (err: unknown) => void }[] = [];
+  private readonly queue: { size: number; key: string; start: () => void; fail: (err: unknown) => void }[] = [];
   /** Most chunks seen in flight at once, and most bytes (for reports and tests). */
   peakChunks = 0;
   peakBytes = 0;
 
-  constructor(readonly limits: UploadLimits) {}
+  constructor(
+    readonly limits: UploadLimits,
+    readonly order: 'fifo' | 'key' = 'fifo',
+  ) {}
 
   /** Chunks queued and not yet started. */
   get queued(): number {
@@ -76,9 +83,10 @@ export class UploadWindow {
     return { chunks: this.chunks, bytes: this.bytes };
   }
 
-  async run<T>(size: number, fn: () => Promise<T>): Promise<T> {
+  /** `key`: where the chunk queues under `order: 'key'` (ignored in FIFO order). */
+  async run<T>(size: number, fn: () => Promise<T>, key = ''): Promise<T> {
     if (this.queue.length > 0 || !admits(this.limits, this.inFlight, size)) {
-      await new Promise<void>((start, fail) => this.queue.push({ size, start, fail }));
+      await new Promise<void>((start, fail) => this.enqueue({ size, key, start, fail }));
     } else this.take(size);
     try {
       return await fn();
@@ -91,6 +99,22 @@ export class UploadWindow {
 
   clear(reason: unknown): void {
     for (const q of this.queue.splice(0)) q.fail(reason);
+  }
+
+  private enqueue(item: (typeof this.queue)[number]): void {
+    if (this.order === 'fifo') {
+      this.queue.push(item);
+      return;
+    }
+    // Binary search for the first queued key greater than this one (equal keys keep queueing order).
+    let lo = 0;
+    let hi = this.queue.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.queue[mid].key <= item.key) lo = mid + 1;
+      else hi = mid;
+    }
+    this.queue.splice(lo, 0, item);
   }
 
   private take(size: number): void {

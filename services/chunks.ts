@@ -23,7 +23,15 @@ import { recordVerifyResult } from '../db/sweeps';
 import { quotaTiers, recordChunks, reservedHashes, reserveUploads } from '../db/quota';
 import { ApiError } from '../domain/errors';
 import { CHUNK_SIZE } from '../domain/version';
-import { type BlobStore, DOWNLOAD_URL_TTL_MS, type SignedUrl, type StoredBlob, UPLOAD_URL_TTL_MS } from '../storage/blob';
+import {
+  type BlobStore,
+  chunkListingPrefixes,
+  DOWNLOAD_URL_TTL_MS,
+  listingShare,
+  type SignedUrl,
+  type StoredBlob,
+  UPLOAD_URL_TTL_MS,
+} from '../storage/blob';
 import type { ServiceDeps } from './deps';
 
 // ---------------------------------------------------------------------------------------------------
@@ -69,13 +77,16 @@ export const LIST_MIN_UNKNOWN = 256;
 export const HEADS_PER_LIST_PAGE = 50;
 
 /**
- * True when listing the site's chunk blobs (about one page per 5,000 of the chunks it holds, plus the new
- * ones) costs less than one HEAD per unrecorded chunk. A 1 GiB cold push has ~17,500 new chunks: 4 list
- * pages instead of 17,500 HEADs.
+ * True when listing the site's chunk blobs under the prefixes that cover `unknown` (storage/blob.ts
+ * chunkListingPrefixes: about one page per 5,000 of the chunks it holds there, plus the new ones) costs
+ * less than one HEAD per unrecorded chunk. A 1 GiB cold push has ~17,500 new chunks: 4 list pages instead
+ * of 17,500 HEADs. `unknown`: the hashes, or just their number (then the whole site is assumed listed).
  */
-export async function listingIsCheaper(db: Queryable, siteId: string, unknownCount: number): Promise<boolean> {
+export async function listingIsCheaper(db: Queryable, siteId: string, unknown: readonly string[] | number): Promise<boolean> {
+  const unknownCount = typeof unknown === 'number' ? unknown : unknown.length;
   if (unknownCount < LIST_MIN_UNKNOWN) return false;
-  const pages = Math.ceil(((await countChunks(db, siteId)) + unknownCount) / 5000);
+  const prefixes = typeof unknown === 'number' ? [''] : chunkListingPrefixes(unknown);
+  const pages = Math.max(prefixes.length, Math.ceil(((await countChunks(db, siteId)) * listingShare(prefixes) + unknownCount) / 5000));
   return pages * HEADS_PER_LIST_PAGE < unknownCount;
 }
 
@@ -121,7 +132,14 @@ export async function findMissingChunks(
   const unsound = await rehashChunks(db, blob, siteId, suspect);
   for (const h of unsound) conflicts.delete(h);
   const strategy = opts.strategy ?? 'auto';
-  const useList = strategy === 'list' || (strategy === 'auto' && (await listingIsCheaper(db, siteId, unknown.length)));
+  const useList =
+    strategy === 'list' ||
+    (strategy === 'auto' &&
+      (await listingIsCheaper(
+        db,
+        siteId,
+        unknown.map((r) => r.hash),
+      )));
   const stored = await lookUpBlobs(blob, siteId, unknown, useList);
   const found: ChunkRef[] = [];
   const missing = new Set<string>();
@@ -246,7 +264,7 @@ async function uploadedUnrecorded(deps: Pick<ServiceDeps, 'db' | 'blob' | 'cfg'>
     deps.blob,
     siteId,
     hashes.map((hash) => ({ hash })),
-    await listingIsCheaper(deps.db, siteId, hashes.length),
+    await listingIsCheaper(deps.db, siteId, hashes),
   );
   const refs: ChunkRef[] = [];
   await Promise.all(

@@ -32,6 +32,24 @@ export function chunkBlobName(siteId: string, hash: string): string {
   return `sites/${siteId}/chunks/${hash}`;
 }
 /**
+ * The hash prefixes a listing of a site's chunk blobs covers to find `hashes` (chunkBlobsByListing): the
+ * distinct two-hex-digit prefixes when there are at most 4 (1/64 of the site at most), else the distinct
+ * first digits when there are at most 8, else `['']` (the whole site, one listing).
+ */
+export function chunkListingPrefixes(hashes: Iterable<string>): string[] {
+  const two = new Set<string>();
+  for (const h of hashes) two.add(h.slice(0, 2));
+  if (two.size <= 4) return [...two].sort();
+  const one = new Set([...two].map((p) => p.slice(0, 1)));
+  return one.size <= 8 ? [...one].sort() : [''];
+}
+
+/** Share of a site's chunk blobs a listing of these hash prefixes reads (hashes are uniform hex). */
+export function listingShare(prefixes: readonly string[]): number {
+  return prefixes.reduce((sum, p) => sum + 16 ** -p.length, 0);
+}
+
+/**
  * Blob name where the bad bytes of a site's chunk are kept once quarantined (`actualDigest`: SHA-256 hex of
  * those bytes): outside the chunk prefix, so listings, upload and download URLs never reach it.
  */
@@ -214,19 +232,24 @@ export class BlobStore {
   }
 
   /**
-   * Sizes (bytes) and ETags of the site's chunk blobs among `wanted` (hash → blob), by listing the site's
-   * chunk prefix (5,000 blobs a page) instead of one HEAD per chunk: for a large set of new chunks a few
-   * list pages cost far less than thousands of property reads. Hashes absent from the map have no blob.
+   * Sizes (bytes) and ETags of the site's chunk blobs among `wanted` (hash → blob), by listing (5,000 blobs
+   * a page) instead of one HEAD per chunk: for a large set of new chunks a few list pages cost far less
+   * than thousands of property reads. Only the hash prefixes `chunkListingPrefixes(wanted)` names are
+   * listed, so chunks uploaded in hash order can be confirmed a hash range at a time, each range listed
+   * once. Hashes absent from the map have no blob.
    */
   async chunkBlobsByListing(siteId: string, wanted: ReadonlySet<string>): Promise<Map<string, StoredBlob>> {
-    const prefix = chunkBlobName(siteId, '');
+    const base = chunkBlobName(siteId, '');
     const found = new Map<string, StoredBlob>();
-    for await (const page of this.container('chunks').listBlobsFlat({ prefix }).byPage({ maxPageSize: 5000 })) {
-      for (const b of page.segment.blobItems) {
-        const hash = b.name.slice(prefix.length);
-        if (wanted.has(hash)) found.set(hash, { size: b.properties.contentLength ?? 0, etag: b.properties.etag ?? '' });
+    for (const hashPrefix of chunkListingPrefixes(wanted)) {
+      const prefix = base + hashPrefix;
+      for await (const page of this.container('chunks').listBlobsFlat({ prefix }).byPage({ maxPageSize: 5000 })) {
+        for (const b of page.segment.blobItems) {
+          const hash = b.name.slice(base.length);
+          if (wanted.has(hash)) found.set(hash, { size: b.properties.contentLength ?? 0, etag: b.properties.etag ?? '' });
+        }
+        if (found.size === wanted.size) return found;
       }
-      if (found.size === wanted.size) break;
     }
     return found;
   }

@@ -239,20 +239,32 @@ describe('publish recovery', () => {
 });
 
 describe('batching', () => {
-  it('checks and uploads more than 1000 distinct chunks in batches of at most 1000', async () => {
+  it('checks and uploads more than 1000 distinct chunks in batches of at most 1000, and confirms finished hash ranges early', async () => {
     const roostId = await createRoost();
     const dir = path.join(tmp, 'many');
     const salt = randomBytes(4).toString('hex');
     for (let i = 0; i < 1005; i++) await write(dir, `f/${String(i).padStart(4, '0')}.txt`, `${salt}:${i}`);
     const recording = new RecordingClient({ baseUrl: base, apiKey: h.apiKey });
     const res = await push({ client: recording, siteId: h.siteId, roostId, dir, concurrency: 16 });
-    const checked = recording.calls.filter((c) => c.path === '/api/chunks/check');
     const signed = recording.calls.filter((c) => c.path === '/api/chunks/upload-urls');
+    // A check whose hashes were all PUT already is an early confirmation; the others are the checks before upload.
+    const isConfirmation = (c: RecordedCall) => c.hashes.every((hash) => c.putBefore.has(hash));
+    const checked = recording.calls.filter((c) => c.path === '/api/chunks/check' && !isConfirmation(c));
+    const confirmed = recording.calls.filter((c) => c.path === '/api/chunks/check' && isConfirmation(c));
     // Pipelined: a batch leaves as soon as the pipeline would idle, never more than 1000 hashes, each hash once.
-    for (const c of [...checked, ...signed]) expect(c.hashes.length).toBeLessThanOrEqual(1000);
+    for (const c of [...checked, ...signed, ...confirmed]) expect(c.hashes.length).toBeLessThanOrEqual(1000);
     expect(new Set(checked.flatMap((c) => c.hashes)).size).toBe(1005);
     expect(checked.flatMap((c) => c.hashes)).toHaveLength(1005);
     expect(signed.flatMap((c) => c.hashes)).toHaveLength(1005);
+    // Early confirmations (cli/push.ts confirmBatchSize: 256 a call for 1005 uploads): each uploaded chunk at
+    // most once, only after its PUT, in hash order, the last range left to publish; the server found and recorded every one (none came back missing).
+    const early = confirmed.flatMap((c) => c.hashes);
+    expect(confirmed.length).toBeGreaterThanOrEqual(1);
+    for (const c of confirmed) expect(c.hashes.length).toBeGreaterThanOrEqual(256);
+    expect(new Set(early).size).toBe(early.length);
+    expect(early).toEqual([...early].sort());
+    expect(early.length).toBeLessThan(1005);
+    expect(res.chunksConfirmedEarly).toBe(early.length);
     expect(res).toMatchObject({ filesTotal: 1005, chunksTotal: 1005, chunksUploaded: 1005, versionNumber: 1 });
     expect(res.upload).toEqual({ peakInFlight: 16, maxChunks: 16, maxBytes: null });
     const files = await listAllFiles(client, h.siteId, roostId, 'current');
@@ -261,13 +273,26 @@ describe('batching', () => {
   });
 });
 
-/** A client that records the hashes of every chunk check and upload-urls call. */
+interface RecordedCall {
+  path: string;
+  hashes: string[];
+  /** Chunks whose PUT had completed when this call was made. */
+  putBefore: ReadonlySet<string>;
+}
+
+/** A client that records the hashes of every chunk check and upload-urls call, and which chunk PUTs had completed by then. */
 class RecordingClient extends RoostClient {
-  readonly calls: { path: string; hashes: string[] }[] = [];
+  readonly calls: RecordedCall[] = [];
+  private readonly put = new Set<string>();
   override post<T = unknown>(p: string, body: unknown, opts?: Parameters<RoostClient['post']>[2]): Promise<T> {
     const hashes = (body as { hashes?: unknown }).hashes;
-    if (Array.isArray(hashes)) this.calls.push({ path: p, hashes: hashes as string[] });
+    if (Array.isArray(hashes)) this.calls.push({ path: p, hashes: hashes as string[], putBefore: new Set(this.put) });
     return super.post<T>(p, body, opts);
+  }
+  override async putBlob(url: string, bytes: Buffer, opts?: Parameters<RoostClient['putBlob']>[2]): Promise<'created' | 'exists'> {
+    const res = await super.putBlob(url, bytes, opts);
+    this.put.add(/\/chunks\/([0-9a-f]{64})\?/.exec(url)![1]);
+    return res;
   }
 }
 

@@ -106,4 +106,34 @@ describe('UploadWindow', () => {
     expect(await d).toBe('d');
     expect(w.inFlight).toEqual({ chunks: 0, bytes: 0 });
   });
+
+  it('in key order starts queued chunks by ascending key (ties in queueing order)', async () => {
+    const w = new UploadWindow(uploadLimits(1), 'key');
+    const started: string[] = [];
+    const first = gate();
+    const runs = [w.run(1, () => first.done.then(() => started.push('m')), 'm')];
+    for (const [key, label] of [
+      ['f', 'f1'],
+      ['c', 'c'],
+      ['f', 'f2'],
+      ['a', 'a'],
+      ['z', 'z'],
+    ] as const) {
+      runs.push(w.run(1, async () => started.push(label), key));
+    }
+    expect(w.queued).toBe(5);
+    first.release();
+    await Promise.all(runs);
+    expect(started).toEqual(['m', 'a', 'c', 'f1', 'f2', 'z']);
+
+    // FIFO (the default) ignores keys.
+    const fifo = new UploadWindow(uploadLimits(1));
+    const order: string[] = [];
+    const hold = gate();
+    const more = [fifo.run(1, () => hold.done.then(() => order.push('x')), 'x')];
+    for (const key of ['q', 'b', 'k']) more.push(fifo.run(1, async () => order.push(key), key));
+    hold.release();
+    await Promise.all(more);
+    expect(order).toEqual(['x', 'q', 'b', 'k']);
+  });
 });
