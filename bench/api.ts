@@ -21,18 +21,16 @@
  * (autocannon's non-2xx and error counts are checked) and one answer of each server is checked for the
  * version id, so a broken server cannot pass for a fast one.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import autocannon from 'autocannon';
-import type { Config } from '../config/env';
-import { EnvSchema } from '../config/env';
 import { push } from '../cli/push';
 import { OPTIONAL_PLUGINS, type OptionalPlugin } from '../api/app';
-import type { ApiChildStart, FromApiChild, ToApiChild } from './api-child';
+import type { ApiChildStart } from './api-child';
 import { createRoost } from './push';
 import { writeSmallVersion } from './rollout';
+import { ServerChild } from './server-child';
 import type { BenchStack } from './stack';
 import { postgresCpuSeconds, postmasterPid } from './cpu';
 import { log, round } from './util';
@@ -93,69 +91,6 @@ export interface ApiFigures {
   };
   /** Per left-out plugin (or `logging` silenced): requests/s without it and the gain over the full app (%). */
   ablations: Record<string, LoadFigures & { gainPercent: number }>;
-}
-
-/** Environment of a child process for `cfg` (every setting spelled out, services reached as external). */
-export function childEnv(cfg: Config, extra: Record<string, string> = {}): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = { ...process.env };
-  for (const key of Object.keys(EnvSchema.properties)) {
-    const v = (cfg as unknown as Record<string, unknown>)[key];
-    if (v !== undefined && v !== null) env[key] = String(v);
-  }
-  env.DATABASE_URL = cfg.databaseUrl;
-  env.TEMPORAL_ADDRESS = cfg.temporalAddress;
-  return { ...env, ...extra };
-}
-
-/** One server child (bench/api-child.ts). */
-class ServerChild {
-  private constructor(
-    private readonly child: ChildProcess,
-    readonly url: string,
-  ) {}
-
-  static async start(cfg: Config, opts: ApiChildStart): Promise<ServerChild> {
-    // ROOST_BENCH_CPU_PROF_DIR: each server child writes a V8 CPU profile there when it exits (where the time goes).
-    const prof = process.env.ROOST_BENCH_CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.ROOST_BENCH_CPU_PROF_DIR}`] : [];
-    const child = spawn(process.execPath, [...prof, '--import', 'tsx', path.join(__dirname, 'api-child.ts')], {
-      cwd: path.join(__dirname, '..'),
-      env: childEnv(cfg),
-      // The app's log lines go nowhere, as they would go to a collector in production (written, not read).
-      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
-    });
-    const url = await new Promise<string>((resolve, reject) => {
-      child.on('message', (m: FromApiChild) => {
-        if (m.type === 'ready') resolve(m.url);
-        else if (m.type === 'failed') reject(new Error(`server child failed to start: ${m.message}`));
-      });
-      child.once('exit', (code) => reject(new Error(`server child exited with ${code} before it was ready`)));
-      child.send({ type: 'start', opts } satisfies ToApiChild);
-    });
-    return new ServerChild(child, url);
-  }
-
-  /** SQL statements sent through the child's pool so far, and the child's CPU time so far (µs). */
-  stats(): Promise<{ queries: number; cpuMicros: number }> {
-    return new Promise((resolve) => {
-      const onMsg = (m: FromApiChild) => {
-        if (m.type === 'stats') {
-          this.child.off('message', onMsg);
-          resolve({ queries: m.queries, cpuMicros: m.cpuMicros });
-        }
-      };
-      this.child.on('message', onMsg);
-      this.child.send({ type: 'stats' } satisfies ToApiChild);
-    });
-  }
-
-  async stop(): Promise<void> {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
-    const gone = new Promise((r) => this.child.once('exit', r));
-    this.child.disconnect();
-    const t = setTimeout(() => this.child.kill('SIGKILL'), 15_000);
-    await gone;
-    clearTimeout(t);
-  }
 }
 
 interface Target {

@@ -12,6 +12,8 @@
  *   --requests <n>        chunks/check requests (default 300)
  *   --stored-chunks <n>   chunks stored for the check benchmark (default 100000)
  *   --concurrency <n>     chunk PUTs in flight for the push (default: the CLI's automatic rule, cli/upload-window.ts)
+ *   --push-api <where>    where the cold push's API runs: `process` (default: a process of its own, as a remote
+ *                         API would) or `in-process` (the bench process, beside the CLI, as before)
  *   --rounds <n>          alternating rounds of the chunker benchmark (default 3)
  *   --connections <n>     autocannon connections of the api benchmark (default 10)
  *   --seconds <n>         seconds of each autocannon run of the api benchmark (default 10)
@@ -34,6 +36,8 @@ export interface BenchOptions {
   storedChunks: number;
   /** Chunk PUTs in flight for the push; undefined = the CLI's automatic rule. */
   concurrency?: number;
+  /** Where the cold push's API runs (bench/push.ts PushApi). */
+  pushApi: 'process' | 'in-process';
   rounds: number;
   connections: number;
   seconds: number;
@@ -84,6 +88,7 @@ export function parseOptions(argv: string[]): BenchOptions {
       requests: { type: 'string' },
       'stored-chunks': { type: 'string' },
       concurrency: { type: 'string' },
+      'push-api': { type: 'string' },
       rounds: { type: 'string' },
       connections: { type: 'string' },
       seconds: { type: 'string' },
@@ -106,6 +111,8 @@ export function parseOptions(argv: string[]): BenchOptions {
   const database = values.database ?? 'roost_bench';
   if (!/^[a-z_][a-z0-9_]{0,62}$/.test(database)) throw new Error(`--database must be a plain lowercase identifier (got ${database})`);
   const machines = positive('machines', values.machines, 1000);
+  const pushApi = values['push-api'] ?? 'process';
+  if (pushApi !== 'process' && pushApi !== 'in-process') throw new Error(`--push-api must be process or in-process (got ${pushApi})`);
   const pollWaitSeconds = positive('poll-wait', values['poll-wait'], 25);
   if (pollWaitSeconds > 30) throw new Error(`--poll-wait must be 1..30 seconds (got ${pollWaitSeconds})`);
   return {
@@ -121,6 +128,7 @@ export function parseOptions(argv: string[]): BenchOptions {
     requests: positive('requests', values.requests, 300),
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),
     concurrency: values.concurrency === undefined ? undefined : positive('concurrency', values.concurrency, 4),
+    pushApi,
     rounds: positive('rounds', values.rounds, 3),
     connections: positive('connections', values.connections, 10),
     seconds: positive('seconds', values.seconds, 10),

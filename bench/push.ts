@@ -9,20 +9,26 @@
  *    own limit). For the floor the chunks are cut into memory once and each run's upload URLs are
  *    requested before its clock starts; only the PUTs are timed. Every floor run and the push start from
  *    an empty Azurite (the bench Azurite is restarted empty in between, since its per-PUT cost grows
- *    with the number of blobs it holds), and all move exactly the same bytes.
+ *    with the number of blobs it holds), and all move exactly the same bytes. After the push the floor
+ *    runs once more at the sweep's fastest concurrency (the machine's load drifts); the floor figure is
+ *    the fastest of all these runs. CPU seconds of this process, Azurite and the API process, and this
+ *    process's main-thread utilisation, are reported per run (where the time went).
  * 3. `republish`: pushing the unchanged tree again (same body, so the same version id: the server finds
  *    every chunk and the version already current and changes nothing), in seconds, against `sha256sum`
  *    of the same file list. `rounds` alternating rounds, medians reported.
  */
 import pLimit from 'p-limit';
+import { performance } from 'node:perf_hooks';
 import { producerConfig, readChunk, scanTree, walkTree } from '../cli/chunker';
 import { push, type PushResult } from '../cli/push';
 import { concurrencyFor, uploadLimits } from '../cli/upload-window';
+import { RoostClient } from '../cli/client';
 import { CHUNK_SIZE } from '../domain/version';
+import { ServerChild } from './server-child';
 import { sha256sumFiles } from './sha256sum';
-import type { BenchSite, BenchStack } from './stack';
+import { type BenchSite, type BenchStack, CLIENT_TIMEOUT_MS } from './stack';
 import type { TreeInfo } from './tree';
-import { loadAverage, log, mbps, median, mib, now, round } from './util';
+import { loadAverage, log, mbps, median, mib, now, processCpuSeconds, round } from './util';
 
 /** A tree published by the cold push, reused by the republish benchmark. */
 export interface PublishedTree {
@@ -36,8 +42,44 @@ export interface PublishedTree {
 /** Concurrencies the upload floor tries; its figure is the fastest. */
 export const FLOOR_CONCURRENCIES = [4, 8, 16, 32, 64] as const;
 
+/**
+ * Where the CPU went during one timed run: seconds (user + system, all threads) of the bench process (the
+ * CLI side: push or plain PUTs; with `--push-api in-process` also the API), the bench Azurite and the
+ * API process, and the bench process's main-thread event-loop utilisation (0..1: busy share of the wall time).
+ */
+export interface RunCpu {
+  benchSeconds: number;
+  azuriteSeconds?: number;
+  apiSeconds?: number;
+  mainThreadBusy: number;
+}
+
+/** Starts measuring a run's CPU; the returned function ends it. */
+function cpuMeter(pids: { azurite?: number; api?: number }): () => RunCpu {
+  const c0 = process.cpuUsage();
+  const elu0 = performance.eventLoopUtilization();
+  const a0 = pids.azurite ? processCpuSeconds(pids.azurite) : undefined;
+  const p0 = pids.api ? processCpuSeconds(pids.api) : undefined;
+  return () => {
+    const c = process.cpuUsage(c0);
+    const a1 = pids.azurite ? processCpuSeconds(pids.azurite) : undefined;
+    const p1 = pids.api ? processCpuSeconds(pids.api) : undefined;
+    return {
+      benchSeconds: round((c.user + c.system) / 1e6),
+      ...(a0 !== undefined && a1 !== undefined ? { azuriteSeconds: round(a1 - a0) } : {}),
+      ...(p0 !== undefined && p1 !== undefined ? { apiSeconds: round(p1 - p0) } : {}),
+      mainThreadBusy: round(performance.eventLoopUtilization(elu0).utilization, 3),
+    };
+  };
+}
+
+/** Where the cold push's API runs: a process of its own (default, as a remote API would) or the bench process. */
+export type PushApi = 'process' | 'in-process';
+
 export interface ColdPushFigures {
   tree: { files: number; bytes: number };
+  /** Where the API ran (`--push-api`). */
+  api: PushApi;
   /** `--concurrency` when given, else `"auto"` (the CLI's rule, cli/upload-window.ts). */
   concurrency: number | 'auto';
   /** Distinct chunks and their bytes (what both sides upload). */
@@ -54,11 +96,18 @@ export interface ColdPushFigures {
     versionId: string;
     /** The upload window the push ran with, and the most PUTs it had in flight. */
     upload: PushResult['upload'] & { smallChunkConcurrency: number; fullChunkConcurrency: number };
+    /** When each stage started and ended (ms since the push started). */
+    stageSpansMs: PushResult['stageSpansMs'];
+    cpu: RunCpu;
   };
   /** The fastest run of `bestOf` (the store's limit): its concurrency, seconds, MB/s. */
   floor: { what: string; seconds: number; MBps: number; setupSeconds: number; concurrency: number };
   /** Every floor run: concurrency → seconds. */
   bestOf: Record<string, number>;
+  /** CPU of every floor run, by concurrency. */
+  floorCpu: Record<string, RunCpu>;
+  /** The floor run again after the push, at the sweep's fastest concurrency (the floor is the faster of the two). */
+  floorAfter: { concurrency: number; seconds: number; cpu: RunCpu };
   /** 1-minute load average when the push started and when it ended (/proc/loadavg). */
   loadAverage: { start: number; end: number };
   /** push seconds ÷ floor seconds (the fastest plain-PUT run). */
@@ -110,7 +159,9 @@ async function plainPut(url: string, bytes: Buffer): Promise<void> {
 async function uploadFloor(
   bench: BenchStack,
   tree: TreeInfo,
-): Promise<{ byConcurrency: Record<string, number>; setupSeconds: number; bytes: number; chunks: number }> {
+  api: { url?: string; pid?: number },
+  concurrencies: readonly number[] = FLOOR_CONCURRENCIES,
+): Promise<{ byConcurrency: Record<string, number>; cpu: Record<string, RunCpu>; setupSeconds: number; bytes: number; chunks: number }> {
   const s0 = now();
   const scan = await scanTree(tree.root);
   const hashes = [...scan.locations.keys()];
@@ -123,10 +174,11 @@ async function uploadFloor(
   }
   let setupSeconds = (now() - s0) / 1000;
   const byConcurrency: Record<string, number> = {};
-  for (const concurrency of FLOOR_CONCURRENCIES) {
+  const cpu: Record<string, RunCpu> = {};
+  for (const concurrency of concurrencies) {
     const s1 = now();
     await bench.resetStorage();
-    const site = await bench.newSite(`upload-floor-${concurrency}`);
+    const site = siteOn(await bench.newSite(`upload-floor-${concurrency}`), api.url);
     const urls: Record<string, string> = {};
     for (let i = 0; i < hashes.length; i += 1000) {
       const r = await site.client.post<{ urls: Record<string, string> }>(
@@ -138,37 +190,70 @@ async function uploadFloor(
     }
     setupSeconds += (now() - s1) / 1000;
     const limit = pLimit(concurrency);
+    const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid });
     const t0 = now();
     await Promise.all(hashes.map((h) => limit(() => plainPut(urls[h], buffers.get(h)!))));
     byConcurrency[concurrency] = round((now() - t0) / 1000);
+    cpu[concurrency] = meter();
     log(
-      `push: upload floor at concurrency ${concurrency}: ${byConcurrency[concurrency]} s (${mbps(bytes, byConcurrency[concurrency] * 1000)} MB/s, load ${loadAverage()})`,
+      `push: upload floor at concurrency ${concurrency}: ${byConcurrency[concurrency]} s (${mbps(bytes, byConcurrency[concurrency] * 1000)} MB/s, load ${loadAverage()}, cpu ${JSON.stringify(cpu[concurrency])})`,
     );
   }
   buffers.clear();
-  return { byConcurrency, setupSeconds, bytes, chunks: hashes.length };
+  return { byConcurrency, cpu, setupSeconds, bytes, chunks: hashes.length };
 }
 
-/** Runs benchmark 2; also returns the published tree for benchmark 3. */
+/** The same site reached through the API at `url` (the API process), or as it is (`url` undefined: the in-process API). */
+function siteOn(site: BenchSite, url: string | undefined): BenchSite {
+  if (!url) return site;
+  return { ...site, client: new RoostClient({ baseUrl: url, apiKey: site.apiKey, timeoutMs: CLIENT_TIMEOUT_MS }) };
+}
+
+/**
+ * Runs benchmark 2; also returns the published tree for benchmark 3 (reached through the in-process API).
+ * `api: 'process'` (default) serves the floor's upload URLs and the whole push from the real app in a
+ * process of its own session (bench/server-child.ts), stopped at the end.
+ */
 export async function benchColdPush(
   bench: BenchStack,
   tree: TreeInfo,
-  opts: { concurrency?: number },
+  opts: { concurrency?: number; api?: PushApi },
 ): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
-  const floor = await uploadFloor(bench, tree);
-  const [bestC, bestSeconds] = Object.entries(floor.byConcurrency).sort((a, b) => a[1] - b[1])[0];
-  log(`push: upload floor ${bestSeconds} s at concurrency ${bestC} (${mbps(floor.bytes, bestSeconds * 1000)} MB/s)`);
+  const apiWhere = opts.api ?? 'process';
+  const server =
+    apiWhere === 'process'
+      ? await ServerChild.start(bench.cfg, { mode: 'api', logLevel: bench.cfg.ROOST_LOG_LEVEL, without: [] }, { ownSession: true })
+      : undefined;
+  try {
+    return await coldPush(bench, tree, { concurrency: opts.concurrency, api: apiWhere, server });
+  } finally {
+    await server?.stop();
+  }
+}
+
+async function coldPush(
+  bench: BenchStack,
+  tree: TreeInfo,
+  opts: { concurrency?: number; api: PushApi; server?: ServerChild },
+): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
+  const api = { url: opts.server?.url, pid: opts.server?.pid };
+  if (opts.server) log(`push: the API runs in process ${opts.server.pid} (${opts.server.url})`);
+  const floor = await uploadFloor(bench, tree, api);
+  const [bestC, sweepSeconds] = Object.entries(floor.byConcurrency).sort((a, b) => a[1] - b[1])[0];
+  log(`push: upload floor ${sweepSeconds} s at concurrency ${bestC} (${mbps(floor.bytes, sweepSeconds * 1000)} MB/s)`);
   // Azurite gets slower the more blobs it holds: the push starts from the same (empty) storage.
   await bench.resetStorage();
 
-  const site = await bench.newSite('push');
+  const benchSite = await bench.newSite('push');
+  const site = siteOn(benchSite, api.url);
   const roostId = await createRoost(site, 'bench tree');
   const config = { ...producerConfig(), producer: 'roost-cli' as const };
   log(
     `push: cold push of ${mib(tree.bytes)} to ${site.siteId}/${roostId} at concurrency ${opts.concurrency ?? 'auto'} (load ${loadAverage()})`,
   );
-  let lastStage = '';
+  const stagesSeen = new Set<string>();
   const loadStart = loadAverage();
+  const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid });
   const t0 = now();
   const result = await push({
     client: site.client,
@@ -178,24 +263,32 @@ export async function benchColdPush(
     concurrency: opts.concurrency,
     config,
     onProgress: (p) => {
-      if (p.stage !== lastStage) log(`push: stage ${p.stage}`);
-      lastStage = p.stage;
+      if (!stagesSeen.has(p.stage)) log(`push: stage ${p.stage} began`);
+      stagesSeen.add(p.stage);
     },
   });
   const ms = now() - t0;
+  const cpu = meter();
   if (result.chunksUploaded !== floor.chunks || result.bytesUploaded !== floor.bytes) {
     throw new Error(
       `cold push uploaded ${result.chunksUploaded} chunks / ${result.bytesUploaded} bytes, the floor ${floor.chunks} / ${floor.bytes}`,
     );
   }
   const pushSeconds = ms / 1000;
+  const loadEnd = loadAverage();
+  log(`push: cold push ${round(pushSeconds)} s; the floor again at concurrency ${bestC} (the machine's load drifts)`);
+  await bench.resetStorage();
+  const again = await uploadFloor(bench, tree, api, [Number(bestC)]);
+  const afterSeconds = again.byConcurrency[bestC];
+  const bestSeconds = Math.min(sweepSeconds, afterSeconds);
   const limits = uploadLimits(opts.concurrency);
   log(
-    `push: cold push ${round(pushSeconds)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)})`,
+    `push: cold push ${round(pushSeconds)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)}, spans ${JSON.stringify(result.stageSpansMs)}, cpu ${JSON.stringify(cpu)})`,
   );
   return {
     figures: {
       tree: { files: result.filesTotal, bytes: result.bytesTotal },
+      api: opts.api,
       concurrency: opts.concurrency ?? 'auto',
       chunks: floor.chunks,
       uploadBytes: floor.bytes,
@@ -211,20 +304,24 @@ export async function benchColdPush(
           smallChunkConcurrency: concurrencyFor(limits, new Array<number>(256).fill(4096)),
           fullChunkConcurrency: concurrencyFor(limits, new Array<number>(256).fill(CHUNK_SIZE)),
         },
+        stageSpansMs: result.stageSpansMs,
+        cpu,
       },
       floor: {
-        what: `the fastest of parallel PUTs of the pre-cut chunks at concurrency ${FLOOR_CONCURRENCIES.join(', ')}`,
+        what: `the fastest of parallel PUTs of the pre-cut chunks at concurrency ${FLOOR_CONCURRENCIES.join(', ')}, and again at the fastest one after the push`,
         seconds: bestSeconds,
         MBps: mbps(floor.bytes, bestSeconds * 1000),
         setupSeconds: round(floor.setupSeconds),
         concurrency: Number(bestC),
       },
       bestOf: floor.byConcurrency,
-      loadAverage: { start: loadStart, end: loadAverage() },
+      floorAfter: { concurrency: Number(bestC), seconds: afterSeconds, cpu: again.cpu[bestC] },
+      floorCpu: floor.cpu,
+      loadAverage: { start: loadStart, end: loadEnd },
       timesFloor: round(pushSeconds / bestSeconds, 2),
       timesFloorAt4: round(pushSeconds / floor.byConcurrency['4'], 2),
     },
-    published: { site, roostId, versionId: result.versionId, config },
+    published: { site: benchSite, roostId, versionId: result.versionId, config },
   };
 }
 

@@ -20,7 +20,7 @@ import path from 'node:path';
 import type { Config } from '../config/env';
 import { RoostClient } from '../cli/client';
 import { push } from '../cli/push';
-import { childEnv } from './api';
+import { childEnv } from './server-child';
 import { createRoost } from './push';
 import { commandFloor, FleetProcess, fleetChildOptions, writeSmallVersion } from './rollout';
 import type { FleetTuning } from './options';

@@ -43,6 +43,8 @@ export interface BenchStack {
    * slows down as it holds more blobs). Returns false, doing nothing, with external storage.
    */
   resetStorage(): Promise<boolean>;
+  /** Process id of the bench's own Azurite (embedded default; undefined with external storage). */
+  azuritePid(): number | undefined;
   /** Stops everything, removes what the bench sites wrote (blobs, the database unless kept). */
   close(opts?: { keepDatabase?: boolean }): Promise<void>;
 }
@@ -165,6 +167,9 @@ export async function startBenchStack(opts: { database: string; worker: boolean 
         apiKey: r.apiKey,
         client: new RoostClient({ baseUrl: stack.urls.api, apiKey: r.apiKey, timeoutMs: CLIENT_TIMEOUT_MS }),
       };
+    },
+    azuritePid(): number | undefined {
+      return azurite?.pid;
     },
     async resetStorage(): Promise<boolean> {
       if (!azuriteDir || !azurite) return false;

@@ -3,6 +3,7 @@
  * statistics, throughput in MB/s (10^6 bytes per second) and a seeded PRNG (so the generated tree and
  * the request sets are the same on every run).
  */
+import fs from 'node:fs';
 import os from 'node:os';
 import { performance } from 'node:perf_hooks';
 
@@ -105,4 +106,22 @@ export function sleep(ms: number): Promise<void> {
 /** The 1-minute load average, two decimals. */
 export function loadAverage(): number {
   return round(os.loadavg()[0], 2);
+}
+
+/** Linux's USER_HZ: /proc reports CPU times in these ticks (100 on every mainstream architecture). */
+const USER_HZ = 100;
+
+/**
+ * CPU seconds (user + system, all threads) a process has used so far, from /proc/PID/stat; undefined when
+ * the process is gone or /proc is not there (not Linux).
+ */
+export function processCpuSeconds(pid: number): number | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Fields after the command (which may hold spaces) start after the last ')': state is field 3, utime 14, stime 15.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / USER_HZ;
+  } catch {
+    return undefined;
+  }
 }

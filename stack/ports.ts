@@ -16,6 +16,8 @@ export interface ServiceHandle {
   started: boolean;
   /** Whether the service is still running (services this process started; absent for reused ones). */
   running?(): boolean;
+  /** Process id of the service when this process started it (benchmarks read its CPU time from /proc). */
+  pid?: number;
   stop(): Promise<void>;
 }
 

@@ -254,7 +254,7 @@ export async function ensureAzurite(cfg: Config): Promise<ServiceHandle> {
     if ((await isListening(port)) && azuriteIsOurs(cfg)) return reused('azurite');
     throw new Error(`Azurite did not start on ${port}: ${(err as Error).message}${logTail(cfg, 'azurite')}`, { cause: err });
   }
-  return { name: 'azurite', started: true, running: () => runs(child), stop: () => stopChild(child) };
+  return { name: 'azurite', started: true, pid: child.pid, running: () => runs(child), stop: () => stopChild(child) };
 }
 
 /** Path of the Temporal CLI: TEMPORAL_BIN, the project-local venv (scripts/ensure-deps.sh), or PATH. */
