@@ -59,6 +59,13 @@ export interface AgentOptions extends AgentFaults, AgentIdentity {
   downloadLimit?: Limiter;
   /** Minimum gap between two progress reports of one sync (ms, default 1000). */
   progressIntervalMs?: number;
+  /**
+   * The compact sync protocol (docs/agent-protocol.md "Inline sync"; default true): polls ask for the
+   * inline sync of each sync_pull, status changes go with the command report in one request, and a status
+   * phase shorter than `progressIntervalMs` is not reported. false: one request per step, as agents built
+   * before it do.
+   */
+  inlineSync?: boolean;
   /** Upload a placeholder PNG for capture_screenshot (default true). */
   uploadScreenshots?: boolean;
   /** Random source (tests). */
@@ -378,7 +385,7 @@ export class Agent extends EventEmitter {
     let backoff = 500;
     while (!signal.aborted) {
       try {
-        const res = await this.transport.pollCommands(wait, signal);
+        const res = await this.transport.pollCommands(wait, signal, this.opts.inlineSync !== false);
         backoff = 500;
         for (const cmd of res.commands) this.dispatch(cmd);
         if (wait === 0) await sleep(1000, signal);
@@ -461,6 +468,7 @@ export class Agent extends EventEmitter {
       faults: this.faults,
       signal: this.abort.signal,
       progressIntervalMs: this.opts.progressIntervalMs ?? 1000,
+      compact: this.opts.inlineSync !== false,
       fsync: this.opts.fsyncFiles !== false,
       stats: this.stats,
     };

@@ -50,6 +50,8 @@ export interface FleetOptions extends AgentFaults {
   /** Agents enrolling at once during start-up (default 50). */
   startConcurrency?: number;
   progressIntervalMs?: number;
+  /** The compact sync protocol (AgentOptions.inlineSync, default true). */
+  inlineSync?: boolean;
   uploadScreenshots?: boolean;
   random?: () => number;
   /** fsync every assembled file (default false here: simulated machines share one disk; see AgentOptions). */
@@ -107,6 +109,7 @@ export async function startFleet(opts: FleetOptions): Promise<Fleet> {
         pollWaitSeconds: opts.pollWaitSeconds,
         downloadLimit,
         progressIntervalMs: opts.progressIntervalMs,
+        inlineSync: opts.inlineSync,
         uploadScreenshots: opts.uploadScreenshots,
         random: opts.random,
         corruptFirstDownloadRate: opts.corruptFirstDownloadRate,

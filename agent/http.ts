@@ -9,9 +9,12 @@ import type { Dispatcher } from 'undici';
 
 /**
  * Requests this process made so far: `api` to the Roost API (ApiClient), `blob` GETs of signed URLs
- * (fetchBytes). The fleet simulator (agent/fleet.ts) reports them as requests per synced machine.
+ * (fetchBytes). Of `api`: `command` the ones made while working on a command (withCommandContext: reports,
+ * version answers, download URLs), `delivering` the long-polls answered with at least one command
+ * (agent/transport.ts pollCommands); the rest is liveness (heartbeats, empty polls, config reads). The fleet
+ * simulator (agent/fleet.ts) reports them as requests per synced machine.
  */
-export const requestCounters = { api: 0, blob: 0 };
+export const requestCounters = { api: 0, blob: 0, command: 0, delivering: 0 };
 
 /** A W3C `traceparent` value: version, 32-hex trace id, 16-hex parent id, flags. */
 const TRACEPARENT_RE = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
@@ -143,6 +146,7 @@ export class ApiClient {
     }
     const { res, text } = await withRequestSignal(opts.signal, async (signal) => {
       requestCounters.api++;
+      if (commandContext.getStore()) requestCounters.command++;
       const dispatcher = opts.dispatcher ?? this.dispatcher;
       const r = await fetch(url, { method, headers, body, signal, ...(dispatcher ? { dispatcher } : {}) } as RequestInit);
       return { res: r, text: await r.text() };

@@ -39,7 +39,7 @@ import { SyncCancelled, SyncFailure, TERMINAL_COMMAND_STATUSES, errMessage } fro
 import { type FaultInjector, stagingFault } from './faults';
 import { fetchBytes, sleep } from './http';
 import { type MachineRoot, type Manifest, type StagedManifest, resolveExtractDir } from './machine-root';
-import type { AgentCommand } from './transport';
+import type { AgentCommand, CommandReport, DownloadUrls, InlineSync } from './transport';
 import { type KeyRing, verifySignature } from './trust';
 
 /**
@@ -74,6 +74,11 @@ export interface SyncContext extends CommandChannel {
   signal: AbortSignal;
   /** Minimum gap between two progress reports of one sync (ms). */
   progressIntervalMs: number;
+  /**
+   * The compact protocol (docs/agent-protocol.md "Inline sync"): use the poll's inline sync, send status
+   * changes with the command report, and leave out status phases shorter than `progressIntervalMs`.
+   */
+  compact?: boolean;
   /** fsync each assembled file before its rename. */
   fsync: boolean;
   stats: AgentStats;
@@ -98,26 +103,87 @@ function zeroCounters(): SyncCounters {
  * Target-state reports of one sync (`PUT /api/agent/roosts/{roostId}/state`): a status change is sent at
  * once, after any progress report in flight (so they arrive in order); progress at most once per
  * interval and never two at once. Counters are read when each report is sent.
+ *
+ * Compact protocol (`ctx.compact`): `change` sends a status change together with the command's status in
+ * one `POST /api/agent/commands/{commandId}` (field `targetState`), and only when the last report is at
+ * least `progressIntervalMs` old; otherwise it is sent when the interval is up, unless another change
+ * came first (a phase shorter than the interval is never reported). `finish` always sends at once.
  */
 class TargetStateReporter {
   private status: TargetStatus = 'pending';
   private lastReport = 0;
   private pending: Promise<unknown> = Promise.resolve();
   private reporting = false;
+  private deferred: NodeJS.Timeout | undefined;
+  /** Set when a compact report learned that the server closed the command. */
+  closedByServer: string | undefined;
+  /** Compact: the command's intermediate status that progress reports repeat. */
+  private commandStatus = 'downloading';
 
   constructor(
     private readonly ctx: SyncContext,
     private readonly roostId: string,
     private readonly versionId: string,
     private readonly counters: SyncCounters,
+    private readonly commandId: string,
   ) {}
 
   /** Status change: waits for any progress report in flight, then reports now. */
   async enter(next: TargetStatus, error?: string): Promise<void> {
+    this.cancelDeferred();
     this.status = next;
     await this.pending.catch(() => undefined);
     this.lastReport = Date.now();
     await this.send(error);
+  }
+
+  /** Compact: the status is `next` from now on, reported with the first progress report (none now). */
+  assume(next: TargetStatus): void {
+    this.status = next;
+    this.lastReport = Date.now();
+  }
+
+  /**
+   * Compact: a status change with the command's intermediate status. When the last report is at least an
+   * interval old it is sent now and awaited: a command the server closed meanwhile throws SyncCancelled
+   * (as the separate command report does). Otherwise it is sent when the interval is up unless a later
+   * report supersedes it; a closed command found then is kept in `closedByServer`.
+   */
+  async change(next: TargetStatus, command: CommandReport): Promise<void> {
+    this.cancelDeferred();
+    await this.pending.catch(() => undefined);
+    this.throwIfClosed();
+    this.status = next;
+    this.commandStatus = command.status;
+    const due = this.lastReport + this.ctx.progressIntervalMs - Date.now();
+    const fire = () => {
+      this.deferred = undefined;
+      this.lastReport = Date.now();
+      const sent = this.pending.catch(() => undefined).then(() => this.sendWithCommand(command));
+      this.pending = sent.catch((err) => this.ctx.warn(`status report failed: ${errMessage(err)}`));
+      return sent;
+    };
+    if (due > 0) {
+      this.deferred = setTimeout(() => void fire().catch(() => undefined), due);
+      this.deferred.unref?.();
+      return;
+    }
+    await fire();
+    this.throwIfClosed();
+  }
+
+  /** @throws SyncCancelled when a report learned that the server closed the command. */
+  throwIfClosed(): void {
+    if (this.closedByServer) throw new SyncCancelled(`command was closed by the server (${this.closedByServer})`);
+  }
+
+  /** Compact: the last status with the command's terminal status, at once, after any report in flight. */
+  async finish(next: TargetStatus, command: CommandReport, error?: string): Promise<{ status: string; applied: boolean }> {
+    this.cancelDeferred();
+    this.status = next;
+    await this.pending.catch(() => undefined);
+    this.lastReport = Date.now();
+    return this.sendWithCommand(command, error);
   }
 
   /** Progress: at most one report per interval, never two at once; failures are warnings. */
@@ -125,14 +191,58 @@ class TargetStateReporter {
     if (this.reporting || Date.now() - this.lastReport < this.ctx.progressIntervalMs) return;
     this.reporting = true;
     this.lastReport = Date.now();
-    this.pending = this.send()
-      .catch((err) => this.ctx.warn(`progress report failed: ${errMessage(err)}`))
-      .finally(() => (this.reporting = false));
+    // Compact: progress goes with the command's status, so it also tells the agent of a cancellation.
+    const sent = this.ctx.compact ? this.sendWithCommand({ status: this.commandStatus }).then(() => undefined) : this.send();
+    this.pending = sent.catch((err) => this.ctx.warn(`progress report failed: ${errMessage(err)}`)).finally(() => (this.reporting = false));
+  }
+
+  /** Drops a deferred status change (a later report supersedes it, or the sync ended). */
+  cancelDeferred(): void {
+    if (this.deferred) clearTimeout(this.deferred);
+    this.deferred = undefined;
   }
 
   private send(error?: string): Promise<void> {
     return this.ctx.transport.reportState(this.roostId, this.versionId, this.status, this.counters, error);
   }
+
+  private async sendWithCommand(command: CommandReport, error?: string): Promise<{ status: string; applied: boolean }> {
+    const r = await this.ctx.transport.reportCommand(this.commandId, {
+      ...command,
+      targetState: {
+        roostId: this.roostId,
+        reportedVersionId: this.versionId,
+        status: this.status,
+        ...this.counters,
+        ...(error ? { error } : {}),
+      },
+    });
+    if (!r.applied && TERMINAL_COMMAND_STATUSES.has(r.status)) this.closedByServer ??= r.status;
+    return r;
+  }
+}
+
+/** Inline URLs this close to expiry (ms) are not used; the agent asks the separate routes instead. */
+const INLINE_MARGIN_MS = 60_000;
+
+function fresh(expiresAt: string | undefined): boolean {
+  return typeof expiresAt === 'string' && Date.parse(expiresAt) - Date.now() > INLINE_MARGIN_MS;
+}
+
+/**
+ * The download-URL source of a sync: the poll's inline chunk URLs for hashes never served from them
+ * while they are fresh, else `POST /api/chunks/download-urls` (so a refresh after a 403 asks the API).
+ */
+function downloadUrlSource(ctx: SyncContext, inline: InlineSync | undefined): (hashes: string[]) => Promise<DownloadUrls> {
+  const served = new Set<string>();
+  const urls = inline?.chunkUrls;
+  return async (hashes) => {
+    if (urls && fresh(urls.expiresAt) && hashes.every((h) => urls.urls[h] && !served.has(h))) {
+      for (const h of hashes) served.add(h);
+      return { urls: Object.fromEntries(hashes.map((h) => [h, urls.urls[h]])), expiresAt: urls.expiresAt, missing: [] };
+    }
+    return ctx.transport.downloadUrls(hashes);
+  };
 }
 
 /**
@@ -144,8 +254,11 @@ async function fetchVerifiedVersion(
   ctx: SyncContext,
   roostId: string,
   versionId: string,
+  inline?: InlineSync,
 ): Promise<{ body: VersionBody; extractPath: string }> {
-  const info = await ctx.transport.versionInfo(roostId, versionId);
+  // The inline version answer is used when its body came with it or its body URL is still fresh.
+  const useInline = inline?.version?.versionId === versionId && (inline.body !== undefined || fresh(inline.version.expiresAt));
+  const info = useInline ? inline!.version : await ctx.transport.versionInfo(roostId, versionId);
   await verifySignature(
     { siteId: ctx.siteId, keys: ctx.keys, refresh: () => ctx.transport.refreshSigningKeys(), warn: ctx.warn },
     roostId,
@@ -153,12 +266,16 @@ async function fetchVerifiedVersion(
     info.signature,
     info.signingKeyId,
   );
-  const raw = await fetchBytes(info.versionUrl, ctx.signal);
   let body: VersionBody;
-  try {
-    body = JSON.parse(raw.toString('utf8'));
-  } catch {
-    throw new SyncFailure('version body is not JSON');
+  if (useInline && inline!.body !== undefined && inline!.body !== null && typeof inline!.body === 'object')
+    body = inline!.body as VersionBody;
+  else {
+    const raw = await fetchBytes(info.versionUrl, ctx.signal);
+    try {
+      body = JSON.parse(raw.toString('utf8'));
+    } catch {
+      throw new SyncFailure('version body is not JSON');
+    }
   }
   if (computeVersionId(body) !== versionId) throw new SyncFailure('version body does not hash to the versionId; refused');
   const invalid = validateVersionBody(body);
@@ -198,7 +315,9 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
   }
   const { roostId, versionId } = p;
   const staged = p.activation === 'staged';
-  const state = new TargetStateReporter(ctx, roostId, versionId, counters);
+  const state = new TargetStateReporter(ctx, roostId, versionId, counters, cmd.commandId);
+  const compact = ctx.compact === true;
+  const inline = compact ? cmd.sync : undefined;
   /** Command intermediate status; a command the server closed meanwhile stops the sync. */
   const commandStatus = async (s: string, pct: number) => {
     const r = await ctx.transport.reportCommand(cmd.commandId, { status: s, progress: pct });
@@ -213,13 +332,16 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
     return outcome('failed', errMessage(err));
   }
   try {
-    await state.enter('pending');
+    // Compact: `pending` and `downloading` are not reported on their own; the first progress report (or the
+    // final one) says where the sync is.
+    if (compact) state.assume('downloading');
+    else await state.enter('pending');
     if (ctx.faults.syncDelayMs) await sleep(ctx.faults.syncDelayMs, signal);
     if (signal.aborted) return outcome('abandoned');
     ctx.faults.checkSync();
 
     // 1. The version: its signature against the pinned site keys, then the body against its id.
-    const { body, extractPath } = await fetchVerifiedVersion(ctx, roostId, versionId);
+    const { body, extractPath } = await fetchVerifiedVersion(ctx, roostId, versionId, inline);
     const extractDir = resolveExtractDir(ctx.root.dir, p.extractRoot || extractPath || '');
     const extractRel = ctx.root.relative(extractDir);
 
@@ -230,10 +352,10 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
     const missing = await ctx.store.missing(plan.needed, counters);
 
     // 3. Download what the chunk store lacks.
-    await state.enter('downloading');
+    if (!compact) await state.enter('downloading');
     const download = {
       store: ctx.store,
-      downloadUrls: (h: string[]) => ctx.transport.downloadUrls(h),
+      downloadUrls: downloadUrlSource(ctx, inline),
       limit: ctx.limit,
       faults: ctx.faults,
       signal,
@@ -244,8 +366,11 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
     });
 
     // 4. Assemble: into the live extract root (immediate), or a complete tree in the staging area (staged).
-    await commandStatus('assembling', 50);
-    await state.enter('assembling');
+    if (compact) await state.change('assembling', { status: 'assembling', progress: 50 });
+    else {
+      await commandStatus('assembling', 50);
+      await state.enter('assembling');
+    }
     const manifest: Manifest = {
       roostId,
       versionId,
@@ -269,13 +394,21 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
       };
       await sealStagedTree(ctx.root, stagedManifest);
       // The final counters (progress reports are throttled); the target state stays `assembling` until activation.
-      await state.enter('assembling');
-      await ctx.transport.reportCommand(cmd.commandId, { status: 'completed', result: 'staged', progress: 100 });
+      if (compact) await state.finish('assembling', { status: 'completed', result: 'staged', progress: 100 });
+      else {
+        await state.enter('assembling');
+        await ctx.transport.reportCommand(cmd.commandId, { status: 'completed', result: 'staged', progress: 100 });
+      }
       ctx.stats.syncsStaged++;
     } else {
+      // A compact report that learned of a cancellation stops the sync before the live tree changes.
+      state.throwIfClosed();
       await commitTree(asm, manifest, prev, extractDir, plan, counters);
-      await state.enter('committed');
-      await ctx.transport.reportCommand(cmd.commandId, { status: 'completed', result: 'success', progress: 100 });
+      if (compact) await state.finish('committed', { status: 'completed', result: 'success', progress: 100 });
+      else {
+        await state.enter('committed');
+        await ctx.transport.reportCommand(cmd.commandId, { status: 'completed', result: 'success', progress: 100 });
+      }
       ctx.stats.syncsCommitted++;
       // Any staged tree of this roost is now superseded.
       await ctx.root.clearStaging(roostId).catch((err) => ctx.warn(`could not clear staging of ${roostId}: ${errMessage(err)}`));
@@ -287,14 +420,18 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
     ctx.stats.filesSkipped += counters.files_skipped;
     return outcome('completed', undefined, staged ? 'staged' : 'success');
   } catch (err) {
+    state.cancelDeferred();
     // A failed or interrupted staging leaves nothing behind (the live tree was never touched).
     if (staged) await discardStagedTree(ctx.root, roostId, versionId);
     if (signal.aborted) return outcome('abandoned', 'agent stopped');
     const message = errMessage(err);
     const cancelled = err instanceof SyncCancelled;
     try {
-      await state.enter(cancelled ? 'cancelled' : 'failed', message);
-      if (!cancelled) await ctx.transport.reportCommand(cmd.commandId, { status: 'failed', error: message });
+      if (compact && !cancelled) await state.finish('failed', { status: 'failed', error: message }, message);
+      else {
+        await state.enter(cancelled ? 'cancelled' : 'failed', message);
+        if (!cancelled) await ctx.transport.reportCommand(cmd.commandId, { status: 'failed', error: message });
+      }
     } catch (reportErr) {
       ctx.warn(`could not report failure of ${cmd.commandId}: ${errMessage(reportErr)}`);
     }

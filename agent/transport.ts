@@ -9,7 +9,7 @@ import type { Dispatcher } from 'undici';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import type { SyncCounters, TargetStatus } from '../domain/target-state';
-import { ApiClient, HttpError, type RequestOptions, isTransient, sleep } from './http';
+import { ApiClient, HttpError, type RequestOptions, isTransient, requestCounters, sleep } from './http';
 import { type MachineRoot, writeAtomic } from './machine-root';
 import type { KeyRing } from './trust';
 
@@ -60,6 +60,26 @@ export interface AgentCommand {
   traceparent?: string;
   /** Id of the API request the command was queued for (`X-Request-Id`): the agent's log lines about it carry it. */
   requestId?: string;
+  /** A sync_pull's inline sync (polls with `inline=sync`; docs/agent-protocol.md "Inline sync"). */
+  sync?: InlineSync;
+}
+
+/**
+ * What the long-poll answer carries for a sync_pull when asked with `inline=sync`: the version answer,
+ * and for a small version its body and the signed URLs of its chunks.
+ */
+export interface InlineSync {
+  version: VersionInfo & { versionId?: string; expiresAt?: string };
+  body?: unknown;
+  chunkUrls?: DownloadUrls;
+}
+
+/** A target state sent with a command report (one request for both). */
+export interface TargetStateReport extends SyncCounters {
+  roostId: string;
+  reportedVersionId: string;
+  status: TargetStatus;
+  error?: string;
 }
 
 /** A command report (`POST /api/agent/commands/{commandId}`); `progress` in percent. */
@@ -68,6 +88,8 @@ export interface CommandReport {
   progress?: number;
   result?: string;
   error?: string;
+  /** Stored with the report in one transaction (as `PUT /api/agent/roosts/{roostId}/state` would). */
+  targetState?: TargetStateReport;
 }
 
 /** The sync answer of a version (`GET /api/agent/roosts/{roostId}/versions/{versionId}`), as far as the agent reads it. */
@@ -259,9 +281,18 @@ export class AgentTransport {
     return this.call('GET', `/api/agent/installer/${encodeURIComponent(version)}`);
   }
 
-  /** GET /api/agent/commands?wait=… (long-poll, `wait` in seconds; no retry). */
-  pollCommands(wait: number, signal: AbortSignal): Promise<{ commands: AgentCommand[] }> {
-    return this.call('GET', '/api/agent/commands', { query: { wait }, signal, dispatcher: this.id.dispatchers?.poll });
+  /**
+   * GET /api/agent/commands?wait=… (long-poll, `wait` in seconds; no retry); `inline`: ask for each
+   * sync_pull's inline sync (`inline=sync`).
+   */
+  async pollCommands(wait: number, signal: AbortSignal, inline = false): Promise<{ commands: AgentCommand[] }> {
+    const res = await this.call<{ commands: AgentCommand[] }>('GET', '/api/agent/commands', {
+      query: inline ? { wait, inline: 'sync' } : { wait },
+      signal,
+      dispatcher: this.id.dispatchers?.poll,
+    });
+    if (res.commands?.length > 0) requestCounters.delivering++;
+    return res;
   }
 
   /**

@@ -8,9 +8,10 @@
  * site with a single query, so a thousand waiting agents cost four queries a second, not four thousand.
  */
 import { ApiError } from '../domain/errors';
-import { hexEqual, randomToken, sha256Hex } from '../domain/hex';
+import { hexEqual, isSha256Hex, randomToken, sha256Hex } from '../domain/hex';
 import type { SigningJwk } from '../domain/signature';
 import {
+  type AgentVersionRow,
   type CommandReport,
   type CommandRow,
   type EnrolInput,
@@ -31,9 +32,13 @@ import {
   siteEnrolmentSecretHash,
   upsertTargetState,
 } from '../db/machines';
+import { withTx } from '../db/pool';
+import type { VersionBody } from '../domain/version';
 import type { ServiceDeps } from './deps';
 import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from './signing';
 import { noteTargetReport } from './observability';
+import { loadVersionBody } from './version-bodies';
+import { downloadUrls } from './chunks';
 
 export type { CommandRow, HeartbeatInput, TargetStateRow };
 
@@ -260,22 +265,115 @@ export async function pollCommands(
 }
 
 /**
- * Applies an agent's command report (docs/agent-protocol.md "Commands").
- * @returns the command row after the report and `applied` (false when it was already closed).
- * @throws ApiError validation_failed for status `pending`, not_found when the command is not this machine's.
+ * A sync_pull command with what the agent would otherwise fetch in separate requests (the inline sync of
+ * `GET /api/agent/commands?inline=sync`, docs/agent-protocol.md "Inline sync").
+ */
+export type PolledCommand = CommandRow & { sync?: InlineSync };
+
+/** A version is inlined (body and chunk URLs) up to this many files and distinct chunks. */
+export const INLINE_MAX_FILES = 256;
+export const INLINE_MAX_CHUNKS = 256;
+
+/**
+ * What a sync_pull needs, carried by the long-poll answer: the version answer (as `GET
+ * /api/agent/roosts/{roostId}/versions/{versionId}`), and for a version of at most INLINE_MAX_FILES files
+ * and INLINE_MAX_CHUNKS distinct chunks its body and the signed URLs of all its chunks (as
+ * `POST /api/chunks/download-urls`).
+ */
+export interface InlineSync {
+  version: AgentVersionAnswer;
+  body?: VersionBody;
+  chunkUrls?: { urls: Record<string, string>; expiresAt: string; missing: string[] };
+}
+
+/**
+ * The inline sync of one sync_pull command, or undefined when its params do not name a version of a live
+ * roost of the site (the agent then asks the separate routes and gets their errors) or a body read fails.
+ */
+export async function inlineSyncFor(
+  deps: Pick<ServiceDeps, 'db' | 'cfg' | 'blob'>,
+  input: AgentIdentity & { roostId: unknown; versionId: unknown },
+): Promise<InlineSync | undefined> {
+  const { siteId, roostId, versionId } = input;
+  if (typeof roostId !== 'string' || typeof versionId !== 'string' || !isSha256Hex(versionId)) return undefined;
+  const row = await roostVersionForAgent(deps.db, siteId, roostId, versionId);
+  if (!row) return undefined;
+  const version = await versionAnswer(deps, siteId, roostId, versionId, row);
+  let body: VersionBody;
+  try {
+    body = await loadVersionBody(deps, siteId, roostId, versionId, row.blob_name);
+  } catch {
+    return { version };
+  }
+  const hashes = [...new Set(body.files.flatMap((f) => f.chunks.map((c) => c.hash)))];
+  if (body.files.length > INLINE_MAX_FILES || hashes.length > INLINE_MAX_CHUNKS) return { version };
+  const chunkUrls = hashes.length > 0 ? await downloadUrls(deps, { siteId, hashes }) : undefined;
+  return { version, body, ...(chunkUrls ? { chunkUrls } : {}) };
+}
+
+/**
+ * `pollCommands`, and with `inlineSync` each sync_pull handed out carries its InlineSync.
+ * @returns the claimed rows, oldest first (possibly none).
+ */
+export async function pollAgentCommands(
+  deps: Pick<ServiceDeps, 'db' | 'cfg' | 'blob'>,
+  waiters: CommandWaiters,
+  input: AgentIdentity & { waitSeconds: number; gone: AbortSignal; inlineSync: boolean },
+): Promise<PolledCommand[]> {
+  const rows: PolledCommand[] = await pollCommands(deps, waiters, input);
+  if (!input.inlineSync) return rows;
+  return Promise.all(
+    rows.map(async (r) => {
+      if (r.type !== 'sync_pull') return r;
+      const p = (r.params ?? {}) as Record<string, unknown>;
+      const sync = await inlineSyncFor(deps, {
+        siteId: input.siteId,
+        machineId: input.machineId,
+        roostId: p.roostId,
+        versionId: p.versionId,
+      });
+      return sync ? { ...r, sync } : r;
+    }),
+  );
+}
+
+/** A command report, optionally with the machine's target state of a roost (one request for both). */
+export type CommandReportInput = CommandReport & { targetState?: TargetStateReport & { roostId: string } };
+
+/**
+ * Applies an agent's command report (docs/agent-protocol.md "Commands"); with `targetState`, also stores
+ * that target state (as `PUT /api/agent/roosts/{roostId}/state`) in the same transaction: both or neither.
+ * The target state is stored even when the command was already closed (it is what the machine's disk holds).
+ * @returns the command row after the report, `applied` (false when it was already closed) and the stored
+ *   target state when one was sent.
+ * @throws ApiError validation_failed for status `pending`, not_found when the command is not this machine's
+ *   or targetState.roostId is not a live roost of the site, version_not_found when
+ *   targetState.reportedVersionId is not one of its versions.
  */
 export async function reportCommandStatus(
-  deps: Pick<ServiceDeps, 'db'>,
-  input: AgentIdentity & { commandId: string; report: CommandReport },
-): Promise<{ row: CommandRow; applied: boolean }> {
-  if (input.report.status === 'pending') {
+  deps: Pick<ServiceDeps, 'db' | 'cfg'>,
+  input: AgentIdentity & { commandId: string; report: CommandReportInput },
+): Promise<{ row: CommandRow; applied: boolean; targetState?: TargetStateRow }> {
+  const { targetState, ...report } = input.report;
+  if (report.status === 'pending') {
     throw new ApiError('validation_failed', 'status pending cannot be reported', {
       extras: { param: 'status', errors: { status: ['must not be pending'] } },
     });
   }
-  const r = await reportCommand(deps.db, input.siteId, input.machineId, input.commandId, input.report);
-  if (!r) throw new ApiError('not_found', 'command not found');
-  return { row: r.row, applied: r.changed };
+  if (!targetState) {
+    const r = await reportCommand(deps.db, input.siteId, input.machineId, input.commandId, report);
+    if (!r) throw new ApiError('not_found', 'command not found');
+    return { row: r.row, applied: r.changed };
+  }
+  const { roostId, ...state } = targetState;
+  await checkTargetVersion(deps, input.siteId, roostId, state.reportedVersionId, 'targetState.');
+  const r = await withTx(deps.db, async (tx) => {
+    const cmd = await reportCommand(tx, input.siteId, input.machineId, input.commandId, report);
+    if (!cmd) throw new ApiError('not_found', 'command not found');
+    return { ...cmd, stored: await upsertTargetState(tx, input.siteId, input.machineId, roostId, state) };
+  });
+  noteTargetReport(input.siteId, state.status, state.bytes_fetched, deps.cfg.ROOST_METRICS_MAX_SITES);
+  return { row: r.row, applied: r.changed, targetState: r.stored };
 }
 
 /**
@@ -335,6 +433,17 @@ export async function versionForAgent(
     if (!exists.roost) throw new ApiError('not_found', 'roost not found');
     throw new ApiError('version_not_found', 'version not found in this roost');
   }
+  return versionAnswer(deps, siteId, roostId, versionId, row);
+}
+
+/** The version answer of a looked-up version row (signed on first read). */
+async function versionAnswer(
+  deps: Pick<ServiceDeps, 'db' | 'cfg' | 'blob'>,
+  siteId: string,
+  roostId: string,
+  versionId: string,
+  row: AgentVersionRow,
+): Promise<AgentVersionAnswer> {
   const [sig] = await ensureVersionSignatures(deps.db, sealKeyOf(deps.cfg), siteId, [
     { roost_id: roostId, version_id: versionId, signature: row.signature, signing_key_id: row.signing_key_id },
   ]);
@@ -351,6 +460,25 @@ export async function versionForAgent(
   };
 }
 
+/**
+ * @throws ApiError not_found (param `<prefix>roostId`) for an unknown or deleted roost, version_not_found
+ *   (param `<prefix>reportedVersionId`) when the version is not one of its versions.
+ */
+async function checkTargetVersion(
+  deps: Pick<ServiceDeps, 'db'>,
+  siteId: string,
+  roostId: string,
+  versionId: string,
+  prefix: string,
+): Promise<void> {
+  const exists = await roostAndVersionExist(deps.db, siteId, roostId, versionId);
+  if (!exists.roost) throw new ApiError('not_found', 'roost not found', prefix ? { extras: { param: `${prefix}roostId` } } : undefined);
+  if (!exists.version)
+    throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
+      extras: { param: `${prefix}reportedVersionId` },
+    });
+}
+
 /** A target-state report as the agent sends it (counters are counts, `bytes_fetched` bytes). */
 export type TargetStateReport = TargetStateInput;
 
@@ -365,12 +493,7 @@ export async function reportTargetState(
   input: AgentIdentity & { roostId: string; report: TargetStateReport },
 ): Promise<TargetStateRow> {
   const { siteId, machineId, roostId, report } = input;
-  const exists = await roostAndVersionExist(deps.db, siteId, roostId, report.reportedVersionId);
-  if (!exists.roost) throw new ApiError('not_found', 'roost not found');
-  if (!exists.version)
-    throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
-      extras: { param: 'reportedVersionId' },
-    });
+  await checkTargetVersion(deps, siteId, roostId, report.reportedVersionId, '');
   const stored = await upsertTargetState(deps.db, siteId, machineId, roostId, report);
   noteTargetReport(siteId, report.status, report.bytes_fetched, deps.cfg.ROOST_METRICS_MAX_SITES);
   return stored;

@@ -16,7 +16,7 @@
  * (services/agent.ts), released when the server closes.
  */
 import type { FastifyReply } from 'fastify';
-import { Type } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { authorizeSite, requireAgent } from '../plugins/auth';
 import { TARGET_STATUSES } from '../../domain/target-state';
@@ -25,12 +25,15 @@ import {
   MAX_SCREENSHOT_BYTES,
   MAX_WAIT_SECONDS,
   enrolAgent,
-  pollCommands,
+  INLINE_MAX_CHUNKS,
+  INLINE_MAX_FILES,
+  pollAgentCommands,
   recordAgentHeartbeat,
   reportCommandStatus,
   reportTargetState,
   rotateEnrolmentSecret,
   storeScreenshot,
+  type TargetStateRow,
   versionForAgent,
 } from '../../services/agent';
 import { agentUpdateFor, installerDownload } from '../../services/installers';
@@ -92,19 +95,37 @@ const CommandReportBody = Type.Object(
   { additionalProperties: false },
 );
 
-const TargetStateBody = Type.Object(
-  {
-    reportedVersionId: Hex64,
-    status: Type.Union(TARGET_STATUSES.map((s) => Type.Literal(s))),
-    error: Type.Optional(Type.Union([Type.String({ maxLength: 65536 }), Type.Null()])),
-    chunks_fetched: Counter,
-    chunks_total: Counter,
-    chunks_dedup: Counter,
-    files_total: Counter,
-    files_assembled: Counter,
-    files_skipped: Counter,
-    bytes_fetched: Type.Optional(Type.Integer({ minimum: 0 })),
-  },
+const TargetStateFields = {
+  reportedVersionId: Hex64,
+  status: Type.Union(TARGET_STATUSES.map((s) => Type.Literal(s))),
+  error: Type.Optional(Type.Union([Type.String({ maxLength: 65536 }), Type.Null()])),
+  chunks_fetched: Counter,
+  chunks_total: Counter,
+  chunks_dedup: Counter,
+  files_total: Counter,
+  files_assembled: Counter,
+  files_skipped: Counter,
+  bytes_fetched: Type.Optional(Type.Integer({ minimum: 0 })),
+};
+
+const TargetStateBody = Type.Object(TargetStateFields, { additionalProperties: false });
+
+const CommandReportWithState = Type.Composite(
+  [
+    CommandReportBody,
+    Type.Object({
+      targetState: Type.Optional(
+        Type.Object(
+          { roostId: RoostId, ...TargetStateFields },
+          {
+            additionalProperties: false,
+            description:
+              'the target state of roost roostId, stored with the report in one transaction exactly as PUT /api/agent/roosts/{roostId}/state stores it (also when the command is already closed)',
+          },
+        ),
+      ),
+    }),
+  ],
   { additionalProperties: false },
 );
 
@@ -118,6 +139,45 @@ const TargetStateView = Type.Object({
   ...SyncCountersProps,
   updatedAt: DateTime,
 });
+
+const AgentVersionView = Type.Object({
+  roostId: Type.String(),
+  versionId: Type.String(),
+  versionNumber: Type.Integer(),
+  versionUrl: Type.String(),
+  expiresAt: DateTime,
+  extractPath: Type.String(),
+  signature: Type.String({ description: 'Ed25519 signature (base64url) of roost-version-v1:<siteId>:<roostId>:<versionId>' }),
+  signingKeyId: Type.String({ description: 'kid of the site key that made it' }),
+});
+
+const InlineSync = Type.Object(
+  {
+    version: AgentVersionView,
+    body: Type.Optional(
+      Type.Unknown({
+        description: `the version body (the JSON object whose SHA-256 of its JCS form is versionId), present for a version of at most ${INLINE_MAX_FILES} files and ${INLINE_MAX_CHUNKS} distinct chunks`,
+      }),
+    ),
+    chunkUrls: Type.Optional(
+      Type.Object(
+        {
+          urls: Type.Record(Type.String(), Type.String(), { description: 'digest → signed GET URL (read only, 15 minutes)' }),
+          expiresAt: DateTime,
+          missing: Type.Array(Type.String(), { description: 'digests of the version the site does not hold (no URL issued)' }),
+        },
+        {
+          description:
+            'as POST /api/chunks/download-urls answers for every distinct chunk of the body; present with body unless it has no chunks',
+        },
+      ),
+    ),
+  },
+  {
+    description:
+      'only with inline=sync and only on sync_pull commands whose params name a version of a live roost of the site: what GET /api/agent/roosts/{roostId}/versions/{versionId}, the body URL and POST /api/chunks/download-urls would answer',
+  },
+);
 
 const PendingCommand = Type.Object({
   commandId: Type.String(),
@@ -137,7 +197,28 @@ const PendingCommand = Type.Object({
         "id (`X-Request-Id`) of the API request the command was queued for: the request itself, or the one that started or last steered the workflow that queued it; for the agent's log lines",
     }),
   ),
+  sync: Type.Optional(InlineSync),
 });
+
+/** The stored target state as the agent routes answer it. */
+function targetStateView(s: TargetStateRow): Static<typeof TargetStateView> {
+  return {
+    siteId: s.site_id,
+    machineId: s.machine_id,
+    roostId: s.roost_id,
+    reportedVersionId: s.reported_version_id,
+    status: s.status,
+    error: s.error,
+    chunks_fetched: s.chunks_fetched,
+    chunks_total: s.chunks_total,
+    chunks_dedup: s.chunks_dedup,
+    files_total: s.files_total,
+    files_assembled: s.files_assembled,
+    files_skipped: s.files_skipped,
+    bytes_fetched: s.bytes_fetched,
+    updatedAt: s.updated_at.toISOString(),
+  };
+}
 
 /**
  * An AbortSignal that fires when the client hangs up before the answer is written (fleet stop, network),
@@ -298,6 +379,12 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: `Pending commands of this machine, oldest first; long-polls up to wait seconds (cap ${MAX_WAIT_SECONDS})`,
         querystring: Type.Object({
           wait: Type.Optional(Type.Integer({ minimum: 0, default: 0, description: `seconds, capped at ${MAX_WAIT_SECONDS}` })),
+          inline: Type.Optional(
+            Type.Literal('sync', {
+              description:
+                'sync: each sync_pull carries `sync` (its version answer, small body and chunk URLs: docs/agent-protocol.md "Inline sync")',
+            }),
+          ),
         }),
         response: { 200: Type.Object({ commands: Type.Array(PendingCommand) }), ...agentErrors },
       },
@@ -306,11 +393,12 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const agent = requireAgent(request);
       const hangUp = hangUpSignal(reply);
       try {
-        const rows = await pollCommands(app.deps, waiters, {
+        const rows = await pollAgentCommands(app.deps, waiters, {
           siteId: agent.siteId,
           machineId: agent.machineId,
           waitSeconds: request.query.wait ?? 0,
           gone: hangUp.signal,
+          inlineSync: request.query.inline === 'sync',
         });
         return {
           commands: rows.map((r) => ({
@@ -321,6 +409,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
             expiresAt: r.expires_at ? r.expires_at.toISOString() : null,
             ...(r.traceparent ? { traceparent: r.traceparent } : {}),
             ...(r.request_id ? { requestId: r.request_id } : {}),
+            ...(r.sync ? { sync: r.sync } : {}),
           })),
         };
       } finally {
@@ -338,8 +427,19 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary:
           'Report a command status: intermediate values keep it open, completed/failed/cancelled close it (reports on a closed command are no-ops)',
         params: Type.Object({ commandId: Type.String({ minLength: 1, maxLength: 64 }) }),
-        body: CommandReportBody,
-        response: { 200: Type.Composite([CommandState, Type.Object({ applied: Type.Boolean() })]), ...agentErrors },
+        body: CommandReportWithState,
+        response: {
+          200: Type.Composite([
+            CommandState,
+            Type.Object({
+              applied: Type.Boolean(),
+              targetState: Type.Optional(
+                Type.Composite([TargetStateView], { description: 'the stored target state, when targetState was sent' }),
+              ),
+            }),
+          ]),
+          ...agentErrors,
+        },
       },
     },
     async (request) => {
@@ -350,7 +450,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         commandId: request.params.commandId,
         report: request.body,
       });
-      return { ...commandView(r.row), applied: r.applied };
+      return { ...commandView(r.row), applied: r.applied, ...(r.targetState ? { targetState: targetStateView(r.targetState) } : {}) };
     },
   );
 
@@ -386,16 +486,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'Signed read URL (15 min) of a version body of a roost of this site',
         params: Type.Object({ roostId: RoostId, versionId: Hex64 }),
         response: {
-          200: Type.Object({
-            roostId: Type.String(),
-            versionId: Type.String(),
-            versionNumber: Type.Integer(),
-            versionUrl: Type.String(),
-            expiresAt: DateTime,
-            extractPath: Type.String(),
-            signature: Type.String({ description: 'Ed25519 signature (base64url) of roost-version-v1:<siteId>:<roostId>:<versionId>' }),
-            signingKeyId: Type.String({ description: 'kid of the site key that made it' }),
-          }),
+          200: AgentVersionView,
           ...agentErrors,
         },
       },
@@ -423,22 +514,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const agent = requireAgent(request);
       const { roostId } = request.params;
       const s = await reportTargetState(app.deps, { siteId: agent.siteId, machineId: agent.machineId, roostId, report: request.body });
-      return {
-        siteId: s.site_id,
-        machineId: s.machine_id,
-        roostId: s.roost_id,
-        reportedVersionId: s.reported_version_id,
-        status: s.status,
-        error: s.error,
-        chunks_fetched: s.chunks_fetched,
-        chunks_total: s.chunks_total,
-        chunks_dedup: s.chunks_dedup,
-        files_total: s.files_total,
-        files_assembled: s.files_assembled,
-        files_skipped: s.files_skipped,
-        bytes_fetched: s.bytes_fetched,
-        updatedAt: s.updated_at.toISOString(),
-      };
+      return targetStateView(s);
     },
   );
 };
