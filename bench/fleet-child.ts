@@ -39,12 +39,18 @@ export interface FleetChildStart {
   apiConnections?: number;
   /** Keep-alive connections per blob origin (default 64). */
   blobConnections?: number;
+  /** The agents' compact sync protocol (AgentOptions.inlineSync, default true). */
+  inlineSync?: boolean;
 }
 
 /** Request counters of one fleet process. */
 export interface FleetCounters {
   api: number;
   blob: number;
+  /** Of `api`: made while working on a command (agent/http.ts requestCounters). */
+  command: number;
+  /** Of `api`: long-polls answered with at least one command. */
+  delivering: number;
   /** User+system CPU seconds of the fleet process. */
   cpuSeconds: number;
 }
@@ -108,7 +114,13 @@ process.on('message', (msg: ToChild) => {
     const cpu = process.cpuUsage();
     send({
       type: 'counters',
-      counters: { api: requestCounters.api, blob: requestCounters.blob, cpuSeconds: (cpu.user + cpu.system) / 1e6 },
+      counters: {
+        api: requestCounters.api,
+        blob: requestCounters.blob,
+        command: requestCounters.command,
+        delivering: requestCounters.delivering,
+        cpuSeconds: (cpu.user + cpu.system) / 1e6,
+      },
     });
   } else if (msg.type === 'stop') {
     const done = async () => {

@@ -54,6 +54,8 @@ export interface FleetTuning {
   heartbeatMs: number;
   pollWaitSeconds: number;
   apiConnections: number;
+  /** The agents' compact sync protocol (docs/agent-protocol.md "Inline sync"); false with `--separate-sync`. */
+  inlineSync: boolean;
 }
 
 /** Machines per fleet process by default. */
@@ -85,6 +87,7 @@ export function parseOptions(argv: string[]): BenchOptions {
       'heartbeat-ms': { type: 'string' },
       'poll-wait': { type: 'string' },
       'api-connections': { type: 'string' },
+      'separate-sync': { type: 'boolean' },
       requests: { type: 'string' },
       'stored-chunks': { type: 'string' },
       concurrency: { type: 'string' },
@@ -124,6 +127,7 @@ export function parseOptions(argv: string[]): BenchOptions {
       heartbeatMs: positive('heartbeat-ms', values['heartbeat-ms'], defaultHeartbeatMs(machines)),
       pollWaitSeconds,
       apiConnections: positive('api-connections', values['api-connections'], 64),
+      inlineSync: values['separate-sync'] !== true,
     },
     requests: positive('requests', values.requests, 300),
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),

@@ -63,9 +63,12 @@ export interface RolloutFigures {
   /**
    * HTTP requests the agents made from the deploy request to the last commit, per committed machine:
    * `api` to the Roost API (long-polls, reports, heartbeats and every sync call), `blob` signed-URL GETs
-   * (version body, chunks), `total` both.
+   * (version body, chunks), `total` both. Of `total`: `sync` the requests of the sync itself (the long-poll
+   * that delivered the sync_pull, every request made for the command, the blob GETs), `liveness` the rest
+   * (heartbeats, long-polls that came back empty, config reads), which grows with the rollout's duration,
+   * not with the sync.
    */
-  requestsPerMachine: { api: number; blob: number; total: number };
+  requestsPerMachine: { api: number; blob: number; total: number; sync: number; liveness: number };
   /**
    * CPU seconds per 1,000 committed syncs over the same window: `api` the bench process (API and the
    * Temporal worker with the rollout workflow: they share it), `postgres` the whole cluster, `fleet` the
@@ -209,11 +212,16 @@ export class FleetProcess {
           }),
       ),
     );
-    return all.reduce((a, c) => ({ api: a.api + c.api, blob: a.blob + c.blob, cpuSeconds: a.cpuSeconds + c.cpuSeconds }), {
-      api: 0,
-      blob: 0,
-      cpuSeconds: 0,
-    });
+    return all.reduce(
+      (a, c) => ({
+        api: a.api + c.api,
+        blob: a.blob + c.blob,
+        command: a.command + c.command,
+        delivering: a.delivering + c.delivering,
+        cpuSeconds: a.cpuSeconds + c.cpuSeconds,
+      }),
+      { api: 0, blob: 0, command: 0, delivering: 0, cpuSeconds: 0 },
+    );
   }
 
   /** Stops every agent; resolves with the fleet's stats (summed over the processes). */
@@ -252,8 +260,16 @@ export class FleetProcess {
 }
 
 /** The fleet child options of a bench fleet tuning. */
-export function fleetChildOptions(t: FleetTuning): Pick<FleetStart, 'processes' | 'heartbeatMs' | 'pollWaitSeconds' | 'apiConnections'> {
-  return { processes: t.processes, heartbeatMs: t.heartbeatMs, pollWaitSeconds: t.pollWaitSeconds, apiConnections: t.apiConnections };
+export function fleetChildOptions(
+  t: FleetTuning,
+): Pick<FleetStart, 'processes' | 'heartbeatMs' | 'pollWaitSeconds' | 'apiConnections' | 'inlineSync'> {
+  return {
+    processes: t.processes,
+    heartbeatMs: t.heartbeatMs,
+    pollWaitSeconds: t.pollWaitSeconds,
+    apiConnections: t.apiConnections,
+    inlineSync: t.inlineSync,
+  };
 }
 
 /**
@@ -388,6 +404,8 @@ export async function benchRollout(
       api: round((req1.api - req0.api) / n, 2),
       blob: round((req1.blob - req0.blob) / n, 2),
       total: round((req1.api - req0.api + req1.blob - req0.blob) / n, 2),
+      sync: round((req1.command - req0.command + req1.delivering - req0.delivering + req1.blob - req0.blob) / n, 2),
+      liveness: round((req1.api - req0.api - (req1.command - req0.command) - (req1.delivering - req0.delivering)) / n, 2),
     };
     const cpuSecondsPer1000Syncs = {
       api: perThousand(cpu0.api, cpu1.api),
