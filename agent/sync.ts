@@ -15,6 +15,9 @@
  *      `completed` with result `staged`.
  *   Target state goes pending → downloading → assembling → committed | failed (| cancelled when the
  *   command was closed by the server meanwhile); progress is reported at most every `progressIntervalMs`.
+ *   Compact protocol (`SyncContext.compact`, docs/agent-protocol.md "Inline sync"): the version answer, body
+ *   and chunk URLs come with the command when the poll carried them, status changes go with the command
+ *   report in one request, and a phase shorter than `progressIntervalMs` is not reported.
  *
  * `roost_activate` `{ roostId, versionId, extractRoot }` switches a complete staged tree in, reports
  * `committed` with the staging run's counters and completes; `not_staged` when there is no such tree.

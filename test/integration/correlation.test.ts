@@ -123,13 +123,17 @@ it('one request id and one trace from the deploy request to the activities and t
     for (let p = s.parentSpanContext?.spanId; p && byId.has(p); p = byId.get(p)!.parentSpanContext?.spanId) names.push(byId.get(p)!.name);
     return names;
   };
-  const reports = spans.filter((s) => s.name === 'PUT /api/agent/roosts/:roostId/state' && s.spanContext().traceId === traceId);
+  // The reference agent sends its target states with its command reports (docs/agent-protocol.md "Inline sync").
+  const REPORT_ROUTES = ['POST /api/agent/commands/:commandId', 'PUT /api/agent/roosts/:roostId/state'];
+  const reports = spans.filter((s) => REPORT_ROUTES.includes(s.name) && s.spanContext().traceId === traceId);
   expect(reports.length).toBeGreaterThanOrEqual(2);
   for (const r of reports)
     expect(ancestors(r)).toEqual(expect.arrayContaining(['RunActivity:dispatchWave', 'POST /api/roosts/:roostId/deploy']));
   // Their log lines carry that trace too.
   const stateIds = new Set(
-    records.filter((r) => String((r.req as { url?: string } | undefined)?.url).endsWith('/state')).map((r) => r.requestId),
+    records
+      .filter((r) => /\/state$|\/api\/agent\/commands\/cmd_/.test(String((r.req as { url?: string } | undefined)?.url)))
+      .map((r) => r.requestId),
   );
   expect(records.some((r) => stateIds.has(r.requestId) && r.traceId === traceId)).toBe(true);
 
