@@ -41,6 +41,14 @@ export function withCommandContext<T>(cmd: { traceparent?: string; requestId?: s
 }
 
 /**
+ * Runs `fn` outside any command's context: what it starts (a restarted agent's poll and heartbeat loops
+ * after a reboot_machine) sends no command's `traceparent` and logs no command's ids.
+ */
+export function outsideCommandContext<T>(fn: () => T): T {
+  return commandContext.exit(fn);
+}
+
+/**
  * Log fields of the command being worked on (agent/service.ts): `requestId` (the API request it was queued
  * for) and `traceId` (of its `traceparent`), each only when the API sent it.
  */

@@ -10,7 +10,7 @@
 import type { CommandOutcome } from './commands';
 import { closeCommand } from './commands';
 import { errMessage } from './errors';
-import { sleep } from './http';
+import { outsideCommandContext, sleep } from './http';
 import type { AgentCommand, AgentTransport } from './transport';
 
 /** What a power command needs from the agent. */
@@ -41,6 +41,7 @@ export async function runPowerCommand(host: PowerHost, cmd: AgentCommand): Promi
     return closeCommand({ transport: host.transport, warn: host.warn }, cmd, 'failed', errMessage(err));
   }
   const out = await closeCommand({ transport: host.transport, warn: host.warn }, cmd, 'completed');
-  void host.powerCycle().catch((err) => host.warn(`${kind} restart failed: ${errMessage(err)}`));
+  // The restarted agent is not part of this command: its loops must not carry the command's trace context.
+  void outsideCommandContext(() => host.powerCycle()).catch((err) => host.warn(`${kind} restart failed: ${errMessage(err)}`));
   return out;
 }
