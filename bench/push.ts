@@ -93,6 +93,8 @@ export interface ColdPushFigures {
     treeMBps: number;
     stagesMs: PushResult['timings'];
     chunksUploaded: number;
+    /** Uploaded chunks confirmed (recorded) by hash range while later ones uploaded, before publish. */
+    chunksConfirmedEarly: number;
     versionId: string;
     /** The upload window the push ran with, and the most PUTs it had in flight. */
     upload: PushResult['upload'] & { smallChunkConcurrency: number; fullChunkConcurrency: number };
@@ -298,6 +300,7 @@ async function coldPush(
         treeMBps: mbps(result.bytesTotal, ms),
         stagesMs: result.timings,
         chunksUploaded: result.chunksUploaded,
+        chunksConfirmedEarly: result.chunksConfirmedEarly,
         versionId: result.versionId,
         upload: {
           ...result.upload,
