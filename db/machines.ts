@@ -29,6 +29,20 @@ export const TERMINAL_COMMAND_STATUSES = ['completed', 'failed', 'cancelled'] as
 export const MAX_ERROR_LENGTH = 2000;
 
 /** SQL: machine is online (agent-reported and heartbeat fresh). `$stale` is the placeholder of the stale seconds. */
+/** SET list of a heartbeat's UPDATE: liveness now, and every snapshot field sent ($3..$13; absent ones keep their value). */
+const HEARTBEAT_SET = `online = true, last_heartbeat = now(), updated_at = now(),
+  agent_version = COALESCE($3, agent_version),
+  hostname = COALESCE($4, hostname),
+  machine_timezone = COALESCE($5, machine_timezone),
+  machine_timezone_iana = COALESCE($6, machine_timezone_iana),
+  metrics = COALESCE($7::jsonb, metrics),
+  processes = COALESCE($8::jsonb, processes),
+  info = COALESCE($9::jsonb, info),
+  capabilities = COALESCE($10::jsonb, capabilities),
+  cortex_enabled = COALESCE($11, cortex_enabled),
+  rebooting = COALESCE($12, rebooting),
+  shutting_down = COALESCE($13, shutting_down)`;
+
 function onlineExpr(alias: string, stale: string): string {
   return `(${alias}.online AND ${alias}.last_heartbeat IS NOT NULL AND ${alias}.last_heartbeat > now() - (${stale}::INT * INTERVAL '1 second'))`;
 }
@@ -36,6 +50,15 @@ function onlineExpr(alias: string, stale: string): string {
 /** SQL: a command row that may be handed to its agent now. */
 const DELIVERABLE = `status = 'pending' AND (expires_at IS NULL OR expires_at > now())
   AND (delivered_at IS NULL OR delivered_at < now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second'))`;
+
+/**
+ * What a heartbeat answers besides its time ($1 site, $2 machine): `n` the machine's deliverable commands,
+ * `stamp` what its managed-process config depends on (every config row, deleted ones included, and the
+ * site's time zone; services/agent.ts processConfigStamp).
+ */
+const AFTER_BEAT = `(SELECT count(*)::INT FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}) AS n,
+  (SELECT count(*)::TEXT || '/' || COALESCE(max(updated_at)::TEXT, '-') FROM managed_processes WHERE site_id = $1 AND machine_id = $2)
+    || '/' || COALESCE((SELECT timezone FROM sites WHERE site_id = $1), '') AS stamp`;
 
 /** `e` cut to MAX_ERROR_LENGTH chars (ending in an ellipsis when cut); null stays null. */
 export function truncateError(e: string | null | undefined): string | null {
@@ -164,43 +187,51 @@ export async function recordHeartbeat(
   hb: HeartbeatInput,
   staleSeconds: number,
 ): Promise<{ serverTime: Date; pendingCommands: number; processConfigStamp: string } | null> {
+  const j = (v: unknown) => (v === undefined ? null : JSON.stringify(v));
+  const values = [
+    siteId,
+    machineId,
+    hb.agentVersion ?? null,
+    hb.hostname ?? null,
+    hb.timezone ?? null,
+    hb.timezoneIana ?? null,
+    j(hb.metrics),
+    j(hb.processes),
+    j(hb.info),
+    j(hb.capabilities),
+    hb.cortexEnabled ?? null,
+    hb.rebooting ?? null,
+    hb.shuttingDown ?? null,
+  ];
+  // A machine that is online stays online: one statement, no event, so no read-then-write transaction,
+  // and the statement also answers what the heartbeat returns (AFTER_BEAT). In PostgreSQL's SERIALIZABLE,
+  // heartbeats of neighbouring machines (one B-tree leaf page of the primary key) each read the page and
+  // wrote a new row version into it, a read/write cycle that aborted most of them once a fleet beat at once
+  // (3,219 of 3,304 retries in a 1,000-machine rollout, docs/benchmarks.md "Heartbeats without
+  // serialization retries"). A single statement needs no transaction of its own (CockroachDB retries an
+  // implicit transaction itself). Only a machine coming (back) online, which records `machine.online` with
+  // its state change, takes the transaction below.
+  const live = await db.query<{ last_heartbeat: Date; n: number; stamp: string }>(
+    `WITH beat AS (
+       UPDATE machines SET ${HEARTBEAT_SET}
+        WHERE site_id = $1 AND machine_id = $2 AND ${onlineExpr('machines', '$14')}
+        RETURNING last_heartbeat)
+     SELECT beat.last_heartbeat, ${AFTER_BEAT} FROM beat`,
+    [...values, staleSeconds],
+  );
+  if (live.rows[0]) {
+    const r = live.rows[0];
+    return { serverTime: r.last_heartbeat, pendingCommands: r.n, processConfigStamp: r.stamp };
+  }
   const beat = await withTx(db, async (tx) => {
     const prev = await tx.query<{ live: boolean }>(
       `SELECT ${onlineExpr('m', '$3')} AS live FROM machines m WHERE m.site_id = $1 AND m.machine_id = $2`,
       [siteId, machineId, staleSeconds],
     );
     if (prev.rows.length === 0) return null;
-    const j = (v: unknown) => (v === undefined ? null : JSON.stringify(v));
     const { rows } = await tx.query<{ last_heartbeat: Date }>(
-      `UPDATE machines SET online = true, last_heartbeat = now(), updated_at = now(),
-              agent_version = COALESCE($3, agent_version),
-              hostname = COALESCE($4, hostname),
-              machine_timezone = COALESCE($5, machine_timezone),
-              machine_timezone_iana = COALESCE($6, machine_timezone_iana),
-              metrics = COALESCE($7::jsonb, metrics),
-              processes = COALESCE($8::jsonb, processes),
-              info = COALESCE($9::jsonb, info),
-              capabilities = COALESCE($10::jsonb, capabilities),
-              cortex_enabled = COALESCE($11, cortex_enabled),
-              rebooting = COALESCE($12, rebooting),
-              shutting_down = COALESCE($13, shutting_down)
-        WHERE site_id = $1 AND machine_id = $2
-        RETURNING last_heartbeat`,
-      [
-        siteId,
-        machineId,
-        hb.agentVersion ?? null,
-        hb.hostname ?? null,
-        hb.timezone ?? null,
-        hb.timezoneIana ?? null,
-        j(hb.metrics),
-        j(hb.processes),
-        j(hb.info),
-        j(hb.capabilities),
-        hb.cortexEnabled ?? null,
-        hb.rebooting ?? null,
-        hb.shuttingDown ?? null,
-      ],
+      `UPDATE machines SET ${HEARTBEAT_SET} WHERE site_id = $1 AND machine_id = $2 RETURNING last_heartbeat`,
+      values,
     );
     if (!prev.rows[0].live) {
       await recordEvent(tx, siteId, 'machine.online', { machineId, siteId, lastHeartbeat: rows[0].last_heartbeat.toISOString() });
@@ -208,15 +239,7 @@ export async function recordHeartbeat(
     return rows[0].last_heartbeat;
   });
   if (beat === null) return null;
-  // One round trip: the deliverable commands and what the agent's managed-process config depends on
-  // (every config row, deleted ones included, and the site's time zone; see processConfigStamp).
-  const { rows } = await db.query<{ n: number; stamp: string }>(
-    `SELECT (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}) AS n,
-            (SELECT count(*)::TEXT || '/' || COALESCE(max(updated_at)::TEXT, '-') FROM managed_processes
-              WHERE site_id = $1 AND machine_id = $2)
-            || '/' || COALESCE((SELECT timezone FROM sites WHERE site_id = $1), '') AS stamp`,
-    [siteId, machineId],
-  );
+  const { rows } = await db.query<{ n: number; stamp: string }>(`SELECT ${AFTER_BEAT}`, [siteId, machineId]);
   return { serverTime: beat, pendingCommands: rows[0].n, processConfigStamp: rows[0].stamp };
 }
 
@@ -287,8 +310,12 @@ export async function machinesWithDeliverable(db: Queryable, siteId: string, mac
 }
 
 /**
- * Hands out the machine's deliverable commands, oldest first (at most `limit`), and marks them delivered.
- * One statement: two concurrent polls may both receive a command (at-least-once).
+ * Hands out the machine's deliverable commands, oldest first (at most `limit`), and marks them delivered;
+ * the same statement first closes the machine's pending commands whose expiry has passed (as
+ * `expirePendingCommands`), so a long-poll costs one statement, not two. One statement: two concurrent
+ * polls may both receive a command (at-least-once). The two parts touch disjoint rows (expired vs not).
+ * A data-modifying WITH runs to completion whether or not the main statement reads it (PostgreSQL and
+ * CockroachDB alike).
  */
 export async function claimCommands(
   db: Queryable,
@@ -297,7 +324,11 @@ export async function claimCommands(
   limit = MAX_COMMANDS_PER_POLL,
 ): Promise<CommandRow[]> {
   const { rows } = await db.query<CommandRow>(
-    `UPDATE commands SET delivered_at = now()
+    `WITH expired AS (
+       UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
+        WHERE site_id = $1 AND machine_id = $2 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()
+        RETURNING command_id)
+     UPDATE commands SET delivered_at = now()
       WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
         AND command_id IN (SELECT command_id FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
                             ORDER BY created_at, command_id LIMIT $3)

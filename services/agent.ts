@@ -20,7 +20,6 @@ import {
   type TargetStateRow,
   claimCommands,
   enrolMachine as enrolMachineRow,
-  expirePendingCommands,
   getCommand,
   machinesWithDeliverable,
   recordHeartbeat,
@@ -251,7 +250,7 @@ export async function pollCommands(
 ): Promise<CommandRow[]> {
   const { siteId, machineId, gone } = input;
   const deadline = Date.now() + Math.min(input.waitSeconds, MAX_WAIT_SECONDS) * 1000;
-  await expirePendingCommands(deps.db, siteId, machineId);
+  // Closes the machine's expired pending commands in the same statement (db/machines.ts).
   let rows = await claimCommands(deps.db, siteId, machineId);
   while (rows.length === 0 && !gone.aborted && Date.now() < deadline) {
     const w = waiters.wait(siteId, machineId, deadline);

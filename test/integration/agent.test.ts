@@ -371,6 +371,47 @@ describe('POST /api/agent/heartbeat', () => {
     expect(ev.rows).toHaveLength(2); // enrol + resume, not one per heartbeat
   });
 
+  it('takes a fleet beating at once without serialization retries, and answers each machine its own pending count', async () => {
+    const ids = Array.from({ length: 40 }, (_, i) => `beat-${String(i).padStart(3, '0')}`);
+    const tokens = await Promise.all(ids.map((id) => enrol(id)));
+    // Two deliverable commands for the first machine, one already expired for the second (not counted).
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type, expires_at)
+       VALUES ($1, $2, 'cmd_beat_a', 'reboot_machine', NULL), ($1, $2, 'cmd_beat_b', 'reboot_machine', now() + INTERVAL '1 hour'),
+              ($1, $3, 'cmd_beat_c', 'reboot_machine', now() - INTERVAL '1 minute')`,
+      [h.siteId, ids[0], ids[1]],
+    );
+    let retries = 0;
+    const onRetry = () => retries++;
+    const pool = h.deps.db as unknown as NodeJS.EventEmitter;
+    pool.on('txRetry', onRetry);
+    let answers: { statusCode: number; json: () => { pendingCommands: number; processConfigStamp: string } }[];
+    try {
+      // Three rounds of every machine at once: neighbouring machines share a primary-key index page, which
+      // made a read-then-write heartbeat transaction a serialization cycle.
+      for (let round = 0; round < 3; round++) {
+        answers = await Promise.all(tokens.map((t) => agentReq(t, 'POST', '/api/agent/heartbeat', { agentVersion: `3.0.${round}` })));
+        expect(answers.map((a) => a.statusCode)).toEqual(ids.map(() => 200));
+      }
+    } finally {
+      pool.off('txRetry', onRetry);
+    }
+    expect(retries).toBe(0);
+    expect(answers!.map((a) => a.json().pendingCommands)).toEqual(ids.map((_, i) => (i === 0 ? 2 : 0)));
+    expect(new Set(answers!.map((a) => a.json().processConfigStamp)).size).toBe(1);
+    const { rows } = await h.deps.db.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM machines WHERE site_id = $1 AND machine_id LIKE 'beat-%' AND agent_version = '3.0.2'`,
+      [h.siteId],
+    );
+    expect(rows[0].n).toBe(40);
+    // Still one machine.online per machine (its enrolment): live machines beating record none.
+    const ev = await h.deps.db.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' LIKE 'beat-%'`,
+      [h.siteId],
+    );
+    expect(ev.rows[0].n).toBe(40);
+  });
+
   it('rejects bad credentials and bad bodies', async () => {
     const token = await enrol('hb-3');
     for (const key of [null, `sat_${randomToken()}`, 'sat_short', h.apiKey]) {
