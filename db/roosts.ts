@@ -75,8 +75,39 @@ export interface RoostView extends RoostRow {
   position: [string, string];
 }
 
-const ROOST_COLS = `site_id, roost_id, name, targets, extract_path, version_counter, current_version_id, previous_version_id,
-  created_at, created_by, updated_at, deleted_at`;
+/** The columns of a RoostRow. */
+const ROOST_COLUMN_NAMES = [
+  'site_id',
+  'roost_id',
+  'name',
+  'targets',
+  'extract_path',
+  'version_counter',
+  'current_version_id',
+  'previous_version_id',
+  'created_at',
+  'created_by',
+  'updated_at',
+  'deleted_at',
+] as const;
+const ROOST_COLS = ROOST_COLUMN_NAMES.join(', ');
+
+/**
+ * The select list of a RoostRow read from table alias `alias` inside a larger statement, each column named
+ * `<prefix><column>` (db/keys.ts `keyForAuth` reads the roost a request names beside its API key);
+ * `roostFromPrefixed` turns such a row back into a RoostRow.
+ */
+export function prefixedRoostColumns(alias: string, prefix: string): string {
+  return ROOST_COLUMN_NAMES.map((c) => `${alias}.${c} AS ${prefix}${c}`).join(', ');
+}
+
+/** The RoostRow in a row selected with `prefixedRoostColumns(…, prefix)`; undefined when its roost_id is null (no roost). */
+export function roostFromPrefixed(row: Record<string, unknown>, prefix: string): RoostRow | undefined {
+  if (row[`${prefix}roost_id`] === null || row[`${prefix}roost_id`] === undefined) return undefined;
+  const out: Record<string, unknown> = {};
+  for (const c of ROOST_COLUMN_NAMES) out[c] = row[`${prefix}${c}`];
+  return out as unknown as RoostRow;
+}
 const VERSION_COLS = `site_id, roost_id, version_id, version_number, description, blob_name, total_size, total_files,
   parent_version_id, created_at, created_by, updated_at, signature, signing_key_id`;
 
@@ -331,7 +362,8 @@ export async function resolveVersionIn(db: Queryable, roost: RoostRow, ref: Vers
 
 /**
  * Resolves a version ref (docs/decisions/version-refs.md: 64-hex id, `vrs_<hex>`, `3`/`#3`/`v3`,
- * `current`/`previous`/`first`) in a live roost and returns the version row.
+ * `current`/`previous`/`first`) in a live roost and returns the version row. `readRoost`, the roost's live
+ * row when the caller read it already in this request, saves reading it again.
  * @throws ApiError not_found (404) when the roost is missing or tombstoned, version_ref_malformed (400)
  *   for a string that is no ref, version_not_found (404) when a well-formed ref matches nothing.
  */
@@ -341,9 +373,14 @@ export async function resolveVersion(
   roostId: string,
   ref: string | VersionRef,
   param = 'versionRef',
+  readRoost?: RoostRow,
 ): Promise<VersionRow> {
   const parsed = typeof ref === 'string' ? parseVersionRef(ref, param) : ref;
-  const roost = await requireRoost(db, siteId, roostId);
+  // `readRoost`: the live roost row this request already read (with its credential, db/keys.ts keyForAuth).
+  const roost =
+    readRoost && readRoost.site_id === siteId && readRoost.roost_id === roostId && readRoost.deleted_at === null
+      ? readRoost
+      : await requireRoost(db, siteId, roostId);
   return resolveVersionIn(db, roost, parsed, param);
 }
 

@@ -20,6 +20,7 @@ import { keyForAuth, touchKey } from '../db/keys';
 import { sessionForAuth, touchSession } from '../db/sessions';
 import { accessibleSiteIds, canActOnSite, type SiteAccess, siteAccess, siteEnvironment } from '../db/sites';
 import { pendingMigrations } from '../db/migrate';
+import type { RoostRow } from '../db/roosts';
 import { createSignInUser, linkIdentity, userForIdTokenClaims } from '../db/users';
 import { ApiError } from '../domain/errors';
 import { hexEqual, sha256Hex } from '../domain/hex';
@@ -53,6 +54,13 @@ function ms(v: string | number | null): number | null {
   return v === null ? null : Number(v);
 }
 
+/** The site (and, on reads, the roost) a request names; `read` receives what the credential's statement read of them. */
+export interface SiteHint {
+  siteId: string;
+  roostId?: string;
+  read?: SiteAccessRead;
+}
+
 /**
  * What the credential's own statement also read of the site the request names (`siteHint`), for
  * `authorizeSite` (api/plugins/auth.ts): `access` undefined when the site is absent or the user may not act on it.
@@ -60,12 +68,14 @@ function ms(v: string | number | null): number | null {
 export interface SiteAccessRead {
   siteId: string;
   access: SiteAccess | undefined;
+  /** The roost the request names (`roostHint`), read with the site: its live row, only when read and present. */
+  roost?: RoostRow;
 }
 
-async function resolveApiKey(deps: IdentityDeps, raw: string, site?: { siteId: string; read?: SiteAccessRead }): Promise<UserPrincipal> {
+async function resolveApiKey(deps: IdentityDeps, raw: string, site?: SiteHint): Promise<UserPrincipal> {
   const digest = sha256Hex(raw);
-  const row = await keyForAuth(deps.db, digest, site?.siteId);
-  if (row && site) site.read = { siteId: site.siteId, access: row.site };
+  const row = await keyForAuth(deps.db, digest, site?.siteId, site?.roostId);
+  if (row && site) site.read = { siteId: site.siteId, access: row.site, ...(row.roost ? { roost: row.roost } : {}) };
   if (!row || !hexEqual(row.key_hash, digest)) throw new ApiError('unauthorized', 'unknown API key');
   if (row.deleted) throw new ApiError('unauthorized', "this API key's user was deleted");
   const now = Date.now();
@@ -127,15 +137,10 @@ async function resolveIdToken(deps: IdentityDeps, raw: string): Promise<UserPrin
  * The principal of a raw credential, chosen by its shape (API key, session, agent token, ID token).
  * `x-api-key` and `?api_key=` carry API keys only. `site`: the site the request names; for an API key the
  * same statement reads the site's access facts for the key's owner into `site.read` (one database round
- * trip fewer for `authorizeSite`).
+ * trip fewer for `authorizeSite`) and, with `site.roostId`, that roost's live row (one fewer for the route).
  * @throws ApiError unauthorized or token_expired (401), service_unavailable (503: the ID-token issuer's JWKS is unreachable)
  */
-export async function resolveCredential(
-  deps: IdentityDeps,
-  raw: string,
-  source: CredentialSource,
-  site?: { siteId: string; read?: SiteAccessRead },
-): Promise<Principal> {
+export async function resolveCredential(deps: IdentityDeps, raw: string, source: CredentialSource, site?: SiteHint): Promise<Principal> {
   if (API_KEY_RE.test(raw)) return resolveApiKey(deps, raw, site);
   if (source !== 'bearer')
     throw new ApiError(

@@ -32,6 +32,8 @@ import { noteChunksUploaded } from './observability';
 
 /** A version row, signed (`signature`, `signing_key_id` set), with `versionUrl`, its body blob's plain URL. */
 export type VersionDetail = repo.VersionRow & { versionUrl: string };
+/** A roost's row (db/roosts.ts), as authentication may have read it already (api/plugins/auth.ts `roostReadFor`). */
+export type RoostRow = repo.RoostRow;
 
 type Deps = Pick<ServiceDeps, 'cfg' | 'db' | 'blob'>;
 
@@ -185,15 +187,16 @@ export async function listVersions(
 }
 
 /**
- * One version (by ref, param `versionRef`) with its stored body, exactly as published.
+ * One version (by ref, param `versionRef`) with its stored body, exactly as published. `roost`: the roost's
+ * live row when this request read it already (db/roosts.ts `resolveVersion` `readRoost`).
  * @throws ApiError version_ref_malformed, not_found (roost; 410 when the body blob is gone),
  *   version_not_found; internal_error (500) when the stored body no longer hashes to its id.
  */
 export async function getVersion(
   deps: Deps,
-  input: { siteId: string; roostId: string; ref: string },
+  input: { siteId: string; roostId: string; ref: string; roost?: RoostRow },
 ): Promise<{ version: VersionDetail; body: VersionBody }> {
-  const row = await repo.resolveVersion(deps.db, input.siteId, input.roostId, input.ref, 'versionRef');
+  const row = await repo.resolveVersion(deps.db, input.siteId, input.roostId, input.ref, 'versionRef', input.roost);
   const [version] = await details(deps, input.siteId, [row]);
   return { version, body: await bodyOf(deps, version) };
 }

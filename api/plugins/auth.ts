@@ -12,9 +12,17 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ApiError } from '../../domain/errors';
 import { API_KEY_RE } from '../../domain/keys';
 import { type Requirement, scopesAllow } from '../../domain/scopes';
-import { SITE_ID_RE } from '../../domain/schemas';
+import { ROOST_ID_RE, SITE_ID_RE } from '../../domain/schemas';
 import { oidcSettings } from '../../config/oidc';
-import { checkKeyEnvironment, type CredentialSource, resolveCredential, siteAccessOf, type SiteAccessRead } from '../../services/identity';
+import {
+  checkKeyEnvironment,
+  type CredentialSource,
+  resolveCredential,
+  siteAccessOf,
+  type SiteAccessRead,
+  type SiteHint,
+} from '../../services/identity';
+import type { RoostRow } from '../../services/versions';
 import { checkRoostEnabled } from '../../services/sites';
 import type { AgentPrincipal, AuthMode, Principal, UserPrincipal } from '../context';
 import { noteDecision, rateLimitedError } from '../ratelimit/limits';
@@ -74,7 +82,8 @@ export async function authenticate(app: FastifyInstance, request: FastifyRequest
   const cred = credentialOf(request);
   if (cred === undefined) return undefined;
   const siteId = siteNamed(request);
-  const site: { siteId: string; read?: SiteAccessRead } | undefined = siteId === undefined ? undefined : { siteId };
+  const roostId = READ_METHODS.has(request.method) ? roostNamed(request) : undefined;
+  const site: SiteHint | undefined = siteId === undefined ? undefined : { siteId, ...(roostId ? { roostId } : {}) };
   const principal = await resolveCredential(app.deps, cred.raw, cred.via, site);
   request.siteAccessRead = site?.read;
   return principal;
@@ -91,6 +100,23 @@ function siteNamed(request: FastifyRequest): string | undefined {
     if (typeof v === 'string' && SITE_ID_RE.test(v)) return v;
   }
   return undefined;
+}
+
+/** The well-formed roost id of the request's path (`/api/roosts/:roostId…`), before validation; undefined when none. */
+function roostNamed(request: FastifyRequest): string | undefined {
+  const v = (request.params as Record<string, unknown> | undefined)?.roostId;
+  return typeof v === 'string' && ROOST_ID_RE.test(v) ? v : undefined;
+}
+
+/**
+ * The live row of roost `roostId` in site `siteId` when authentication read it with the request's API key
+ * (GET and HEAD routes naming a roost, services/identity.ts `SiteHint`) and `authorizeSite` has let the
+ * request act on that site; undefined otherwise (the service then reads it itself).
+ */
+export function roostReadFor(request: FastifyRequest, siteId: string, roostId: string): RoostRow | undefined {
+  if (request.authorizedSiteId !== siteId) return undefined;
+  const roost = request.siteAccessRead?.siteId === siteId ? request.siteAccessRead.roost : undefined;
+  return roost?.roost_id === roostId ? roost : undefined;
 }
 
 export default fp(async function authPlugin(app: FastifyInstance) {

@@ -21,7 +21,7 @@ import {
   type VersionDetail,
 } from '../../services/versions';
 import { pagingQuery, parsePaging } from '../pagination';
-import { authorizeSite, roostRequirement } from '../plugins/auth';
+import { authorizeSite, roostReadFor, roostRequirement } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
 import { ExtractPath, RoostName, RoostParams, Targets } from './roosts';
 
@@ -296,7 +296,7 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { roostId, versionRef } = request.params;
       const { siteId } = request.query;
       await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'read'));
-      const v = await getVersion(deps, { siteId, roostId, ref: versionRef });
+      const v = await getVersion(deps, { siteId, roostId, ref: versionRef, roost: roostReadFor(request, siteId, roostId) });
       const { versionId, versionNumber, description, ...metadata } = versionRecord(v.version);
       return { versionId, versionNumber, description, roostId, siteId, version: v.body, metadata, ...metadata };
     },

@@ -8,6 +8,7 @@
  */
 import { createHarness, type Harness } from '../support/harness';
 import { addMember, idTokenFor, insertKey, makeUser } from '../support/identity';
+import { VERSION_MEDIA_TYPE } from '../../domain/version';
 
 let a: Harness;
 let b: Harness;
@@ -80,4 +81,69 @@ it('a session user (no API key) is authorised through the prepared site-access s
   await warm(token, [siteUrl]);
   await a.deps.db.query('DELETE FROM site_members WHERE site_id = $1 AND uid = $2', [a.siteId, member.uid]);
   expect(await both(token, siteUrl)).toEqual([404, 404]);
+});
+
+it('a version read reads its roost with the key (one statement for both), and a deleted roost is refused by both instances at once', async () => {
+  const created = await a.request({ method: 'POST', url: '/api/roosts', body: { siteId: a.siteId, name: `auth-roost-${Date.now()}` } });
+  expect(created.statusCode).toBe(201);
+  const roostId: string = created.json().roostId;
+  const body = {
+    schemaVersion: 2,
+    mediaType: VERSION_MEDIA_TYPE,
+    config: { producer: 'auth-statements-test' },
+    files: [{ path: 'empty.txt', size: 0, chunks: [] }],
+  };
+  const published = await a.request({
+    method: 'POST',
+    url: `/api/roosts/${roostId}/versions`,
+    idempotencyKey: true,
+    body: { siteId: a.siteId, version: body },
+  });
+  expect(published.statusCode).toBe(201);
+  const versionId: string = published.json().versionId;
+  const member = await makeUser(a.deps.db);
+  await addMember(a.deps.db, a.siteId, member.uid);
+  const { raw } = await insertKey(a.deps.db, { uid: member.uid, scopes: [{ resource: 'roost', id: roostId, permissions: ['read'] }] });
+  const url = `/api/roosts/${roostId}/versions/current?siteId=${a.siteId}`;
+  await warm(raw, [url]);
+
+  // Statements the read sends: the key with the site's access facts and the roost row (db/keys.ts
+  // 'auth_key_site_roost'), then the version row; the roost is not read a second time.
+  const sent: string[] = [];
+  const query = a.deps.db.query.bind(a.deps.db) as (...args: unknown[]) => unknown;
+  (a.deps.db as unknown as { query: (...args: unknown[]) => unknown }).query = (...args: unknown[]) => {
+    const q = args[0] as string | { name?: string; text: string };
+    sent.push(typeof q === 'string' ? q : (q.name ?? q.text));
+    return query(...args);
+  };
+  try {
+    const res = await a.app.inject({ method: 'GET', url, headers: { authorization: `Bearer ${raw}` } });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toMatchObject({ versionId, roostId, siteId: a.siteId });
+  } finally {
+    (a.deps.db as unknown as { query: unknown }).query = query;
+  }
+  expect(sent[0]).toBe('auth_key_site_roost');
+  expect(sent).toHaveLength(2);
+  expect(sent.filter((s) => typeof s === 'string' && /FROM roosts\b/.test(s))).toEqual([]);
+
+  // A roost of another site named with this site: its row is never used; this key's scope (one roost)
+  // refuses it first (403 scope_insufficient), and a site-wide key finds no such roost in its site (404).
+  const other = await a.other();
+  const foreign = await a.request({
+    method: 'POST',
+    url: '/api/roosts',
+    key: other.apiKey,
+    body: { siteId: other.siteId, name: 'foreign' },
+  });
+  expect(foreign.statusCode).toBe(201);
+  const foreignUrl = `/api/roosts/${foreign.json().roostId}/versions/current?siteId=${a.siteId}`;
+  const refused = await a.app.inject({ method: 'GET', url: foreignUrl, headers: { authorization: `Bearer ${raw}` } });
+  expect([refused.statusCode, refused.json().code]).toEqual([403, 'scope_insufficient']);
+  expect(await both(a.apiKey, foreignUrl)).toEqual([404, 404]);
+
+  // Deleted (through instance a): both instances refuse the very next read.
+  const del = await a.request({ method: 'DELETE', url: `/api/roosts/${roostId}?siteId=${a.siteId}` });
+  expect(del.statusCode).toBeLessThan(300);
+  expect(await both(raw, url)).toEqual([404, 404]);
 });
