@@ -55,20 +55,53 @@ export async function chunkRows(db: Queryable, siteId: string, hashes: string[])
   return rows;
 }
 
+const CHECK_ROWS_SQL = `SELECT c.hash, c.size, c.verified_at, c.verify_failed_digest, false AS reserved
+    FROM chunks c WHERE c.site_id = $1 AND c.hash = ANY($2::text[])
+  UNION ALL
+  SELECT r.hash, NULL::BIGINT, NULL::TIMESTAMPTZ, NULL::TEXT, true FROM upload_reservations r
+   WHERE r.site_id = $1 AND r.hash = ANY($2::text[])`;
+
 /**
- * How PostgreSQL ran `chunkRows` for these arguments (EXPLAIN ANALYZE, PostgreSQL only; the benchmarks
- * report it): the top plan node, the index it used and the rows it had to fetch from the table.
+ * What `POST /api/chunks/check` reads, in one statement: the `chunks` rows of the site among `hashes` (as
+ * `chunkRows`) and which of `hashes` have an upload reservation row (as db/quota.ts `reservedHashes`: upload
+ * URLs were issued, so the bytes may be in storage without a row). One round trip and one pass over the
+ * hash list instead of two statements side by side on two backends (docs/benchmarks.md "chunks/check").
  */
-export async function explainChunkRows(
+export async function checkRows(db: Queryable, siteId: string, hashes: string[]): Promise<{ rows: ChunkRow[]; reserved: string[] }> {
+  const { rows } = await db.query<ChunkRow & { reserved: boolean }>(CHECK_ROWS_SQL, [siteId, hashes]);
+  const out: ChunkRow[] = [];
+  const reserved: string[] = [];
+  for (const { reserved: isReservation, ...row } of rows) {
+    if (isReservation) reserved.push(row.hash);
+    else out.push(row);
+  }
+  return { rows: out, reserved };
+}
+
+/**
+ * How PostgreSQL ran `checkRows` for these arguments (EXPLAIN ANALYZE, PostgreSQL only; the benchmarks
+ * report it): of the plan node that reads `chunks`, its type, the index it used and the rows it had to
+ * fetch from the table.
+ */
+export async function explainCheckRows(
   db: Queryable,
   siteId: string,
   hashes: string[],
 ): Promise<{ nodeType: string; indexName: string | null; heapFetches: number | null }> {
   const { rows } = await db.query<{ 'QUERY PLAN': { Plan: Record<string, unknown> }[] }>(
-    `EXPLAIN (ANALYZE, FORMAT JSON) ${CHUNK_ROWS_SQL}`,
+    `EXPLAIN (ANALYZE, FORMAT JSON) ${CHECK_ROWS_SQL}`,
     [siteId, hashes],
   );
-  const plan = rows[0]['QUERY PLAN'][0].Plan;
+  const find = (node: Record<string, unknown>): Record<string, unknown> | undefined => {
+    if (node['Relation Name'] === 'chunks') return node;
+    for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) {
+      const hit = find(child);
+      if (hit) return hit;
+    }
+    return undefined;
+  };
+  const top = rows[0]['QUERY PLAN'][0].Plan;
+  const plan = find(top) ?? top;
   return {
     nodeType: String(plan['Node Type']),
     indexName: typeof plan['Index Name'] === 'string' ? plan['Index Name'] : null,

@@ -260,23 +260,6 @@ export async function reserveUploads(
 }
 
 /**
- * The hashes among `hashes` that have an upload reservation row of the site (unexpired, or expired and
- * not yet deleted by the site's next reservation): upload URLs were issued for them, so their bytes may be
- * in blob storage without a `chunks` row (`POST /api/chunks/check` looks only these up in storage). One
- * primary-key probe per hash.
- */
-export async function reservedHashes(db: Queryable, siteId: string, hashes: string[]): Promise<string[]> {
-  // A named statement (db/pool.ts `prepared`): every `POST /api/chunks/check` sends it beside db/chunks.ts `chunkRows`.
-  const { rows } = await prepared<{ hash: string }>(
-    db,
-    'reserved_hashes',
-    'SELECT hash FROM upload_reservations WHERE site_id = $1 AND hash = ANY($2::text[])',
-    [siteId, hashes],
-  );
-  return rows.map((r) => r.hash);
-}
-
-/**
  * Records chunks the site now holds (their stored size was checked) and finalises their reservations,
  * in one serializable transaction that also fires the quota thresholds the new usage reaches. Hashes
  * already held are skipped. Returns the bytes added.

@@ -10,6 +10,7 @@ import type { Pool } from 'pg';
 import {
   chunkHeld,
   type ChunkRow,
+  checkRows,
   chunkRows,
   clearVerifyFailed,
   countChunks,
@@ -20,7 +21,7 @@ import {
 } from '../db/chunks';
 import type { Queryable } from '../db/pool';
 import { recordVerifyResult } from '../db/sweeps';
-import { quotaTiers, recordChunks, reservedHashes, reserveUploads } from '../db/quota';
+import { quotaTiers, recordChunks, reserveUploads } from '../db/quota';
 import { ApiError } from '../domain/errors';
 import { CHUNK_SIZE } from '../domain/version';
 import {
@@ -235,7 +236,7 @@ export async function checkChunks(
 ): Promise<{ missing: string[] }> {
   const { siteId } = input;
   const wanted = distinct(input.hashes);
-  const [rows, reserved] = await Promise.all([chunkRows(deps.db, siteId, wanted), reservedHashes(deps.db, siteId, wanted), input.access]);
+  const [{ rows, reserved }] = await Promise.all([checkRows(deps.db, siteId, wanted), input.access]);
   const recorded = new Set(rows.map((r) => r.hash));
   const unsound = await rehashChunks(
     deps.db,
