@@ -38,6 +38,8 @@ export interface BenchOptions {
   concurrency?: number;
   /** Where the cold push's API runs (bench/push.ts PushApi). */
   pushApi: 'process' | 'in-process';
+  /** Where the `check` benchmark's API runs (like `pushApi`). */
+  checkApi: 'process' | 'in-process';
   rounds: number;
   connections: number;
   seconds: number;
@@ -92,6 +94,7 @@ export function parseOptions(argv: string[]): BenchOptions {
       'stored-chunks': { type: 'string' },
       concurrency: { type: 'string' },
       'push-api': { type: 'string' },
+      'check-api': { type: 'string' },
       rounds: { type: 'string' },
       connections: { type: 'string' },
       seconds: { type: 'string' },
@@ -116,6 +119,8 @@ export function parseOptions(argv: string[]): BenchOptions {
   const machines = positive('machines', values.machines, 1000);
   const pushApi = values['push-api'] ?? 'process';
   if (pushApi !== 'process' && pushApi !== 'in-process') throw new Error(`--push-api must be process or in-process (got ${pushApi})`);
+  const checkApi = values['check-api'] ?? 'process';
+  if (checkApi !== 'process' && checkApi !== 'in-process') throw new Error(`--check-api must be process or in-process (got ${checkApi})`);
   const pollWaitSeconds = positive('poll-wait', values['poll-wait'], 25);
   if (pollWaitSeconds > 30) throw new Error(`--poll-wait must be 1..30 seconds (got ${pollWaitSeconds})`);
   return {
@@ -133,6 +138,7 @@ export function parseOptions(argv: string[]): BenchOptions {
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),
     concurrency: values.concurrency === undefined ? undefined : positive('concurrency', values.concurrency, 4),
     pushApi,
+    checkApi,
     rounds: positive('rounds', values.rounds, 3),
     connections: positive('connections', values.connections, 10),
     seconds: positive('seconds', values.seconds, 10),

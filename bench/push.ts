@@ -206,7 +206,7 @@ async function uploadFloor(
 }
 
 /** The same site reached through the API at `url` (the API process), or as it is (`url` undefined: the in-process API). */
-function siteOn(site: BenchSite, url: string | undefined): BenchSite {
+export function siteOn(site: BenchSite, url: string | undefined): BenchSite {
   if (!url) return site;
   return { ...site, client: new RoostClient({ baseUrl: url, apiKey: site.apiKey, timeoutMs: CLIENT_TIMEOUT_MS }) };
 }

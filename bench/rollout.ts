@@ -32,7 +32,7 @@ import type { FleetChildStart, FleetCounters, FleetOutcome, FromChild, ToChild }
 import type { BenchStack } from './stack';
 import type { FleetTuning } from './options';
 import { postgresCpuSeconds, postmasterPid, processCpuSeconds } from './cpu';
-import { log, round, sleep } from './util';
+import { cpuProfArgs, log, round, sleep } from './util';
 
 export interface RolloutFigures {
   machines: number;
@@ -142,7 +142,8 @@ export class FleetProcess {
     const n = Math.max(1, Math.min(processes, opts.count));
     const ids = fleetMachineIds(opts.count);
     const children = Array.from({ length: n }, () =>
-      spawn(process.execPath, ['--import', 'tsx', path.join(__dirname, 'fleet-child.ts')], {
+      // ROOST_BENCH_CPU_PROF_DIR: each fleet process writes a V8 CPU profile there when it exits (where the time goes).
+      spawn(process.execPath, [...cpuProfArgs(), '--import', 'tsx', path.join(__dirname, 'fleet-child.ts')], {
         cwd: path.join(__dirname, '..'),
         stdio: ['ignore', 2, 'inherit', 'ipc'],
       }),

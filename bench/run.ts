@@ -94,7 +94,8 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
   }
   if (bench) {
     try {
-      if (wants('check')) await attempt('check', () => benchCheck(bench!, { storedChunks: opts.storedChunks, requests: opts.requests }));
+      if (wants('check'))
+        await attempt('check', () => benchCheck(bench!, { storedChunks: opts.storedChunks, requests: opts.requests, api: opts.checkApi }));
       let published: PublishedTree | undefined;
       if (tree && wants('push')) {
         await attempt('push', async () => {

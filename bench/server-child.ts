@@ -8,6 +8,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import path from 'node:path';
 import type { Config } from '../config/env';
 import { EnvSchema } from '../config/env';
+import { cpuProfArgs } from './util';
 import type { ApiChildStart, FromApiChild, ToApiChild } from './api-child';
 
 /** Environment of a child process for `cfg` (every setting spelled out, services reached as external). */
@@ -41,8 +42,7 @@ export class ServerChild {
    */
   static async start(cfg: Config, opts: ApiChildStart, spawnOpts: { ownSession?: boolean } = {}): Promise<ServerChild> {
     // ROOST_BENCH_CPU_PROF_DIR: each server child writes a V8 CPU profile there when it exits (where the time goes).
-    const prof = process.env.ROOST_BENCH_CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.ROOST_BENCH_CPU_PROF_DIR}`] : [];
-    const child = spawn(process.execPath, [...prof, '--import', 'tsx', path.join(__dirname, 'api-child.ts')], {
+    const child = spawn(process.execPath, [...cpuProfArgs(), '--import', 'tsx', path.join(__dirname, 'api-child.ts')], {
       cwd: path.join(__dirname, '..'),
       env: childEnv(cfg),
       // The app's log lines go nowhere, as they would go to a collector in production (written, not read).

@@ -125,3 +125,12 @@ export function processCpuSeconds(pid: number): number | undefined {
     return undefined;
   }
 }
+
+/**
+ * Node flags that make a bench child process write a V8 CPU profile when it exits, into
+ * `ROOST_BENCH_CPU_PROF_DIR` (none when unset): where a server's or a fleet process's time goes.
+ */
+export function cpuProfArgs(): string[] {
+  const dir = process.env.ROOST_BENCH_CPU_PROF_DIR;
+  return dir ? ['--cpu-prof', `--cpu-prof-dir=${dir}`] : [];
+}
