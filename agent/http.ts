@@ -1,11 +1,13 @@
 /**
  * Small HTTP helper for the reference agent: JSON calls to the Roost API with the agent token, problem+json
- * errors surfaced as `HttpError`, and raw GETs of signed blob URLs. Uses Node's global fetch (undici),
- * which keeps connections alive and reuses them across requests to the same origin.
+ * errors surfaced as `HttpError`, and raw GETs of signed blob URLs. Uses undici's `request` (the client
+ * under Node's fetch, without fetch's WHATWG streams and per-request objects) through the global
+ * dispatcher or the one given, which keeps connections alive and reuses them across requests to the same
+ * origin. Redirects are not followed: neither the API nor blob storage sends them.
  */
 
 import { AsyncLocalStorage } from 'node:async_hooks';
-import type { Dispatcher } from 'undici';
+import { type Dispatcher, request } from 'undici';
 
 /**
  * Requests this process made so far: `api` to the Roost API (ApiClient), `blob` GETs of signed URLs
@@ -59,6 +61,12 @@ export function commandLogFields(): { requestId?: string; traceId?: string } {
     ...(ctx.requestId ? { requestId: ctx.requestId } : {}),
     ...(ctx.traceparent ? { traceId: ctx.traceparent.slice(3, 35) } : {}),
   };
+}
+
+/** The first value of response header `name` (lowercase) of an undici answer. */
+function headerOf(headers: Record<string, string | string[] | undefined>, name: string): string | undefined {
+  const v = headers[name];
+  return Array.isArray(v) ? v[0] : v;
 }
 
 /** A non-2xx answer. `problem` is the parsed problem+json body when there was one. */
@@ -152,12 +160,20 @@ export class ApiClient {
       body = JSON.stringify(opts.body);
       headers['content-type'] = 'application/json';
     }
+    // undici's request, not fetch: a fleet process of 2,500 simulated agents spent a third of its CPU in
+    // fetch's WHATWG streams and per-request objects (docs/benchmarks.md "Fleet simulator CPU").
     const { res, text } = await withRequestSignal(opts.signal, async (signal) => {
       requestCounters.api++;
       if (commandContext.getStore()) requestCounters.command++;
       const dispatcher = opts.dispatcher ?? this.dispatcher;
-      const r = await fetch(url, { method, headers, body, signal, ...(dispatcher ? { dispatcher } : {}) } as RequestInit);
-      return { res: r, text: await r.text() };
+      const r = await request(url, {
+        method: method as Dispatcher.HttpMethod,
+        headers,
+        body,
+        signal,
+        ...(dispatcher ? { dispatcher } : {}),
+      });
+      return { res: r, text: await r.body.text() };
     });
     let parsed: unknown = undefined;
     if (text.length > 0) {
@@ -167,17 +183,17 @@ export class ApiClient {
         parsed = undefined;
       }
     }
-    if (!res.ok) {
+    if (res.statusCode < 200 || res.statusCode > 299) {
       const problem = parsed !== null && typeof parsed === 'object' ? (parsed as Record<string, unknown>) : undefined;
       const code = typeof problem?.code === 'string' ? problem.code : undefined;
       const detail = typeof problem?.detail === 'string' ? problem.detail : text.slice(0, 200);
       throw new HttpError(
-        res.status,
+        res.statusCode,
         code,
-        `${method} ${path} → ${res.status}${code ? ` ${code}` : ''}: ${detail}`,
+        `${method} ${path} → ${res.statusCode}${code ? ` ${code}` : ''}: ${detail}`,
         problem,
-        parseRetryAfter(res.headers.get('retry-after')),
-        res.headers.get('x-request-id') ?? (typeof problem?.requestId === 'string' ? problem.requestId : undefined),
+        parseRetryAfter(headerOf(res.headers, 'retry-after')),
+        headerOf(res.headers, 'x-request-id') ?? (typeof problem?.requestId === 'string' ? problem.requestId : undefined),
       );
     }
     return parsed as T;
@@ -191,12 +207,12 @@ export class ApiClient {
 export async function fetchBytes(url: string, signal?: AbortSignal): Promise<Buffer> {
   return withRequestSignal(signal, async (s) => {
     requestCounters.blob++;
-    const res = await fetch(url, { signal: s });
-    if (!res.ok) {
-      await res.arrayBuffer().catch(() => undefined);
-      throw new HttpError(res.status, undefined, `GET blob → ${res.status}`);
+    const res = await request(url, { signal: s });
+    if (res.statusCode < 200 || res.statusCode > 299) {
+      await res.body.dump().catch(() => undefined);
+      throw new HttpError(res.statusCode, undefined, `GET blob → ${res.statusCode}`);
     }
-    return Buffer.from(await res.arrayBuffer());
+    return Buffer.from(await res.body.arrayBuffer());
   });
 }
 
