@@ -115,6 +115,8 @@ function zeroCounters(): SyncCounters {
 class TargetStateReporter {
   private status: TargetStatus = 'pending';
   private lastReport = 0;
+  /** Round trip of the last report (ms): the gap between reports stretches with it (`interval`). */
+  private latencyMs = 0;
   private pending: Promise<unknown> = Promise.resolve();
   private reporting = false;
   private deferred: NodeJS.Timeout | undefined;
@@ -158,7 +160,7 @@ class TargetStateReporter {
     this.throwIfClosed();
     this.status = next;
     this.commandStatus = command.status;
-    const due = this.lastReport + this.ctx.progressIntervalMs - Date.now();
+    const due = this.lastReport + this.interval() - Date.now();
     const fire = () => {
       this.deferred = undefined;
       this.lastReport = Date.now();
@@ -191,12 +193,34 @@ class TargetStateReporter {
 
   /** Progress: at most one report per interval, never two at once; failures are warnings. */
   progress(): void {
-    if (this.reporting || Date.now() - this.lastReport < this.ctx.progressIntervalMs) return;
+    if (this.reporting || Date.now() - this.lastReport < this.interval()) return;
     this.reporting = true;
     this.lastReport = Date.now();
     // Compact: progress goes with the command's status, so it also tells the agent of a cancellation.
     const sent = this.ctx.compact ? this.sendWithCommand({ status: this.commandStatus }).then(() => undefined) : this.send();
     this.pending = sent.catch((err) => this.ctx.warn(`progress report failed: ${errMessage(err)}`)).finally(() => (this.reporting = false));
+  }
+
+  /**
+   * The least gap between two reports now: `progressIntervalMs`, or REPORT_BACKOFF round trips of the last
+   * report when the API answers slowly (at most MAX_REPORT_INTERVAL_MS). A fleet syncing at once against a
+   * loaded API otherwise made every sync longer than the interval, so each sent more reports, which loaded
+   * the API further (docs/agent-protocol.md "Inline sync"; docs/benchmarks.md "Reports under load").
+   */
+  private interval(): number {
+    return Math.min(MAX_REPORT_INTERVAL_MS, Math.max(this.ctx.progressIntervalMs, REPORT_BACKOFF * this.latencyMs));
+  }
+
+  /** Records the round trip (ms) of a report of this sync sent elsewhere (the command's `downloading`). */
+  noteLatency(ms: number): void {
+    this.latencyMs = ms;
+  }
+
+  private async timed<T>(report: Promise<T>): Promise<T> {
+    const t0 = Date.now();
+    const r = await report;
+    this.latencyMs = Date.now() - t0;
+    return r;
   }
 
   /** Drops a deferred status change (a later report supersedes it, or the sync ended). */
@@ -206,24 +230,31 @@ class TargetStateReporter {
   }
 
   private send(error?: string): Promise<void> {
-    return this.ctx.transport.reportState(this.roostId, this.versionId, this.status, this.counters, error);
+    return this.timed(this.ctx.transport.reportState(this.roostId, this.versionId, this.status, this.counters, error));
   }
 
   private async sendWithCommand(command: CommandReport, error?: string): Promise<{ status: string; applied: boolean }> {
-    const r = await this.ctx.transport.reportCommand(this.commandId, {
-      ...command,
-      targetState: {
-        roostId: this.roostId,
-        reportedVersionId: this.versionId,
-        status: this.status,
-        ...this.counters,
-        ...(error ? { error } : {}),
-      },
-    });
+    const r = await this.timed(
+      this.ctx.transport.reportCommand(this.commandId, {
+        ...command,
+        targetState: {
+          roostId: this.roostId,
+          reportedVersionId: this.versionId,
+          status: this.status,
+          ...this.counters,
+          ...(error ? { error } : {}),
+        },
+      }),
+    );
     if (!r.applied && TERMINAL_COMMAND_STATUSES.has(r.status)) this.closedByServer ??= r.status;
     return r;
   }
 }
+
+/** Reports of a sync are at least this many round trips of the last one apart (see TargetStateReporter `interval`). */
+export const REPORT_BACKOFF = 10;
+/** The longest gap the backoff makes between two reports of a sync (ms). */
+export const MAX_REPORT_INTERVAL_MS = 30_000;
 
 /** Inline URLs this close to expiry (ms) are not used; the agent asks the separate routes instead. */
 const INLINE_MARGIN_MS = 60_000;
@@ -328,7 +359,9 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
   };
 
   try {
+    const t0 = Date.now();
     await commandStatus('downloading', 0);
+    state.noteLatency(Date.now() - t0);
   } catch (err) {
     // Closed before we began (cancelled or expired): nothing on this machine changed, report no state.
     if (err instanceof SyncCancelled) return outcome('cancelled', err.message);

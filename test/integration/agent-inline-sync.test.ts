@@ -28,6 +28,21 @@ class CountingDispatcher extends UndiciAgent {
   }
 }
 
+/** A CountingDispatcher that holds every command report `delayMs` before sending it (an API answering slowly). */
+class SlowReportsDispatcher extends CountingDispatcher {
+  constructor(private readonly delayMs: number) {
+    super();
+  }
+  override dispatch(opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandlers): boolean {
+    if (opts.method === 'POST' && opts.path.startsWith('/api/agent/commands/')) {
+      this.calls.push(`${opts.method} ${opts.path}`);
+      setTimeout(() => UndiciAgent.prototype.dispatch.call(this, opts, handler), this.delayMs);
+      return true;
+    }
+    return super.dispatch(opts, handler);
+  }
+}
+
 let h: Harness;
 let baseUrl: string;
 let secret: string;
@@ -138,8 +153,9 @@ async function commandRow(machineId: string, commandId: string): Promise<Record<
 async function startAgent(
   machineId: string,
   inlineSync: boolean,
+  opts: { api?: CountingDispatcher; progressIntervalMs?: number } = {},
 ): Promise<{ agent: Agent; api: CountingDispatcher; poll: CountingDispatcher }> {
-  const api = new CountingDispatcher();
+  const api = opts.api ?? new CountingDispatcher();
   const poll = new CountingDispatcher();
   const agent = new Agent({
     baseUrl,
@@ -149,7 +165,7 @@ async function startAgent(
     rootDir: path.join(tmpRoot, 'machines', machineId),
     heartbeatMs: 0,
     pollWaitSeconds: 5,
-    progressIntervalMs: 60_000,
+    progressIntervalMs: opts.progressIntervalMs ?? 60_000,
     fsyncFiles: false,
     inlineSync,
     dispatchers: { api, poll },
@@ -183,6 +199,19 @@ describe('compact sync protocol, end to end', () => {
     expect(await verifyTree(path.join(tmpRoot, 'src'), path.join(agent.rootDir, ...EXTRACT.split('/')))).toEqual([]);
     expect(await targetState(machineId)).toMatchObject({ status: 'committed', reported_version_id: v1, ...COUNTERS });
     expect(await commandRow(machineId, commandId)).toMatchObject({ status: 'completed', result: 'success' });
+  });
+
+  it('against an API that answers slowly, a compact agent spaces its reports by ten round trips instead of its interval', async () => {
+    const machineId = 'inl-slow';
+    // Progress every 20 ms would send a report per chunk and one for `assembling`; each report takes 400 ms,
+    // so the gap becomes 4 s (agent/sync.ts REPORT_BACKOFF) and the sync sends its first and last only.
+    const { agent, api } = await startAgent(machineId, true, { api: new SlowReportsDispatcher(400), progressIntervalMs: 20 });
+    const apiBefore = api.calls.length;
+    const commandId = await insertSyncPull(machineId, v1);
+    const outcome = await agent.waitForCommand(commandId, 60_000);
+    expect(outcome).toMatchObject({ status: 'completed', result: 'success', counters: { ...COUNTERS } });
+    expect(syncCalls(api, apiBefore)).toEqual([`POST /api/agent/commands/${commandId}`, `POST /api/agent/commands/${commandId}`]);
+    expect(await targetState(machineId)).toMatchObject({ status: 'committed', reported_version_id: v1, ...COUNTERS });
   });
 
   it('an agent that does not opt in (like agents already deployed) syncs through the separate routes', async () => {
