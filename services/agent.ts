@@ -45,6 +45,8 @@ export type { CommandRow, HeartbeatInput, TargetStateRow };
 export const MAX_WAIT_SECONDS = 30;
 /** Interval of the shared long-poll check (ms). */
 export const POLL_INTERVAL_MS = 250;
+/** Long-polls one API process wakes per check at most (2,000 a second at POLL_INTERVAL_MS; see CommandWaiters). */
+export const WAKE_PER_TICK = 500;
 /** Largest screenshot PNG accepted (bytes). */
 export const MAX_SCREENSHOT_BYTES = 10 * 1024 * 1024;
 const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
@@ -152,14 +154,20 @@ export class CommandWaiters {
   }
 
   private async tick(): Promise<void> {
+    // At most WAKE_PER_TICK polls woken per check: a wave queued for 10,000 machines at once otherwise woke
+    // every long-poll in one go, and each woken poll's claim and inline sync queued behind all the others
+    // for the database pool, so no answer left until nearly all were built. The rest wait for the next
+    // check (they are still deliverable), a steady stream the fleet works through as it arrives.
+    let budget = WAKE_PER_TICK;
     for (const [siteId, machines] of [...this.bySite]) {
       const ids = [...machines.keys()];
-      for (let i = 0; i < ids.length; i += 5000) {
+      for (let i = 0; i < ids.length && budget > 0; i += 5000) {
         const ready = await machinesWithDeliverable(this.deps.db, siteId, ids.slice(i, i + 5000));
-        for (const machineId of ready) {
+        for (const machineId of ready.slice(0, budget)) {
           const set = this.bySite.get(siteId)?.get(machineId);
           if (set) for (const w of [...set]) this.finish(siteId, machineId, w, true);
         }
+        budget -= Math.min(budget, ready.length);
       }
     }
   }

@@ -14,6 +14,7 @@ import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import type { Scope } from '../../domain/scopes';
 import { Agent } from '../../agent/agent';
 import { verifyTree } from '../../agent/fleet';
+import { CommandWaiters, WAKE_PER_TICK } from '../../services/agent';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
@@ -992,5 +993,32 @@ describe('reference agent end to end', () => {
     ]);
     expect(rows[0].agent_token_hash).toBe(sha256Hex(c.token!));
     await c.stop();
+  });
+});
+
+// ------------------------------------------------------------------------------------ long-poll wake-ups
+
+describe('CommandWaiters (services/agent.ts)', () => {
+  it(`wakes at most ${WAKE_PER_TICK} long-polls per check and the rest at the next one`, async () => {
+    const n = WAKE_PER_TICK + 100;
+    const ids = Array.from({ length: n }, (_, i) => `wake-${String(i).padStart(4, '0')}`);
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_wake_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
+      [h.siteId, ids],
+    );
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 300);
+    let woken = 0;
+    try {
+      const waits = ids.map((id) => waiters.wait(h.siteId, id, Date.now() + 30_000).promise.then((signalled) => signalled && woken++));
+      // The first check wakes its share in one synchronous pass; the next check is 300 ms later.
+      await Promise.race(waits);
+      await new Promise((r) => setImmediate(r));
+      expect(woken).toBe(WAKE_PER_TICK);
+      await Promise.all(waits);
+      expect(woken).toBe(n);
+    } finally {
+      waiters.close();
+      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1 AND command_id LIKE 'cmd_wake_%'`, [h.siteId]);
+    }
   });
 });
