@@ -40,6 +40,8 @@ export interface BenchOptions {
   pushApi: 'process' | 'in-process';
   /** Where the `check` benchmark's API runs (like `pushApi`). */
   checkApi: 'process' | 'in-process';
+  /** The rollout benchmark skips its floor (one reboot_machine per machine, twice): minutes at 10,000 machines. */
+  skipFloor: boolean;
   rounds: number;
   connections: number;
   seconds: number;
@@ -90,6 +92,7 @@ export function parseOptions(argv: string[]): BenchOptions {
       'poll-wait': { type: 'string' },
       'api-connections': { type: 'string' },
       'separate-sync': { type: 'boolean' },
+      'skip-floor': { type: 'boolean' },
       requests: { type: 'string' },
       'stored-chunks': { type: 'string' },
       concurrency: { type: 'string' },
@@ -139,6 +142,7 @@ export function parseOptions(argv: string[]): BenchOptions {
     concurrency: values.concurrency === undefined ? undefined : positive('concurrency', values.concurrency, 4),
     pushApi,
     checkApi,
+    skipFloor: values['skip-floor'] === true,
     rounds: positive('rounds', values.rounds, 3),
     connections: positive('connections', values.connections, 10),
     seconds: positive('seconds', values.seconds, 10),

@@ -317,7 +317,7 @@ export async function commandFloor(
 /** Runs benchmark 5 on a fresh site of `bench`; `rootDir` holds the machines' trees (deleted afterwards). */
 export async function benchRollout(
   bench: BenchStack,
-  opts: { machines: number; fleet: FleetTuning; rootDir: string },
+  opts: { machines: number; fleet: FleetTuning; rootDir: string; floor?: boolean },
 ): Promise<RolloutFigures> {
   const timeoutMs = Math.max(10 * 60_000, opts.machines * 600);
   const site = await bench.newSite('rollout');
@@ -346,11 +346,13 @@ export async function benchRollout(
   const { fleet, machineIds } = started;
   log(`rollout: fleet up in ${round(started.startMs / 1000)} s`);
   try {
-    // One untimed round first: every agent's long-poll and connections are then in their steady state.
-    await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs);
     const floorSamples: number[] = [];
-    floorSamples.push(await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs));
-    log(`rollout: floor (one trivial command to each machine) ${round(floorSamples[0])} s`);
+    if (opts.floor !== false) {
+      // One untimed round first: every agent's long-poll and connections are then in their steady state.
+      await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs);
+      floorSamples.push(await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs));
+      log(`rollout: floor (one trivial command to each machine) ${round(floorSamples[0])} s`);
+    }
 
     // The rollout.
     const pm = bench.cfg.embedded.postgres ? postmasterPid(path.join(bench.cfg.ROOST_DATA_DIR, 'pg')) : null;
@@ -444,8 +446,10 @@ export async function benchRollout(
     const historyEvents = history.events?.length ?? 0;
     log(`rollout: last commit ${round((lastCommit - t0) / 1000)} s, workflow ${final.rows[0].stage}, ${historyEvents} history events`);
 
-    floorSamples.push(await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs));
-    log(`rollout: floor again ${round(floorSamples[1])} s`);
+    if (opts.floor !== false) {
+      floorSamples.push(await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs));
+      log(`rollout: floor again ${round(floorSamples[1])} s`);
+    }
 
     // A few machines' trees, byte for byte.
     const sample = [machineIds[0], machineIds[Math.floor(machineIds.length / 2)], machineIds[machineIds.length - 1]];
@@ -456,7 +460,8 @@ export async function benchRollout(
     }
 
     const stopped = await fleet.stop();
-    const floor = floorSamples.reduce((a, b) => a + b, 0) / floorSamples.length;
+    // -1 when the floor was skipped (--skip-floor).
+    const floor = floorSamples.length ? floorSamples.reduce((a, b) => a + b, 0) / floorSamples.length : -1;
     const lastCommitSeconds = (lastCommit - t0) / 1000;
     return {
       machines: machineIds.length,
@@ -478,7 +483,7 @@ export async function benchRollout(
         syncAttempts: attempts,
       },
       floor: { command: 'reboot_machine', seconds: round(floor), samplesSeconds: floorSamples.map((s) => round(s)) },
-      timesFloor: round(lastCommitSeconds / floor, 2),
+      timesFloor: floor > 0 ? round(lastCommitSeconds / floor, 2) : -1,
       secondsPer1000Machines: round((lastCommitSeconds * 1000) / machineIds.length, 2),
       fleet: { ...opts.fleet, processes: fleet.processes },
       requestsPerMachine,

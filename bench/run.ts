@@ -114,7 +114,12 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
         // The push benchmarks left ~2 × 17,500 blobs in the bench Azurite; the rollout starts from an empty one.
         if (wants('push') || wants('republish')) await bench.resetStorage();
         await attempt('rollout', () =>
-          benchRollout(bench!, { machines: opts.machines, fleet: opts.fleet, rootDir: path.join(benchDir, 'fleet') }),
+          benchRollout(bench!, {
+            machines: opts.machines,
+            fleet: opts.fleet,
+            rootDir: path.join(benchDir, 'fleet'),
+            floor: !opts.skipFloor,
+          }),
         );
       }
       if (wants('classic')) {
