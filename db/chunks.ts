@@ -63,9 +63,10 @@ const CHECK_ROWS_SQL = `SELECT c.hash, c.size, c.verified_at, c.verify_failed_di
 
 /**
  * What `POST /api/chunks/check` reads, in one statement: the `chunks` rows of the site among `hashes` (as
- * `chunkRows`) and which of `hashes` have an upload reservation row (as db/quota.ts `reservedHashes`: upload
- * URLs were issued, so the bytes may be in storage without a row). One round trip and one pass over the
- * hash list instead of two statements side by side on two backends (docs/benchmarks.md "chunks/check").
+ * `chunkRows`) and which of `hashes` have an `upload_reservations` row of the site (unexpired, or expired and
+ * not yet deleted: upload URLs were issued, so the bytes may be in storage without a `chunks` row). One round
+ * trip and one pass over the hash list instead of two statements side by side on two backends
+ * (docs/benchmarks.md "On a quiet machine").
  */
 export async function checkRows(db: Queryable, siteId: string, hashes: string[]): Promise<{ rows: ChunkRow[]; reserved: string[] }> {
   const { rows } = await db.query<ChunkRow & { reserved: boolean }>(CHECK_ROWS_SQL, [siteId, hashes]);

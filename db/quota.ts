@@ -20,7 +20,7 @@ import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
 import { CHUNK_SIZE } from '../domain/version';
 import { recordEvent } from './events';
-import { prepared, type Queryable, withTx } from './pool';
+import { type Queryable, withTx } from './pool';
 
 const GiB = 1024 ** 3;
 
