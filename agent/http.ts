@@ -161,7 +161,7 @@ export class ApiClient {
       headers['content-type'] = 'application/json';
     }
     // undici's request, not fetch: a fleet process of 2,500 simulated agents spent a third of its CPU in
-    // fetch's WHATWG streams and per-request objects (docs/benchmarks.md "Fleet simulator CPU").
+    // fetch's WHATWG streams and per-request objects (docs/benchmarks.md "On a quiet machine").
     const { res, text } = await withRequestSignal(opts.signal, async (signal) => {
       requestCounters.api++;
       if (commandContext.getStore()) requestCounters.command++;

@@ -205,7 +205,7 @@ class TargetStateReporter {
    * The least gap between two reports now: `progressIntervalMs`, or REPORT_BACKOFF round trips of the last
    * report when the API answers slowly (at most MAX_REPORT_INTERVAL_MS). A fleet syncing at once against a
    * loaded API otherwise made every sync longer than the interval, so each sent more reports, which loaded
-   * the API further (docs/agent-protocol.md "Inline sync"; docs/benchmarks.md "Reports under load").
+   * the API further (docs/agent-protocol.md "Inline sync"; docs/benchmarks.md "On a quiet machine").
    */
   private interval(): number {
     return Math.min(MAX_REPORT_INTERVAL_MS, Math.max(this.ctx.progressIntervalMs, REPORT_BACKOFF * this.latencyMs));

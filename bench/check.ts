@@ -87,8 +87,8 @@ async function check(
   // of chunks_check needs the latter). PostgreSQL only, like the bench's embedded cluster. On PostgreSQL 15
   // here, the first VACUUM right after the load often marks no page all-visible, and pg_class.relallvisible
   // (what the planner reads) follows the visibility map only at the next ANALYZE: with it at 0 the planner
-  // costs a heap fetch per row and reads the primary key instead (docs/benchmarks.md "chunks/check on a
-  // quiet machine"). So VACUUM and ANALYZE repeat, a second apart, until nine tenths of the pages are
+  // costs a heap fetch per row and reads the primary key instead (docs/benchmarks.md "On a quiet
+  // machine"). So VACUUM and ANALYZE repeat, a second apart, until nine tenths of the pages are
   // all-visible (autovacuum would get there on its own, later).
   let vis = { relpages: 0, relallvisible: 0 };
   let passes = 0;

@@ -28,7 +28,6 @@ export const TERMINAL_COMMAND_STATUSES = ['completed', 'failed', 'cancelled'] as
 /** Longest stored error text (chars); longer command and target-state errors are truncated (docs/agent-protocol.md). */
 export const MAX_ERROR_LENGTH = 2000;
 
-/** SQL: machine is online (agent-reported and heartbeat fresh). `$stale` is the placeholder of the stale seconds. */
 /** SET list of a heartbeat's UPDATE: liveness now, and every snapshot field sent ($3..$13; absent ones keep their value). */
 const HEARTBEAT_SET = `online = true, last_heartbeat = now(), updated_at = now(),
   agent_version = COALESCE($3, agent_version),
@@ -43,6 +42,7 @@ const HEARTBEAT_SET = `online = true, last_heartbeat = now(), updated_at = now()
   rebooting = COALESCE($12, rebooting),
   shutting_down = COALESCE($13, shutting_down)`;
 
+/** SQL: machine is online (agent-reported and heartbeat fresh). `$stale` is the placeholder of the stale seconds. */
 function onlineExpr(alias: string, stale: string): string {
   return `(${alias}.online AND ${alias}.last_heartbeat IS NOT NULL AND ${alias}.last_heartbeat > now() - (${stale}::INT * INTERVAL '1 second'))`;
 }
@@ -207,8 +207,8 @@ export async function recordHeartbeat(
   // and the statement also answers what the heartbeat returns (AFTER_BEAT). In PostgreSQL's SERIALIZABLE,
   // heartbeats of neighbouring machines (one B-tree leaf page of the primary key) each read the page and
   // wrote a new row version into it, a read/write cycle that aborted most of them once a fleet beat at once
-  // (3,219 of 3,304 retries in a 1,000-machine rollout, docs/benchmarks.md "Heartbeats without
-  // serialization retries"). A single statement needs no transaction of its own (CockroachDB retries an
+  // (3,219 of 3,304 retries in a 1,000-machine rollout, docs/benchmarks.md "On a quiet
+  // machine"). A single statement needs no transaction of its own (CockroachDB retries an
   // implicit transaction itself). Only a machine coming (back) online, which records `machine.online` with
   // its state change, takes the transaction below.
   const live = await db.query<{ last_heartbeat: Date; n: number; stamp: string }>(
