@@ -285,17 +285,16 @@ export interface CommandOrigin {
 const COMMAND_COLUMNS = `site_id, machine_id, command_id, type, status, params, result, error, progress, rollout_id, deployment_id,
   audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob, traceparent, request_id`;
 
+/** SQL: close the pending commands of machine $2 of site $1 whose expiry has passed (failed, error `expired`). */
+const EXPIRE_PENDING = `UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
+  WHERE site_id = $1 AND machine_id = $2 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()`;
+
 /**
  * Closes the machine's pending commands whose expiry has passed (status failed, error `expired`).
  * With `commandId`, only that command. Returns how many were closed.
  */
 export async function expirePendingCommands(db: Queryable, siteId: string, machineId: string, commandId?: string): Promise<number> {
-  const r = await db.query(
-    `UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
-      WHERE site_id = $1 AND machine_id = $2 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()
-        AND ($3::TEXT IS NULL OR command_id = $3)`,
-    [siteId, machineId, commandId ?? null],
-  );
+  const r = await db.query(`${EXPIRE_PENDING} AND ($3::TEXT IS NULL OR command_id = $3)`, [siteId, machineId, commandId ?? null]);
   return r.rowCount ?? 0;
 }
 
@@ -324,10 +323,7 @@ export async function claimCommands(
   limit = MAX_COMMANDS_PER_POLL,
 ): Promise<CommandRow[]> {
   const { rows } = await db.query<CommandRow>(
-    `WITH expired AS (
-       UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
-        WHERE site_id = $1 AND machine_id = $2 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()
-        RETURNING command_id)
+    `WITH expired AS (${EXPIRE_PENDING} RETURNING command_id)
      UPDATE commands SET delivered_at = now()
       WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
         AND command_id IN (SELECT command_id FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
