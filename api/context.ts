@@ -31,5 +31,10 @@ declare module 'fastify' {
     allowQueryKey?: boolean;
     /** A POST without a body is taken as `{}` (the OpenAPI document marks the request body optional). */
     bodyOptional?: boolean;
+    /**
+     * A GET/HEAD route naming `:roostId` that uses the roost's row: authentication by API key reads it in
+     * the key's statement (api/plugins/auth.ts `roostReadFor`). Other routes do not pay for that join.
+     */
+    readsRoost?: boolean;
   }
 }

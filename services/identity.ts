@@ -54,7 +54,7 @@ function ms(v: string | number | null): number | null {
   return v === null ? null : Number(v);
 }
 
-/** The site (and, on reads, the roost) a request names; `read` receives what the credential's statement read of them. */
+/** The site (and, on routes with `config.readsRoost`, the roost) a request names; `read` receives what the credential's statement read of them. */
 export interface SiteHint {
   siteId: string;
   roostId?: string;

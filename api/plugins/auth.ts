@@ -82,7 +82,7 @@ export async function authenticate(app: FastifyInstance, request: FastifyRequest
   const cred = credentialOf(request);
   if (cred === undefined) return undefined;
   const siteId = siteNamed(request);
-  const roostId = READ_METHODS.has(request.method) ? roostNamed(request) : undefined;
+  const roostId = request.routeOptions.config?.readsRoost && READ_METHODS.has(request.method) ? roostNamed(request) : undefined;
   const site: SiteHint | undefined = siteId === undefined ? undefined : { siteId, ...(roostId ? { roostId } : {}) };
   const principal = await resolveCredential(app.deps, cred.raw, cred.via, site);
   request.siteAccessRead = site?.read;
@@ -109,14 +109,14 @@ function roostNamed(request: FastifyRequest): string | undefined {
 }
 
 /**
- * The live row of roost `roostId` in site `siteId` when authentication read it with the request's API key
- * (GET and HEAD routes naming a roost, services/identity.ts `SiteHint`) and `authorizeSite` has let the
- * request act on that site; undefined otherwise (the service then reads it itself).
+ * The live row of the roost the path names when authentication read it with the request's API key (routes
+ * with `config.readsRoost`, services/identity.ts `SiteHint`) and `authorizeSite` has let the request act on
+ * `siteId`; undefined otherwise (the service then reads it itself). db/roosts.ts `resolveVersion` uses it
+ * only when it is the roost asked for.
  */
-export function roostReadFor(request: FastifyRequest, siteId: string, roostId: string): RoostRow | undefined {
-  if (request.authorizedSiteId !== siteId) return undefined;
-  const roost = request.siteAccessRead?.siteId === siteId ? request.siteAccessRead.roost : undefined;
-  return roost?.roost_id === roostId ? roost : undefined;
+export function roostReadFor(request: FastifyRequest, siteId: string): RoostRow | undefined {
+  const read = request.siteAccessRead;
+  return request.authorizedSiteId === siteId && read?.siteId === siteId ? read.roost : undefined;
 }
 
 export default fp(async function authPlugin(app: FastifyInstance) {

@@ -284,6 +284,7 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get(
     '/api/roosts/:roostId/versions/:versionRef',
     {
+      config: { readsRoost: true },
       schema: {
         summary: 'Fetch a version with its stored body',
         tags: ['versions'],
@@ -296,7 +297,7 @@ const versionRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { roostId, versionRef } = request.params;
       const { siteId } = request.query;
       await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'read'));
-      const v = await getVersion(deps, { siteId, roostId, ref: versionRef, roost: roostReadFor(request, siteId, roostId) });
+      const v = await getVersion(deps, { siteId, roostId, ref: versionRef, roost: roostReadFor(request, siteId) });
       const { versionId, versionNumber, description, ...metadata } = versionRecord(v.version);
       return { versionId, versionNumber, description, roostId, siteId, version: v.body, metadata, ...metadata };
     },
