@@ -211,12 +211,8 @@ class TargetStateReporter {
     return Math.min(MAX_REPORT_INTERVAL_MS, Math.max(this.ctx.progressIntervalMs, REPORT_BACKOFF * this.latencyMs));
   }
 
-  /** Records the round trip (ms) of a report of this sync sent elsewhere (the command's `downloading`). */
-  noteLatency(ms: number): void {
-    this.latencyMs = ms;
-  }
-
-  private async timed<T>(report: Promise<T>): Promise<T> {
+  /** Awaits a report of this sync and keeps its round trip (ms) for `interval`; also for reports sent elsewhere (the command's `downloading`). */
+  async timed<T>(report: Promise<T>): Promise<T> {
     const t0 = Date.now();
     const r = await report;
     this.latencyMs = Date.now() - t0;
@@ -359,9 +355,7 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
   };
 
   try {
-    const t0 = Date.now();
-    await commandStatus('downloading', 0);
-    state.noteLatency(Date.now() - t0);
+    await state.timed(commandStatus('downloading', 0));
   } catch (err) {
     // Closed before we began (cancelled or expired): nothing on this machine changed, report no state.
     if (err instanceof SyncCancelled) return outcome('cancelled', err.message);
