@@ -19,12 +19,12 @@ import { createHash } from 'node:crypto';
 import { checkRows, explainCheckRows } from '../db/chunks';
 import type { BenchStack } from './stack';
 import { siteOn } from './push';
-import { ServerChild } from './server-child';
+import { type ApiWhere, type ServerChild, withApiChild } from './server-child';
 import { latencySummary, log, now, prng, round, shuffle, sleep } from './util';
 
 export interface CheckFigures {
   /** Where the API ran: a process of its own (`process`) or the bench process (`in-process`). */
-  apiRuns: 'process' | 'in-process';
+  apiRuns: ApiWhere;
   storedChunks: number;
   hashesPerRequest: number;
   requests: number;
@@ -52,25 +52,17 @@ function digest(s: string): string {
 /** Runs benchmark 4 on a fresh site of `bench`. */
 export async function benchCheck(
   bench: BenchStack,
-  opts: { storedChunks: number; requests: number; api?: 'process' | 'in-process' },
+  opts: { storedChunks: number; requests: number; api?: ApiWhere },
 ): Promise<CheckFigures> {
   if (opts.storedChunks < HASHES_PER_REQUEST / 2)
     throw new Error(`--stored-chunks must be at least ${HASHES_PER_REQUEST / 2} (half of every request is present)`);
   const where = opts.api ?? 'process';
-  const server =
-    where === 'process'
-      ? await ServerChild.start(bench.cfg, { mode: 'api', logLevel: bench.cfg.ROOST_LOG_LEVEL, without: [] }, { ownSession: true })
-      : undefined;
-  try {
-    return await check(bench, { ...opts, where, server });
-  } finally {
-    await server?.stop();
-  }
+  return withApiChild(bench.cfg, where, (server) => check(bench, { ...opts, where, server }));
 }
 
 async function check(
   bench: BenchStack,
-  opts: { storedChunks: number; requests: number; where: 'process' | 'in-process'; server?: ServerChild },
+  opts: { storedChunks: number; requests: number; where: ApiWhere; server?: ServerChild },
 ): Promise<CheckFigures> {
   const site = siteOn(await bench.newSite('check'), opts.server?.url);
   if (opts.server) log(`check: the API runs in process ${opts.server.pid} (${opts.server.url})`);

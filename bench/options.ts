@@ -23,6 +23,7 @@
  *   --out <file>          also write the JSON document to this file
  */
 import { parseArgs } from 'node:util';
+import type { ApiWhere } from './server-child';
 
 export const BENCHMARKS = ['chunker', 'push', 'republish', 'check', 'rollout', 'classic', 'api', 'scaleout'] as const;
 export type BenchName = (typeof BENCHMARKS)[number];
@@ -36,10 +37,10 @@ export interface BenchOptions {
   storedChunks: number;
   /** Chunk PUTs in flight for the push; undefined = the CLI's automatic rule. */
   concurrency?: number;
-  /** Where the cold push's API runs (bench/push.ts PushApi). */
-  pushApi: 'process' | 'in-process';
-  /** Where the `check` benchmark's API runs (like `pushApi`). */
-  checkApi: 'process' | 'in-process';
+  /** Where the cold push's API runs (bench/server-child.ts ApiWhere). */
+  pushApi: ApiWhere;
+  /** Where the `check` benchmark's API runs. */
+  checkApi: ApiWhere;
   /** The rollout benchmark skips its floor (one reboot_machine per machine, twice): minutes at 10,000 machines. */
   skipFloor: boolean;
   rounds: number;
@@ -68,6 +69,13 @@ export const MACHINES_PER_FLEET_PROCESS = 2500;
 /** The default heartbeat interval for `machines` simulated machines (ms; see the header). */
 export function defaultHeartbeatMs(machines: number): number {
   return Math.min(60_000, Math.max(30_000, machines * 6));
+}
+
+/** `--<name>`: `process` (the default) or `in-process`; throws on anything else. */
+function apiWhere(name: string, raw: string | undefined): ApiWhere {
+  const v = raw ?? 'process';
+  if (v !== 'process' && v !== 'in-process') throw new Error(`--${name} must be process or in-process (got ${v})`);
+  return v;
 }
 
 function positive(name: string, raw: string | undefined, fallback: number): number {
@@ -120,10 +128,6 @@ export function parseOptions(argv: string[]): BenchOptions {
   const database = values.database ?? 'roost_bench';
   if (!/^[a-z_][a-z0-9_]{0,62}$/.test(database)) throw new Error(`--database must be a plain lowercase identifier (got ${database})`);
   const machines = positive('machines', values.machines, 1000);
-  const pushApi = values['push-api'] ?? 'process';
-  if (pushApi !== 'process' && pushApi !== 'in-process') throw new Error(`--push-api must be process or in-process (got ${pushApi})`);
-  const checkApi = values['check-api'] ?? 'process';
-  if (checkApi !== 'process' && checkApi !== 'in-process') throw new Error(`--check-api must be process or in-process (got ${checkApi})`);
   const pollWaitSeconds = positive('poll-wait', values['poll-wait'], 25);
   if (pollWaitSeconds > 30) throw new Error(`--poll-wait must be 1..30 seconds (got ${pollWaitSeconds})`);
   return {
@@ -140,8 +144,8 @@ export function parseOptions(argv: string[]): BenchOptions {
     requests: positive('requests', values.requests, 300),
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),
     concurrency: values.concurrency === undefined ? undefined : positive('concurrency', values.concurrency, 4),
-    pushApi,
-    checkApi,
+    pushApi: apiWhere('push-api', values['push-api']),
+    checkApi: apiWhere('check-api', values['check-api']),
     skipFloor: values['skip-floor'] === true,
     rounds: positive('rounds', values.rounds, 3),
     connections: positive('connections', values.connections, 10),

@@ -24,7 +24,7 @@ import { push, type PushResult } from '../cli/push';
 import { concurrencyFor, uploadLimits } from '../cli/upload-window';
 import { RoostClient } from '../cli/client';
 import { CHUNK_SIZE } from '../domain/version';
-import { ServerChild } from './server-child';
+import { type ApiWhere, type ServerChild, withApiChild } from './server-child';
 import { sha256sumFiles } from './sha256sum';
 import { type BenchSite, type BenchStack, CLIENT_TIMEOUT_MS } from './stack';
 import type { TreeInfo } from './tree';
@@ -73,13 +73,10 @@ function cpuMeter(pids: { azurite?: number; api?: number }): () => RunCpu {
   };
 }
 
-/** Where the cold push's API runs: a process of its own (default, as a remote API would) or the bench process. */
-export type PushApi = 'process' | 'in-process';
-
 export interface ColdPushFigures {
   tree: { files: number; bytes: number };
   /** Where the API ran (`--push-api`). */
-  api: PushApi;
+  api: ApiWhere;
   /** `--concurrency` when given, else `"auto"` (the CLI's rule, cli/upload-window.ts). */
   concurrency: number | 'auto';
   /** Distinct chunks and their bytes (what both sides upload). */
@@ -219,24 +216,16 @@ export function siteOn(site: BenchSite, url: string | undefined): BenchSite {
 export async function benchColdPush(
   bench: BenchStack,
   tree: TreeInfo,
-  opts: { concurrency?: number; api?: PushApi },
+  opts: { concurrency?: number; api?: ApiWhere },
 ): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
-  const apiWhere = opts.api ?? 'process';
-  const server =
-    apiWhere === 'process'
-      ? await ServerChild.start(bench.cfg, { mode: 'api', logLevel: bench.cfg.ROOST_LOG_LEVEL, without: [] }, { ownSession: true })
-      : undefined;
-  try {
-    return await coldPush(bench, tree, { concurrency: opts.concurrency, api: apiWhere, server });
-  } finally {
-    await server?.stop();
-  }
+  const where = opts.api ?? 'process';
+  return withApiChild(bench.cfg, where, (server) => coldPush(bench, tree, { concurrency: opts.concurrency, api: where, server }));
 }
 
 async function coldPush(
   bench: BenchStack,
   tree: TreeInfo,
-  opts: { concurrency?: number; api: PushApi; server?: ServerChild },
+  opts: { concurrency?: number; api: ApiWhere; server?: ServerChild },
 ): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
   const api = { url: opts.server?.url, pid: opts.server?.pid };
   if (opts.server) log(`push: the API runs in process ${opts.server.pid} (${opts.server.url})`);

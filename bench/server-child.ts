@@ -83,3 +83,22 @@ export class ServerChild {
     clearTimeout(t);
   }
 }
+
+/** Where a benchmark's API runs: a process of its own session (as a remote API would) or the bench process. */
+export type ApiWhere = 'process' | 'in-process';
+
+/**
+ * Runs `fn` with the real app in a process of its own session when `where` is `process` (stopped
+ * afterwards, whatever `fn` did), else with none (`in-process`: the bench stack's own API serves).
+ */
+export async function withApiChild<T>(cfg: Config, where: ApiWhere, fn: (server: ServerChild | undefined) => Promise<T>): Promise<T> {
+  const server =
+    where === 'process'
+      ? await ServerChild.start(cfg, { mode: 'api', logLevel: cfg.ROOST_LOG_LEVEL, without: [] }, { ownSession: true })
+      : undefined;
+  try {
+    return await fn(server);
+  } finally {
+    await server?.stop();
+  }
+}
