@@ -298,23 +298,43 @@ export async function expirePendingCommands(db: Queryable, siteId: string, machi
   return r.rowCount ?? 0;
 }
 
-/** Of `machineIds` (one site), those with at least one deliverable command. One query for any number of ids. */
-export async function machinesWithDeliverable(db: Queryable, siteId: string, machineIds: string[]): Promise<string[]> {
-  if (machineIds.length === 0) return [];
-  const { rows } = await db.query<{ machine_id: string }>(
-    `SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id = ANY($2::TEXT[]) AND ${DELIVERABLE}`,
-    [siteId, machineIds],
+/**
+ * Of `machineIds` (one site), at most `limit` with at least one deliverable command, and `unacked`: the
+ * site's commands handed out less than REDELIVER_AFTER_SECONDS ago that their agent has not reported on yet
+ * (still `pending`). The machines are taken in id order from `pivot` on, wrapping around (the caller picks
+ * a different pivot each time, so a limit spreads over the whole fleet instead of always favouring the
+ * lowest ids). One statement for any number of ids; every part reads the partial index `commands_pending`
+ * (migration 023_commands_pending_index.sql), so the cost follows the site's pending commands, not its
+ * command history.
+ */
+export async function machinesWithDeliverable(
+  db: Queryable,
+  siteId: string,
+  machineIds: string[],
+  limit = machineIds.length,
+  pivot = '',
+): Promise<{ ready: string[]; unacked: number }> {
+  if (machineIds.length === 0) return { ready: [], unacked: 0 };
+  const part = (cmp: string) =>
+    `(SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id = ANY($2::TEXT[]) AND machine_id ${cmp} $4
+       AND ${DELIVERABLE} ORDER BY machine_id LIMIT $3)`;
+  const { rows } = await db.query<{ unacked: number; ready: string[] }>(
+    `SELECT (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND status = 'pending'
+               AND delivered_at >= now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second')) AS unacked,
+            ARRAY(${part('>=')} UNION ALL ${part('<')}) AS ready`,
+    [siteId, machineIds, Math.max(0, limit), pivot],
   );
-  return rows.map((r) => r.machine_id);
+  return { ready: rows[0].ready.slice(0, Math.max(0, limit)), unacked: rows[0].unacked };
 }
 
 /**
  * Hands out the machine's deliverable commands, oldest first (at most `limit`), and marks them delivered;
- * the same statement first closes the machine's pending commands whose expiry has passed (as
+ * the same statement closes the machine's pending commands whose expiry has passed (as
  * `expirePendingCommands`), so a long-poll costs one statement, not two. One statement: two concurrent
- * polls may both receive a command (at-least-once). The two parts touch disjoint rows (expired vs not).
- * A data-modifying WITH runs to completion whether or not the main statement reads it (PostgreSQL and
- * CockroachDB alike).
+ * polls may both receive a command (at-least-once). It is a single UPDATE whose CASEs tell the two kinds of
+ * rows apart (expired vs deliverable: disjoint), not a data-modifying WITH beside a second UPDATE of
+ * `commands`: CockroachDB refuses two modifications of one table in a statement
+ * (sql.multiple_modifications_of_table.enabled).
  */
 export async function claimCommands(
   db: Queryable,
@@ -322,16 +342,25 @@ export async function claimCommands(
   machineId: string,
   limit = MAX_COMMANDS_PER_POLL,
 ): Promise<CommandRow[]> {
-  const { rows } = await db.query<CommandRow>(
-    `WITH expired AS (${EXPIRE_PENDING} RETURNING command_id)
-     UPDATE commands SET delivered_at = now()
-      WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
-        AND command_id IN (SELECT command_id FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
-                            ORDER BY created_at, command_id LIMIT $3)
-      RETURNING ${COMMAND_COLUMNS}`,
+  const expired = `(expires_at IS NOT NULL AND expires_at <= now())`;
+  const { rows } = await db.query<CommandRow & { claim_expired: boolean }>(
+    `UPDATE commands SET
+            status = CASE WHEN ${expired} THEN 'failed' ELSE status END,
+            error = CASE WHEN ${expired} THEN 'expired' ELSE error END,
+            completed_at = CASE WHEN ${expired} THEN now() ELSE completed_at END,
+            updated_at = CASE WHEN ${expired} THEN now() ELSE updated_at END,
+            delivered_at = CASE WHEN ${expired} THEN delivered_at ELSE now() END
+      WHERE site_id = $1 AND machine_id = $2 AND status = 'pending'
+        AND (${expired}
+             OR command_id IN (SELECT command_id FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
+                                ORDER BY created_at, command_id LIMIT $3))
+      RETURNING ${COMMAND_COLUMNS}, (status = 'failed') AS claim_expired`,
     [siteId, machineId, limit],
   );
-  return rows.sort((a, b) => a.created_at.getTime() - b.created_at.getTime() || (a.command_id < b.command_id ? -1 : 1));
+  return rows
+    .filter((r) => !r.claim_expired)
+    .map(({ claim_expired: _expired, ...row }) => row)
+    .sort((a, b) => a.created_at.getTime() - b.created_at.getTime() || (a.command_id < b.command_id ? -1 : 1));
 }
 
 export interface CommandReport {
@@ -355,6 +384,30 @@ export async function reportCommand(
   commandId: string,
   report: CommandReport,
 ): Promise<{ row: CommandRow; changed: boolean } | null> {
+  const r = reportValues(report);
+  const { rows } = await db.query<CommandRow>(
+    `UPDATE commands SET ${REPORT_SET} WHERE site_id = $1 AND machine_id = $2 AND command_id = $3 AND completed_at IS NULL
+      RETURNING ${COMMAND_COLUMNS}`,
+    [siteId, machineId, commandId, r.status, r.result, r.error, r.progress, r.terminal],
+  );
+  if (rows[0]) return { row: rows[0], changed: true };
+  const row = await getCommand(db, siteId, machineId, commandId);
+  return row ? { row, changed: false } : null;
+}
+
+/** SQL: the SET list of a command report ($4 status, $5 result, $6 error, $7 progress, $8 terminal). */
+const REPORT_SET = `status = $4, result = $5, error = $6, progress = COALESCE($7, progress), updated_at = now(),
+            completed_at = CASE WHEN $8 THEN now() ELSE NULL END,
+            delivered_at = COALESCE(delivered_at, now())`;
+
+/** The stored values of a report: result and error defaulted as `reportCommand` describes. */
+function reportValues(report: CommandReport): {
+  status: string;
+  result: string | null;
+  error: string | null;
+  progress: number | null;
+  terminal: boolean;
+} {
   const terminal = (TERMINAL_COMMAND_STATUSES as readonly string[]).includes(report.status);
   let result: string | null = null;
   let error: string | null = null;
@@ -362,17 +415,7 @@ export async function reportCommand(
   else if (report.status === 'cancelled') result = report.result ?? 'cancelled';
   if (report.status === 'failed') error = truncateError(report.error ?? 'failed');
   else if (!terminal && report.error !== undefined) error = truncateError(report.error);
-  const { rows } = await db.query<CommandRow>(
-    `UPDATE commands SET status = $4, result = $5, error = $6, progress = COALESCE($7, progress), updated_at = now(),
-            completed_at = CASE WHEN $8 THEN now() ELSE NULL END,
-            delivered_at = COALESCE(delivered_at, now())
-      WHERE site_id = $1 AND machine_id = $2 AND command_id = $3 AND completed_at IS NULL
-      RETURNING ${COMMAND_COLUMNS}`,
-    [siteId, machineId, commandId, report.status, result, error, report.progress ?? null, terminal],
-  );
-  if (rows[0]) return { row: rows[0], changed: true };
-  const row = await getCommand(db, siteId, machineId, commandId);
-  return row ? { row, changed: false } : null;
+  return { status: report.status, result, error, progress: report.progress ?? null, terminal };
 }
 
 /** One command of a machine, or null. */
@@ -508,6 +551,32 @@ export interface TargetStateRow extends SyncCounters {
   updated_at: Date;
 }
 
+/** SQL: the columns of roost_target_states an upsert writes, in the order of `targetStateValues` ($1…$13). */
+const TARGET_STATE_INSERT = `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, error, chunks_fetched, chunks_total,
+                                      chunks_dedup, files_total, files_assembled, files_skipped, bytes_fetched, updated_at)`;
+/** SQL: what an upsert of a target state changes on an existing row. */
+const TARGET_STATE_ON_CONFLICT = `ON CONFLICT (site_id, machine_id, roost_id) DO UPDATE SET
+       reported_version_id = excluded.reported_version_id, status = excluded.status, error = excluded.error,
+       chunks_fetched = excluded.chunks_fetched, chunks_total = excluded.chunks_total, chunks_dedup = excluded.chunks_dedup,
+       files_total = excluded.files_total, files_assembled = excluded.files_assembled, files_skipped = excluded.files_skipped,
+       bytes_fetched = excluded.bytes_fetched, updated_at = now()`;
+/** The row values of a target state (roost_target_states columns after the site, machine and roost). The error is kept only on failed/cancelled. */
+function targetStateValues(s: TargetStateInput): unknown[] {
+  const keepsError = s.status === 'failed' || s.status === 'cancelled';
+  return [
+    s.reportedVersionId,
+    s.status,
+    keepsError ? truncateError(s.error ?? null) : null,
+    s.chunks_fetched,
+    s.chunks_total,
+    s.chunks_dedup,
+    s.files_total,
+    s.files_assembled,
+    s.files_skipped,
+    s.bytes_fetched ?? 0,
+  ];
+}
+
 /** Upserts the machine's reported state for a roost (one statement). The error is kept only on failed/cancelled. */
 export async function upsertTargetState(
   db: Queryable,
@@ -516,34 +585,103 @@ export async function upsertTargetState(
   roostId: string,
   s: TargetStateInput,
 ): Promise<TargetStateRow> {
-  const keepsError = s.status === 'failed' || s.status === 'cancelled';
   const { rows } = await db.query<TargetStateRow>(
-    `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, error, chunks_fetched, chunks_total,
-                                      chunks_dedup, files_total, files_assembled, files_skipped, bytes_fetched, updated_at)
+    `${TARGET_STATE_INSERT}
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now())
-     ON CONFLICT (site_id, machine_id, roost_id) DO UPDATE SET
-       reported_version_id = excluded.reported_version_id, status = excluded.status, error = excluded.error,
-       chunks_fetched = excluded.chunks_fetched, chunks_total = excluded.chunks_total, chunks_dedup = excluded.chunks_dedup,
-       files_total = excluded.files_total, files_assembled = excluded.files_assembled, files_skipped = excluded.files_skipped,
-       bytes_fetched = excluded.bytes_fetched, updated_at = now()
+     ${TARGET_STATE_ON_CONFLICT}
      RETURNING *`,
-    [
-      siteId,
-      machineId,
-      roostId,
-      s.reportedVersionId,
-      s.status,
-      keepsError ? truncateError(s.error ?? null) : null,
-      s.chunks_fetched,
-      s.chunks_total,
-      s.chunks_dedup,
-      s.files_total,
-      s.files_assembled,
-      s.files_skipped,
-      s.bytes_fetched ?? 0,
-    ],
+    [siteId, machineId, roostId, ...targetStateValues(s)],
   );
   return rows[0];
+}
+
+/** What `reportCommandWithState` found and did. */
+export type ReportWithStateResult =
+  | { found: 'no_roost' }
+  | { found: 'no_version' }
+  | { found: 'no_command' }
+  | { found: 'all'; row: CommandRow; changed: boolean; stored: TargetStateRow };
+
+const TS_COLUMNS = [
+  'reported_version_id',
+  'status',
+  'error',
+  'chunks_fetched',
+  'chunks_total',
+  'chunks_dedup',
+  'files_total',
+  'files_assembled',
+  'files_skipped',
+  'bytes_fetched',
+  'updated_at',
+] as const;
+
+/**
+ * A command report and the machine's target state of a roost in one statement (atomic: both or neither):
+ * checks that `roostId` is a live roost of the site, `state.reportedVersionId` one of its versions and the
+ * command this machine's, then applies the report as `reportCommand` does (a closed command is left as
+ * it is) and upserts the target state as `upsertTargetState` does (also when the command was closed: it
+ * says what the disk holds). Nothing changes unless all three hold; `found` says which failed first, in
+ * that order. One round trip instead of five (check, BEGIN, report, upsert, COMMIT): a fleet's reports
+ * are the bulk of a rollout's statements (docs/benchmarks.md "10,000 machines").
+ */
+export async function reportCommandWithState(
+  db: Queryable,
+  siteId: string,
+  machineId: string,
+  commandId: string,
+  report: CommandReport,
+  roostId: string,
+  state: TargetStateInput,
+): Promise<ReportWithStateResult> {
+  const r = reportValues(report);
+  const { rows } = await db.query<Record<string, unknown>>(
+    `WITH chk AS (
+       SELECT EXISTS (SELECT 1 FROM roosts WHERE site_id = $1 AND roost_id = $9 AND deleted_at IS NULL) AS roost,
+              EXISTS (SELECT 1 FROM roost_versions WHERE site_id = $1 AND roost_id = $9 AND version_id = $10) AS version,
+              EXISTS (SELECT 1 FROM commands WHERE site_id = $1 AND machine_id = $2 AND command_id = $3) AS command
+     ), upd AS (
+       UPDATE commands SET ${REPORT_SET}
+        WHERE site_id = $1 AND machine_id = $2 AND command_id = $3 AND completed_at IS NULL
+          AND (SELECT roost AND version FROM chk)
+       RETURNING ${COMMAND_COLUMNS}
+     ), ts AS (
+       ${TARGET_STATE_INSERT}
+       SELECT $1, $2, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, now()
+        WHERE (SELECT roost AND version AND command FROM chk)
+       ${TARGET_STATE_ON_CONFLICT}
+       RETURNING ${TS_COLUMNS.join(', ')}
+     )
+     SELECT chk.roost AS chk_roost, chk.version AS chk_version, chk.command AS chk_command,
+            EXISTS (SELECT 1 FROM upd) AS chk_changed,
+            ${TS_COLUMNS.map((c) => `ts.${c} AS ts_${c}`).join(', ')},
+            c.*
+       FROM chk
+       LEFT JOIN ts ON true
+       LEFT JOIN LATERAL (
+         SELECT ${COMMAND_COLUMNS} FROM upd
+         UNION ALL
+         SELECT ${COMMAND_COLUMNS} FROM commands
+          WHERE site_id = $1 AND machine_id = $2 AND command_id = $3 AND NOT EXISTS (SELECT 1 FROM upd)
+       ) AS c ON true`,
+    [siteId, machineId, commandId, r.status, r.result, r.error, r.progress, r.terminal, roostId, ...targetStateValues(state)],
+  );
+  const row = rows[0];
+  if (!row.chk_roost) return { found: 'no_roost' };
+  if (!row.chk_version) return { found: 'no_version' };
+  if (!row.chk_command) return { found: 'no_command' };
+  const stored = { site_id: siteId, machine_id: machineId, roost_id: roostId } as Record<string, unknown>;
+  const command: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(row)) {
+    if (k.startsWith('ts_')) stored[k.slice(3)] = v;
+    else if (!k.startsWith('chk_')) command[k] = v;
+  }
+  return {
+    found: 'all',
+    row: command as unknown as CommandRow,
+    changed: row.chk_changed === true,
+    stored: stored as unknown as TargetStateRow,
+  };
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@
  *
  * Secrets and tokens are stored as SHA-256 digests only. Long-poll: waiting requests register in one
  * per-process `CommandWaiters`; one loop checks the database every ~250 ms for all waiting machines of a
- * site with a single query, so a thousand waiting agents cost four queries a second, not four thousand.
+ * site with a single query, so a thousand waiting agents cost four queries a second, not four thousand,
+ * and hands out delivery slots so at most MAX_DELIVERING deliveries are built at once.
  */
 import { ApiError } from '../domain/errors';
 import { hexEqual, isSha256Hex, randomToken, sha256Hex } from '../domain/hex';
@@ -24,6 +25,7 @@ import {
   machinesWithDeliverable,
   recordHeartbeat,
   reportCommand,
+  reportCommandWithState,
   roostAndVersionExist,
   roostVersionForAgent,
   setCommandArtifact,
@@ -31,7 +33,6 @@ import {
   siteEnrolmentSecretHash,
   upsertTargetState,
 } from '../db/machines';
-import { withTx } from '../db/pool';
 import type { VersionBody } from '../domain/version';
 import type { ServiceDeps } from './deps';
 import { ensureVersionSignatures, listSigningKeys, sealKeyOf } from './signing';
@@ -45,8 +46,16 @@ export type { CommandRow, HeartbeatInput, TargetStateRow };
 export const MAX_WAIT_SECONDS = 30;
 /** Interval of the shared long-poll check (ms). */
 export const POLL_INTERVAL_MS = 250;
-/** Long-polls one API process wakes per check at most (2,000 a second at POLL_INTERVAL_MS; see CommandWaiters). */
-export const WAKE_PER_TICK = 500;
+/**
+ * Deliveries (a claim and its inline syncs) one API process builds at once; the long-polls beyond it wait
+ * for a free slot (see CommandWaiters).
+ */
+export const MAX_DELIVERING = 8;
+/**
+ * Commands of one site handed out and not yet acknowledged (no report yet) beyond which the check hands out
+ * no more (see CommandWaiters): deliveries then follow the pace at which agents report, whatever the wave.
+ */
+export const MAX_UNACKED_PER_SITE = 500;
 /** Largest screenshot PNG accepted (bytes). */
 export const MAX_SCREENSHOT_BYTES = 10 * 1024 * 1024;
 const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
@@ -71,27 +80,54 @@ export interface WarnLogger {
 }
 
 interface Waiter {
-  resolve: (signalled: boolean) => void;
+  resolve: (slot: boolean) => void;
   timer: NodeJS.Timeout;
 }
 
 /**
- * Per-process registry of long-polling agents. `wait()` resolves true when the machine has a
- * deliverable command (checked every `intervalMs` for all waiters of a site with one query), false at
- * the deadline or when cancelled/closed.
+ * Per-process registry of long-polling agents, and the pacing of deliveries. One loop checks the
+ * database every `intervalMs` for the waiting machines of each site that have a deliverable command (one
+ * query per site and 5,000 machines, reading the partial index `commands_pending`) and keeps them as a
+ * ready list, cut so that the site's deliveries awaiting their agent's first report stay under
+ * `maxUnacked`; a ready machine's poll is woken only while fewer than `maxDelivering` deliveries are being
+ * built, and each delivery's `release()` wakes the next ready one at once.
+ *
+ * Why slots: a wave queued for 10,000 machines made every waiting poll deliverable at once; woken
+ * together (or 500 per check), their claims and inline syncs queued by the thousand for the database
+ * pool, and the reports and heartbeats of machines already syncing waited behind them (minutes at 10,000
+ * simulated machines: docs/benchmarks.md "10,000 machines"). With slots the work in flight stays
+ * bounded, machines finish what they started first, and the rest wait in their long-poll, which costs
+ * nothing. Slots alone still let a settled fleet take 9,900 deliveries in 20 s, faster than the agents'
+ * first reports could come back; past 60 s unreported, commands were handed out again (redelivery),
+ * which cost more deliveries still. The unacknowledged window ties the hand-out rate to the report rate.
  */
 export class CommandWaiters {
   private readonly bySite = new Map<string, Map<string, Set<Waiter>>>();
+  /** Machines found deliverable by the last check, not yet woken ([siteId, machineId]; `readyAt` is the next). */
+  private ready: [string, string][] = [];
+  private readyAt = 0;
+  private inFlight = 0;
   private loop: NodeJS.Timeout | undefined;
   private closed = false;
 
+  /**
+   * @param intervalMs pause between two checks (ms)
+   * @param maxDelivering deliveries built at once (slots)
+   * @param maxUnacked a site's deliveries awaiting their agent's first report beyond which none are woken
+   */
   constructor(
     private readonly deps: Pick<ServiceDeps, 'db'>,
     private readonly log: WarnLogger,
     private readonly intervalMs = POLL_INTERVAL_MS,
+    private readonly maxDelivering = MAX_DELIVERING,
+    private readonly maxUnacked = MAX_UNACKED_PER_SITE,
   ) {}
 
-  /** Waits until `deadline` (epoch ms) for a deliverable command. `cancel()` resolves false at once. */
+  /**
+   * Waits until `deadline` (epoch ms) for a deliverable command. The promise resolves true when the machine
+   * has one: the caller then holds a delivery slot and must `release()` it once its delivery is built;
+   * false at the deadline or when cancelled/closed (no slot). `cancel()` resolves false at once.
+   */
   wait(siteId: string, machineId: string, deadline: number): { promise: Promise<boolean>; cancel: () => void } {
     let waiter!: Waiter;
     const promise = new Promise<boolean>((resolve) => {
@@ -111,6 +147,19 @@ export class CommandWaiters {
     return { promise, cancel: () => this.finish(siteId, machineId, waiter, false) };
   }
 
+  /** Takes a delivery slot when one is free (a poll that does not wait: `wait=0`). @returns whether it did. */
+  tryAcquire(): boolean {
+    if (this.inFlight >= this.maxDelivering) return false;
+    this.inFlight++;
+    return true;
+  }
+
+  /** Gives back a slot taken by `tryAcquire` or handed out by `wait`, and wakes the next ready poll. */
+  release(): void {
+    this.inFlight = Math.max(0, this.inFlight - 1);
+    this.pump();
+  }
+
   /** Number of requests currently waiting (for tests and metrics). */
   get size(): number {
     let n = 0;
@@ -118,17 +167,24 @@ export class CommandWaiters {
     return n;
   }
 
+  /** Deliveries being built now (slots taken). */
+  get delivering(): number {
+    return this.inFlight;
+  }
+
   /** Releases every waiter (false) and stops the loop. */
   close(): void {
     this.closed = true;
     if (this.loop) clearTimeout(this.loop);
     this.loop = undefined;
+    this.ready = [];
+    this.readyAt = 0;
     for (const [siteId, machines] of this.bySite) {
       for (const [machineId, set] of machines) for (const w of [...set]) this.finish(siteId, machineId, w, false);
     }
   }
 
-  private finish(siteId: string, machineId: string, w: Waiter, signalled: boolean): void {
+  private finish(siteId: string, machineId: string, w: Waiter, slot: boolean): void {
     clearTimeout(w.timer);
     const machines = this.bySite.get(siteId);
     const set = machines?.get(machineId);
@@ -137,7 +193,19 @@ export class CommandWaiters {
       if (set.size === 0) machines!.delete(machineId);
       if (machines!.size === 0) this.bySite.delete(siteId);
     }
-    w.resolve(signalled);
+    w.resolve(slot);
+  }
+
+  /** Wakes ready polls (one per machine) while slots are free; a ready machine whose poll ended is skipped. */
+  private pump(): void {
+    while (this.inFlight < this.maxDelivering && this.readyAt < this.ready.length) {
+      const [siteId, machineId] = this.ready[this.readyAt++];
+      const set = this.bySite.get(siteId)?.get(machineId);
+      const w = set?.values().next().value;
+      if (!w) continue;
+      this.inFlight++;
+      this.finish(siteId, machineId, w, true);
+    }
   }
 
   private schedule(): void {
@@ -154,22 +222,30 @@ export class CommandWaiters {
   }
 
   private async tick(): Promise<void> {
-    // At most WAKE_PER_TICK polls woken per check: a wave queued for 10,000 machines at once otherwise woke
-    // every long-poll in one go, and each woken poll's claim and inline sync queued behind all the others
-    // for the database pool, so no answer left until nearly all were built. The rest wait for the next
-    // check (they are still deliverable), a steady stream the fleet works through as it arrives.
-    let budget = WAKE_PER_TICK;
+    const ready: [string, string][] = [];
     for (const [siteId, machines] of [...this.bySite]) {
       const ids = [...machines.keys()];
-      for (let i = 0; i < ids.length && budget > 0; i += 5000) {
-        const ready = await machinesWithDeliverable(this.deps.db, siteId, ids.slice(i, i + 5000));
-        for (const machineId of ready.slice(0, budget)) {
-          const set = this.bySite.get(siteId)?.get(machineId);
-          if (set) for (const w of [...set]) this.finish(siteId, machineId, w, true);
+      // The first query tells how many of the site's deliveries still await their agent's first report;
+      // the ready list of the site is cut to what the window has left.
+      let room = this.maxUnacked;
+      for (let i = 0; i < ids.length && room > 0; i += 5000) {
+        const chunk = ids.slice(i, i + 5000);
+        // A random pivot: each check starts its ready list at a different machine.
+        const pivot = chunk[Math.floor(Math.random() * chunk.length)];
+        const r = await machinesWithDeliverable(this.deps.db, siteId, chunk, room, pivot);
+        if (i === 0) {
+          // Deliveries being built count too (their claim may not have run yet).
+          room = Math.max(0, this.maxUnacked - r.unacked - this.inFlight);
+          r.ready.splice(room);
         }
-        budget -= Math.min(budget, ready.length);
+        for (const machineId of r.ready) ready.push([siteId, machineId]);
+        room -= r.ready.length;
       }
     }
+    // The new list replaces the old one: what was not woken yet is in it again if still deliverable.
+    this.ready = ready;
+    this.readyAt = 0;
+    this.pump();
   }
 }
 
@@ -246,32 +322,6 @@ export async function recordAgentHeartbeat(
 // Commands (GET /api/agent/commands, POST /api/agent/commands/{commandId}, PUT …/screenshot)
 
 /**
- * Hands out the machine's deliverable commands (expired ones closed first), long-polling through
- * `waiters` up to `waitSeconds` (capped at MAX_WAIT_SECONDS) when there are none. `gone` aborts when
- * the agent hung up: the wait stops so nothing is marked delivered to nobody.
- * @returns the claimed rows, oldest first (possibly none).
- */
-export async function pollCommands(
-  deps: Pick<ServiceDeps, 'db'>,
-  waiters: CommandWaiters,
-  input: AgentIdentity & { waitSeconds: number; gone: AbortSignal },
-): Promise<CommandRow[]> {
-  const { siteId, machineId, gone } = input;
-  const deadline = Date.now() + Math.min(input.waitSeconds, MAX_WAIT_SECONDS) * 1000;
-  // Closes the machine's expired pending commands in the same statement (db/machines.ts).
-  let rows = await claimCommands(deps.db, siteId, machineId);
-  while (rows.length === 0 && !gone.aborted && Date.now() < deadline) {
-    const w = waiters.wait(siteId, machineId, deadline);
-    gone.addEventListener('abort', w.cancel, { once: true });
-    const signalled = await w.promise;
-    gone.removeEventListener('abort', w.cancel);
-    if (!signalled || gone.aborted) break;
-    rows = await claimCommands(deps.db, siteId, machineId);
-  }
-  return rows;
-}
-
-/**
  * A sync_pull command with what the agent would otherwise fetch in separate requests (the inline sync of
  * `GET /api/agent/commands?inline=sync`, docs/agent-protocol.md "Inline sync").
  */
@@ -319,7 +369,15 @@ export async function inlineSyncFor(
 }
 
 /**
- * `pollCommands`, and with `inlineSync` each sync_pull handed out carries its InlineSync.
+ * Hands out the machine's deliverable commands (expired ones closed first), long-polling through `waiters`
+ * up to `waitSeconds` (capped at MAX_WAIT_SECONDS); with `inlineSync` each sync_pull carries its
+ * InlineSync. `gone` aborts when the agent hung up: the wait stops so nothing is marked delivered to nobody.
+ *
+ * Pacing (CommandWaiters): a long-poll (`waitSeconds` > 0) does not claim on arrival; it waits, and the
+ * shared check (every POLL_INTERVAL_MS) wakes it with a delivery slot when it has a deliverable command, so
+ * a command reaches a machine that is already waiting at once, and one that polls anew within one check. A
+ * poll with `waitSeconds` 0 claims at once, in a slot when one is free. The claim and the inline syncs
+ * are built inside the slot.
  * @returns the claimed rows, oldest first (possibly none).
  */
 export async function pollAgentCommands(
@@ -327,7 +385,41 @@ export async function pollAgentCommands(
   waiters: CommandWaiters,
   input: AgentIdentity & { waitSeconds: number; gone: AbortSignal; inlineSync: boolean },
 ): Promise<PolledCommand[]> {
-  const rows: PolledCommand[] = await pollCommands(deps, waiters, input);
+  const { siteId, machineId, gone } = input;
+  const waitSeconds = Math.min(input.waitSeconds, MAX_WAIT_SECONDS);
+  if (waitSeconds <= 0) {
+    const held = waiters.tryAcquire();
+    try {
+      return await deliver(deps, input);
+    } finally {
+      if (held) waiters.release();
+    }
+  }
+  const deadline = Date.now() + waitSeconds * 1000;
+  while (!gone.aborted && Date.now() < deadline) {
+    const w = waiters.wait(siteId, machineId, deadline);
+    gone.addEventListener('abort', w.cancel, { once: true });
+    const slot = await w.promise;
+    gone.removeEventListener('abort', w.cancel);
+    if (!slot) break;
+    try {
+      if (gone.aborted) break;
+      const rows = await deliver(deps, input);
+      // Nothing left (cancelled or taken by another poll of the machine meanwhile): wait on.
+      if (rows.length > 0) return rows;
+    } finally {
+      waiters.release();
+    }
+  }
+  return [];
+}
+
+/** Claims the machine's deliverable commands (db/machines.ts claimCommands) and adds the inline syncs. */
+async function deliver(
+  deps: Pick<ServiceDeps, 'db' | 'cfg' | 'blob'>,
+  input: AgentIdentity & { inlineSync: boolean },
+): Promise<PolledCommand[]> {
+  const rows: PolledCommand[] = await claimCommands(deps.db, input.siteId, input.machineId);
   if (!input.inlineSync) return rows;
   return Promise.all(
     rows.map(async (r) => {
@@ -373,12 +465,14 @@ export async function reportCommandStatus(
     return { row: r.row, applied: r.changed };
   }
   const { roostId, ...state } = targetState;
-  await checkTargetVersion(deps, input.siteId, roostId, state.reportedVersionId, 'targetState.');
-  const r = await withTx(deps.db, async (tx) => {
-    const cmd = await reportCommand(tx, input.siteId, input.machineId, input.commandId, report);
-    if (!cmd) throw new ApiError('not_found', 'command not found');
-    return { ...cmd, stored: await upsertTargetState(tx, input.siteId, input.machineId, roostId, state) };
-  });
+  // One statement checks the roost, the version and the command and writes both (db/machines.ts).
+  const r = await reportCommandWithState(deps.db, input.siteId, input.machineId, input.commandId, report, roostId, state);
+  if (r.found === 'no_roost') throw new ApiError('not_found', 'roost not found', { extras: { param: 'targetState.roostId' } });
+  if (r.found === 'no_version')
+    throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
+      extras: { param: 'targetState.reportedVersionId' },
+    });
+  if (r.found === 'no_command') throw new ApiError('not_found', 'command not found');
   noteTargetReport(input.siteId, state.status, state.bytes_fetched, deps.cfg.ROOST_METRICS_MAX_SITES);
   return { row: r.row, applied: r.changed, targetState: r.stored };
 }

@@ -14,7 +14,8 @@ import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import type { Scope } from '../../domain/scopes';
 import { Agent } from '../../agent/agent';
 import { verifyTree } from '../../agent/fleet';
-import { CommandWaiters, WAKE_PER_TICK } from '../../services/agent';
+import { CommandWaiters, pollAgentCommands } from '../../services/agent';
+import { claimCommands, machinesWithDeliverable } from '../../db/machines';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
@@ -999,26 +1000,199 @@ describe('reference agent end to end', () => {
 // ------------------------------------------------------------------------------------ long-poll wake-ups
 
 describe('CommandWaiters (services/agent.ts)', () => {
-  it(`wakes at most ${WAKE_PER_TICK} long-polls per check and the rest at the next one`, async () => {
-    const n = WAKE_PER_TICK + 100;
-    const ids = Array.from({ length: n }, (_, i) => `wake-${String(i).padStart(4, '0')}`);
-    await h.deps.db.query(
-      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_wake_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
+  const insertFor = (ids: string[], tag: string) =>
+    h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_${tag}_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
       [h.siteId, ids],
     );
-    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 300);
-    let woken = 0;
+  const removeTagged = (tag: string) =>
+    h.deps.db.query(`DELETE FROM commands WHERE site_id = $1 AND command_id LIKE 'cmd_${tag}_%'`, [h.siteId]);
+
+  it('wakes ready polls only while a delivery slot is free, and the next one as soon as a slot is released', async () => {
+    const ids = Array.from({ length: 10 }, (_, i) => `slot-${i}`);
+    await insertFor(ids, 'slot');
+    // One check only in this test (the next would come a minute later): every wake-up after the first
+    // check is a release's.
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 200, 4);
+    const woken: string[] = [];
+    const idle = async () => {
+      for (let i = 0; i < 3; i++) await new Promise((r) => setImmediate(r));
+    };
     try {
-      const waits = ids.map((id) => waiters.wait(h.siteId, id, Date.now() + 30_000).promise.then((signalled) => signalled && woken++));
-      // The first check wakes its share in one synchronous pass; the next check is 300 ms later.
+      const waits = ids.map((id) => waiters.wait(h.siteId, id, Date.now() + 60_000).promise.then((slot) => slot && woken.push(id)));
       await Promise.race(waits);
-      await new Promise((r) => setImmediate(r));
-      expect(woken).toBe(WAKE_PER_TICK);
+      await idle();
+      expect(woken).toHaveLength(4);
+      expect(waiters.delivering).toBe(4);
+      expect(waiters.tryAcquire()).toBe(false);
+      waiters.release();
+      await idle();
+      expect(woken).toHaveLength(5);
+      expect(waiters.delivering).toBe(4);
+      for (let i = 0; i < 5; i++) waiters.release();
       await Promise.all(waits);
-      expect(woken).toBe(n);
+      expect(new Set(woken)).toEqual(new Set(ids));
+      for (let i = 0; i < 4; i++) waiters.release();
+      expect(waiters.delivering).toBe(0);
+      expect(waiters.size).toBe(0);
     } finally {
       waiters.close();
-      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1 AND command_id LIKE 'cmd_wake_%'`, [h.siteId]);
+      await removeTagged('slot');
     }
+  });
+
+  it('leaves a machine without a deliverable command waiting, however many slots are free', async () => {
+    await insertFor(['slot-busy'], 'free');
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 50, 4);
+    try {
+      const idleWait = waiters.wait(h.siteId, 'slot-idle', Date.now() + 400);
+      const busyWait = waiters.wait(h.siteId, 'slot-busy', Date.now() + 5_000);
+      expect(await busyWait.promise).toBe(true);
+      expect(await idleWait.promise).toBe(false);
+      expect(waiters.delivering).toBe(1);
+      waiters.release();
+    } finally {
+      waiters.close();
+      await removeTagged('free');
+    }
+  });
+
+  it('a long-poll claims nothing while every slot is taken, and gets its command once one is released', async () => {
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 50, 2);
+    const ctl = new AbortController();
+    try {
+      await insertFor(['slot-full'], 'full');
+      expect(waiters.tryAcquire()).toBe(true);
+      expect(waiters.tryAcquire()).toBe(true);
+      const poll = pollAgentCommands(h.deps, waiters, {
+        siteId: h.siteId,
+        machineId: 'slot-full',
+        waitSeconds: 10,
+        gone: ctl.signal,
+        inlineSync: true,
+      });
+      await new Promise((r) => setTimeout(r, 300)); // several checks
+      const before = await h.deps.db.query('SELECT delivered_at FROM commands WHERE site_id = $1 AND command_id = $2', [
+        h.siteId,
+        'cmd_full_slot-full',
+      ]);
+      expect(before.rows[0].delivered_at).toBeNull();
+      waiters.release();
+      const rows = await poll;
+      expect(rows.map((r) => r.command_id)).toEqual(['cmd_full_slot-full']);
+      // The poll gave its slot back; the one still held by the test is the only one taken.
+      expect(waiters.delivering).toBe(1);
+      waiters.release();
+    } finally {
+      ctl.abort();
+      waiters.close();
+      await removeTagged('full');
+    }
+  });
+
+  it("hands out no more of a site's commands while the agents' first reports of earlier ones are outstanding", async () => {
+    // A site of its own: the window counts the whole site's outstanding deliveries, and other tests here
+    // leave some in the main site.
+    const { siteId } = await h.other();
+    const ids = Array.from({ length: 6 }, (_, i) => `win-${i}`);
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_win_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
+      [siteId, ids],
+    );
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 50, 8, 3);
+    const ctl = new AbortController();
+    const delivered = async () =>
+      (
+        await h.deps.db.query<{ command_id: string; status: string }>(
+          `SELECT command_id, status FROM commands WHERE site_id = $1 AND command_id LIKE 'cmd_win_%' AND delivered_at IS NOT NULL`,
+          [siteId],
+        )
+      ).rows;
+    try {
+      const got: string[] = [];
+      const polls = ids.map((machineId) =>
+        pollAgentCommands(h.deps, waiters, { siteId: siteId, machineId, waitSeconds: 20, gone: ctl.signal, inlineSync: false }).then(
+          (rows) => got.push(...rows.map((r) => r.command_id)),
+        ),
+      );
+      await new Promise((r) => setTimeout(r, 600)); // a dozen checks
+      expect(got).toHaveLength(3);
+      expect(await delivered()).toHaveLength(3);
+      // The agents report (an intermediate status takes a command out of pending): the window opens again.
+      await h.deps.db.query(`UPDATE commands SET status = 'downloading' WHERE site_id = $1 AND command_id = ANY($2::text[])`, [
+        siteId,
+        got,
+      ]);
+      await Promise.all(polls);
+      expect(new Set(got)).toEqual(new Set(ids.map((m) => `cmd_win_${m}`)));
+    } finally {
+      ctl.abort();
+      waiters.close();
+      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+    }
+  });
+
+  it('one claim hands out the deliverable commands and closes the expired ones of the machine, in a single UPDATE', async () => {
+    const { siteId } = await h.other();
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type, expires_at) VALUES
+         ($1, 'clm-1', 'cmd_clm_old', 'reboot_machine', now() - INTERVAL '1 minute'),
+         ($1, 'clm-1', 'cmd_clm_new', 'reboot_machine', now() + INTERVAL '1 hour'),
+         ($1, 'clm-1', 'cmd_clm_open', 'reboot_machine', NULL),
+         ($1, 'clm-2', 'cmd_clm_other', 'reboot_machine', now() - INTERVAL '1 minute')`,
+      [siteId],
+    );
+    const rows = await claimCommands(h.deps.db, siteId, 'clm-1');
+    expect(rows.map((r) => r.command_id).sort()).toEqual(['cmd_clm_new', 'cmd_clm_open']);
+    expect(rows.every((r) => r.status === 'pending' && r.delivered_at !== null && !('claim_expired' in r))).toBe(true);
+    const after = await h.deps.db.query<{ command_id: string; status: string; error: string | null; delivered_at: Date | null }>(
+      `SELECT command_id, status, error, delivered_at FROM commands WHERE site_id = $1 ORDER BY command_id`,
+      [siteId],
+    );
+    expect(after.rows).toEqual([
+      { command_id: 'cmd_clm_new', status: 'pending', error: null, delivered_at: expect.any(Date) },
+      { command_id: 'cmd_clm_old', status: 'failed', error: 'expired', delivered_at: null },
+      { command_id: 'cmd_clm_open', status: 'pending', error: null, delivered_at: expect.any(Date) },
+      // Another machine's expired command is not this claim's business.
+      { command_id: 'cmd_clm_other', status: 'pending', error: null, delivered_at: null },
+    ]);
+    await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+  });
+
+  it('takes the ready machines in id order from a pivot, wrapping around, so a limit does not always favour the lowest ids', async () => {
+    const { siteId } = await h.other();
+    const ids = Array.from({ length: 10 }, (_, i) => `piv-${i}`);
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_piv_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
+      [siteId, ids],
+    );
+    expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-5')).ready).toEqual(['piv-5', 'piv-6', 'piv-7']);
+    expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-8')).ready).toEqual(['piv-8', 'piv-9', 'piv-0']);
+    expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 20, 'piv-3')).ready).toHaveLength(10);
+    // Handed out and not reported on: counted as unacknowledged, and no longer ready.
+    await h.deps.db.query(`UPDATE commands SET delivered_at = now() WHERE site_id = $1 AND machine_id IN ('piv-0', 'piv-1')`, [siteId]);
+    expect(await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).toEqual({ ready: ['piv-9', 'piv-2', 'piv-3'], unacked: 2 });
+    await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+  });
+
+  it('reads the pending commands through the partial index commands_pending', async () => {
+    const ids = Array.from({ length: 50 }, (_, i) => `plan-${i}`);
+    // The test database is small, so a sequential scan would win; among the indexes the partial one must.
+    const client = await h.deps.db.connect();
+    let plan: string;
+    try {
+      await client.query('BEGIN');
+      await client.query('SET LOCAL enable_seqscan = off');
+      const { rows } = await client.query<{ 'QUERY PLAN': string }>(
+        `EXPLAIN SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id = ANY($2::TEXT[]) AND machine_id >= $3
+           AND status = 'pending' AND (expires_at IS NULL OR expires_at > now()) ORDER BY machine_id LIMIT 10`,
+        [h.siteId, ids, 'plan-3'],
+      );
+      plan = rows.map((r) => r['QUERY PLAN']).join('\n');
+    } finally {
+      await client.query('ROLLBACK');
+      client.release();
+    }
+    expect(plan).toMatch(/commands_pending/);
   });
 });
