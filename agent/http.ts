@@ -117,11 +117,18 @@ export interface RequestOptions {
   query?: Record<string, string | number | undefined>;
   /** Connection pool of this request (an undici Dispatcher, e.g. the long-poll's); default: the client's. */
   dispatcher?: Dispatcher;
+  /** A long-poll: it waits on purpose, so its duration is no round trip (ApiClient `lastRoundTripMs`). */
+  longPoll?: boolean;
 }
 
 /** A JSON client of the Roost API for one credential. */
 export class ApiClient {
   token: string | undefined;
+  /**
+   * Duration (ms) of the last request answered, long-polls left out: how loaded the API looked to this
+   * client lately (agent/sync.ts starts a sync's report gap from it); 0 before the first answer.
+   */
+  lastRoundTripMs = 0;
 
   /**
    * @param dispatcher connection pool of every request (an undici Dispatcher, e.g. an Agent with bounded
@@ -162,6 +169,7 @@ export class ApiClient {
     }
     // undici's request, not fetch: a fleet process of 2,500 simulated agents spent a third of its CPU in
     // fetch's WHATWG streams and per-request objects (docs/benchmarks.md "On a quiet machine").
+    const started = Date.now();
     const { res, text } = await withRequestSignal(opts.signal, async (signal) => {
       requestCounters.api++;
       if (commandContext.getStore()) requestCounters.command++;
@@ -175,6 +183,7 @@ export class ApiClient {
       });
       return { res: r, text: await r.body.text() };
     });
+    if (!opts.longPoll) this.lastRoundTripMs = Date.now() - started;
     let parsed: unknown = undefined;
     if (text.length > 0) {
       try {

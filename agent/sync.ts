@@ -117,6 +117,12 @@ class TargetStateReporter {
   private lastReport = 0;
   /** Round trip of the last report (ms): the gap between reports stretches with it (`interval`). */
   private latencyMs = 0;
+  /**
+   * The agent's last API round trip when the sync started (ms; ApiClient `lastRoundTripMs`, e.g. a
+   * heartbeat): the gap stretches with it too, so a sync whose own first report happened to be quick still
+   * sends no early progress report while the agent's other requests say the API answers slowly.
+   */
+  private readonly agentLatencyMs: number;
   private pending: Promise<unknown> = Promise.resolve();
   private reporting = false;
   private deferred: NodeJS.Timeout | undefined;
@@ -131,7 +137,9 @@ class TargetStateReporter {
     private readonly versionId: string,
     private readonly counters: SyncCounters,
     private readonly commandId: string,
-  ) {}
+  ) {
+    this.agentLatencyMs = ctx.transport.client.lastRoundTripMs;
+  }
 
   /** Status change: waits for any progress report in flight, then reports now. */
   async enter(next: TargetStatus, error?: string): Promise<void> {
@@ -203,12 +211,15 @@ class TargetStateReporter {
 
   /**
    * The least gap between two reports now: `progressIntervalMs`, or REPORT_BACKOFF round trips of the last
-   * report when the API answers slowly (at most MAX_REPORT_INTERVAL_MS). A fleet syncing at once against a
-   * loaded API otherwise made every sync longer than the interval, so each sent more reports, which loaded
-   * the API further (docs/agent-protocol.md "Inline sync"; docs/benchmarks.md "On a quiet machine").
+   * report or of the agent's last request before the sync, the longer, when the API answers slowly (at
+   * most MAX_REPORT_INTERVAL_MS). A fleet syncing at once against a loaded API otherwise made every sync
+   * longer than the interval, so each sent more reports, which loaded the API further (docs/agent-protocol.md "Inline sync"; docs/benchmarks.md "On a quiet machine").
    */
   private interval(): number {
-    return Math.min(MAX_REPORT_INTERVAL_MS, Math.max(this.ctx.progressIntervalMs, REPORT_BACKOFF * this.latencyMs));
+    return Math.min(
+      MAX_REPORT_INTERVAL_MS,
+      Math.max(this.ctx.progressIntervalMs, REPORT_BACKOFF * Math.max(this.latencyMs, this.agentLatencyMs)),
+    );
   }
 
   /** Awaits a report of this sync and keeps its round trip (ms) for `interval`; also for reports sent elsewhere (the command's `downloading`). */

@@ -290,6 +290,7 @@ export class AgentTransport {
       query: inline ? { wait, inline: 'sync' } : { wait },
       signal,
       dispatcher: this.id.dispatchers?.poll,
+      longPoll: true,
     });
     if (res.commands?.length > 0) requestCounters.delivering++;
     return res;

@@ -43,6 +43,21 @@ class SlowReportsDispatcher extends CountingDispatcher {
   }
 }
 
+/** A CountingDispatcher that holds every heartbeat `delayMs` before sending it (an API answering slowly). */
+class SlowHeartbeatsDispatcher extends CountingDispatcher {
+  constructor(private readonly delayMs: number) {
+    super();
+  }
+  override dispatch(opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandlers): boolean {
+    if (opts.method === 'POST' && opts.path === '/api/agent/heartbeat') {
+      this.calls.push(`${opts.method} ${opts.path}`);
+      setTimeout(() => UndiciAgent.prototype.dispatch.call(this, opts, handler), this.delayMs);
+      return true;
+    }
+    return super.dispatch(opts, handler);
+  }
+}
+
 let h: Harness;
 let baseUrl: string;
 let secret: string;
@@ -153,7 +168,7 @@ async function commandRow(machineId: string, commandId: string): Promise<Record<
 async function startAgent(
   machineId: string,
   inlineSync: boolean,
-  opts: { api?: CountingDispatcher; progressIntervalMs?: number } = {},
+  opts: { api?: CountingDispatcher; progressIntervalMs?: number; heartbeatMs?: number; syncDelayMs?: number } = {},
 ): Promise<{ agent: Agent; api: CountingDispatcher; poll: CountingDispatcher }> {
   const api = opts.api ?? new CountingDispatcher();
   const poll = new CountingDispatcher();
@@ -163,9 +178,10 @@ async function startAgent(
     enrolmentSecret: secret,
     machineId,
     rootDir: path.join(tmpRoot, 'machines', machineId),
-    heartbeatMs: 0,
+    heartbeatMs: opts.heartbeatMs ?? 0,
     pollWaitSeconds: 5,
     progressIntervalMs: opts.progressIntervalMs ?? 60_000,
+    ...(opts.syncDelayMs ? { syncDelayMs: opts.syncDelayMs } : {}),
     fsyncFiles: false,
     inlineSync,
     dispatchers: { api, poll },
@@ -212,6 +228,29 @@ describe('compact sync protocol, end to end', () => {
     expect(outcome).toMatchObject({ status: 'completed', result: 'success', counters: { ...COUNTERS } });
     expect(syncCalls(api, apiBefore)).toEqual([`POST /api/agent/commands/${commandId}`, `POST /api/agent/commands/${commandId}`]);
     expect(await targetState(machineId)).toMatchObject({ status: 'committed', reported_version_id: v1, ...COUNTERS });
+  });
+
+  it("a sync starts its report gap from the agent's last round trip: slow heartbeats mean no early progress report", async () => {
+    const machineId = 'inl-slow-beat';
+    // Heartbeats take 400 ms (reports are quick), so the agent's last round trip before the sync is ~400 ms
+    // and the sync's gap starts at 4 s instead of 20 ms: the 300 ms sync (syncDelayMs) sends its first
+    // report and its last, not the `assembling` change it would send 20 ms after the first.
+    const { agent, api } = await startAgent(machineId, true, {
+      api: new SlowHeartbeatsDispatcher(400),
+      progressIntervalMs: 20,
+      heartbeatMs: 150,
+      syncDelayMs: 300,
+    });
+    await new Promise((r) => setTimeout(r, 1500)); // a few slow heartbeats answered
+    const apiBefore = api.calls.length;
+    const commandId = await insertSyncPull(machineId, v1);
+    expect(await agent.waitForCommand(commandId, 60_000)).toMatchObject({
+      status: 'completed',
+      result: 'success',
+      counters: { ...COUNTERS },
+    });
+    const reports = syncCalls(api, apiBefore).filter((c) => c !== 'POST /api/agent/heartbeat');
+    expect(reports).toEqual([`POST /api/agent/commands/${commandId}`, `POST /api/agent/commands/${commandId}`]);
   });
 
   it('an agent that does not opt in (like agents already deployed) syncs through the separate routes', async () => {
