@@ -9,6 +9,8 @@
  *                         above 5,000 machines, at most 60000: the API's 90 s staleness bound stays met)
  *   --poll-wait <s>       long-poll wait of every simulated machine in seconds, 1..30 (default 25)
  *   --api-connections <n> keep-alive connections per fleet process for API calls other than long-polls (default 64)
+ *   --fleet-nice <n>      scheduling niceness of the fleet processes, 0..19 (default 10: the simulated machines
+ *                         stand in for remote computers, so they take the CPU the API, worker and database leave)
  *   --requests <n>        chunks/check requests (default 300)
  *   --stored-chunks <n>   chunks stored for the check benchmark (default 100000)
  *   --concurrency <n>     chunk PUTs in flight for the push (default: the CLI's automatic rule, cli/upload-window.ts)
@@ -61,6 +63,8 @@ export interface FleetTuning {
   apiConnections: number;
   /** The agents' compact sync protocol (docs/agent-protocol.md "Inline sync"); false with `--separate-sync`. */
   inlineSync: boolean;
+  /** Niceness of the fleet processes (0..19; `--fleet-nice`). */
+  nice: number;
 }
 
 /** Machines per fleet process by default. */
@@ -99,6 +103,7 @@ export function parseOptions(argv: string[]): BenchOptions {
       'heartbeat-ms': { type: 'string' },
       'poll-wait': { type: 'string' },
       'api-connections': { type: 'string' },
+      'fleet-nice': { type: 'string' },
       'separate-sync': { type: 'boolean' },
       'skip-floor': { type: 'boolean' },
       requests: { type: 'string' },
@@ -130,6 +135,8 @@ export function parseOptions(argv: string[]): BenchOptions {
   const machines = positive('machines', values.machines, 1000);
   const pollWaitSeconds = positive('poll-wait', values['poll-wait'], 25);
   if (pollWaitSeconds > 30) throw new Error(`--poll-wait must be 1..30 seconds (got ${pollWaitSeconds})`);
+  const nice = values['fleet-nice'] === undefined ? 10 : Number(values['fleet-nice']);
+  if (!Number.isInteger(nice) || nice < 0 || nice > 19) throw new Error(`--fleet-nice must be 0..19 (got ${values['fleet-nice']})`);
   return {
     only,
     sizeMiB: positive('size-mib', values['size-mib'], 1024),
@@ -140,6 +147,7 @@ export function parseOptions(argv: string[]): BenchOptions {
       pollWaitSeconds,
       apiConnections: positive('api-connections', values['api-connections'], 64),
       inlineSync: values['separate-sync'] !== true,
+      nice,
     },
     requests: positive('requests', values.requests, 300),
     storedChunks: positive('stored-chunks', values['stored-chunks'], 100_000),

@@ -23,6 +23,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { type ChildProcess, spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { resolveExtractDir } from '../agent/agent';
 import { fleetMachineIds, verifyTree } from '../agent/fleet';
@@ -105,6 +106,11 @@ export async function writeSmallVersion(dir: string): Promise<number> {
 export type FleetStart = Omit<FleetChildStart, 'machineIds'> & {
   /** Child processes the agents are spread over (default 1; ids are split into contiguous slices). */
   processes?: number;
+  /**
+   * Scheduling niceness of the children (default 0). Simulated machines stand in for remote computers:
+   * niced, they take the CPU the API, the worker and PostgreSQL leave instead of competing with them.
+   */
+  nice?: number;
 };
 
 /**
@@ -138,7 +144,7 @@ export class FleetProcess {
 
   /** Spawns the children (`node --import tsx bench/fleet-child.ts`) and starts `count` agents over them. */
   static async start(opts: FleetStart): Promise<{ fleet: FleetProcess; machineIds: string[]; startMs: number }> {
-    const { processes = 1, ...childOpts } = opts;
+    const { processes = 1, nice = 0, ...childOpts } = opts;
     const n = Math.max(1, Math.min(processes, opts.count));
     const ids = fleetMachineIds(opts.count);
     const children = Array.from({ length: n }, () =>
@@ -148,6 +154,7 @@ export class FleetProcess {
         stdio: ['ignore', 2, 'inherit', 'ipc'],
       }),
     );
+    if (nice > 0) for (const child of children) if (child.pid) os.setPriority(child.pid, nice);
     const fleet = new FleetProcess(children);
     const t0 = Date.now();
     try {
@@ -263,13 +270,14 @@ export class FleetProcess {
 /** The fleet child options of a bench fleet tuning. */
 export function fleetChildOptions(
   t: FleetTuning,
-): Pick<FleetStart, 'processes' | 'heartbeatMs' | 'pollWaitSeconds' | 'apiConnections' | 'inlineSync'> {
+): Pick<FleetStart, 'processes' | 'heartbeatMs' | 'pollWaitSeconds' | 'apiConnections' | 'inlineSync' | 'nice'> {
   return {
     processes: t.processes,
     heartbeatMs: t.heartbeatMs,
     pollWaitSeconds: t.pollWaitSeconds,
     apiConnections: t.apiConnections,
     inlineSync: t.inlineSync,
+    nice: t.nice,
   };
 }
 
@@ -352,6 +360,12 @@ export async function benchRollout(
       await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs);
       floorSamples.push(await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs));
       log(`rollout: floor (one trivial command to each machine) ${round(floorSamples[0])} s`);
+    } else {
+      // Without the floor's rounds, one heartbeat interval instead: the fleet's first heartbeats and
+      // config reads are then behind it, as in a fleet that has been running (a rollout does not start
+      // into an enrolment storm).
+      log(`rollout: floor skipped; letting the fleet settle for one heartbeat interval (${round(opts.fleet.heartbeatMs / 1000)} s)`);
+      await sleep(opts.fleet.heartbeatMs);
     }
 
     // The rollout.
