@@ -92,7 +92,10 @@ process.on('message', (msg: ToChild) => {
     const t0 = Date.now();
     const { installerCa, blobConnections, ...opts } = msg.opts;
     setGlobalDispatcher(new HttpAgent({ connections: blobConnections ?? 64, keepAliveTimeout: 60_000 }));
-    startFleet({ ...opts, ...(installerCa ? { perAgent: () => ({ installerCa }) } : {}) })
+    // rebootDowntimeMs 0: the floor's reboot_machine is to cost the protocol alone. With the agent's default
+    // (15 s offline, agent/power.ts) the machines were still down when the next floor round or the canary
+    // wave came: the canary of a 1,000-machine rollout waited 14 s for its first delivery.
+    startFleet({ ...opts, perAgent: () => ({ rebootDowntimeMs: 0, ...(installerCa ? { installerCa } : {}) }) })
       .then((f) => {
         fleet = f;
         for (const a of f.agents) {

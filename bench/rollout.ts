@@ -13,10 +13,11 @@
  * - `rollout.workflowCompletedSeconds`: to the rollout's `completed_at` (stage completed, written by the
  *   workflow once its wave watcher saw the last machine: includes the watcher's poll interval);
  * - `rollout.historyEvents`: the rollout workflow's history length (`handle.fetchHistory()`), once closed;
- * - the floor: one trivial command (`reboot_machine`, acknowledged by the simulated agent without
- *   touching anything) queued for every machine with one INSERT, timed to the last machine's report,
- *   i.e. the agent protocol alone (long-poll wake-up, delivery, report). After one untimed warm-up
- *   round, measured before and after the rollout; the floor is their mean.
+ * - the floor: one trivial command (`reboot_machine`: the simulated agent reports it and restarts its
+ *   loops at once, with no downtime: bench/fleet-child.ts) queued for every machine with one INSERT, timed
+ *   to the last machine's report, i.e. the agent protocol alone (long-poll wake-up, delivery, report).
+ *   After one untimed warm-up round, measured before and after the rollout; the floor is their mean.
+ *   With `--skip-floor`, the rollout starts one heartbeat interval after the fleet is up instead.
  * A few machines' trees are compared byte for byte with the source afterwards. The agents' trees are
  * deleted at the end.
  */
