@@ -898,6 +898,8 @@ describe('reference agent end to end', () => {
       rootDir: path.join(tmpRoot, 'machine-e2e-4'),
       heartbeatMs: 0,
       pollWaitSeconds: 5,
+      // The sync (1.5 s) outlasts the progress interval, so its `assembling` report goes out and learns of it.
+      progressIntervalMs: 1000,
       syncDelayMs: 1500,
     });
     await a4.start();
