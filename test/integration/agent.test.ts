@@ -1177,23 +1177,37 @@ describe('CommandWaiters (services/agent.ts)', () => {
     await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
   });
 
-  it('reads the pending commands through the partial index commands_pending', async () => {
-    const ids = Array.from({ length: 50 }, (_, i) => `plan-${i}`);
-    // The test database is small, so a sequential scan would win; among the indexes the partial one must.
+  it('reads the pending commands of a site with a command history through the partial index commands_pending', async () => {
+    // A site as the check meets it: each machine has a history of closed commands and one pending.
+    const { siteId } = await h.other();
+    const ids = Array.from({ length: 40 }, (_, i) => `plan-${String(i).padStart(2, '0')}`);
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type, status, completed_at)
+       SELECT $1, m, 'cmd_plan_' || m || '_' || n, 'reboot_machine', 'completed', now()
+         FROM UNNEST($2::text[]) AS t (m), generate_series(1, 150) AS n`,
+      [siteId, ids],
+    );
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_plan_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
+      [siteId, ids],
+    );
+    await h.deps.db.query('ANALYZE commands');
     const client = await h.deps.db.connect();
     let plan: string;
     try {
+      // The planner may still prefer a sequential scan of a table this small; among the indexes, the partial one.
       await client.query('BEGIN');
       await client.query('SET LOCAL enable_seqscan = off');
       const { rows } = await client.query<{ 'QUERY PLAN': string }>(
         `EXPLAIN SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id = ANY($2::TEXT[]) AND machine_id >= $3
            AND status = 'pending' AND (expires_at IS NULL OR expires_at > now()) ORDER BY machine_id LIMIT 10`,
-        [h.siteId, ids, 'plan-3'],
+        [siteId, ids, 'plan-10'],
       );
       plan = rows.map((r) => r['QUERY PLAN']).join('\n');
     } finally {
       await client.query('ROLLBACK');
       client.release();
+      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
     }
     expect(plan).toMatch(/commands_pending/);
   });
