@@ -43,7 +43,7 @@ export interface BenchOptions {
   pushApi: ApiWhere;
   /** Where the `check` benchmark's API runs. */
   checkApi: ApiWhere;
-  /** The rollout benchmark skips its floor (one reboot_machine per machine, twice): minutes at 10,000 machines. */
+  /** The rollout and scale-out benchmarks skip their floor (one reboot_machine per machine, twice): minutes at 10,000 machines. */
   skipFloor: boolean;
   rounds: number;
   connections: number;

@@ -131,7 +131,12 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
         // Only the benchmark's own worker processes serve the task queue.
         if (bench.stack.worker) await bench.stack.stopWorker();
         await attempt('scaleout', () =>
-          benchScaleout(bench!, { machines: opts.machines, fleet: opts.fleet, rootDir: path.join(benchDir, 'scaleout') }),
+          benchScaleout(bench!, {
+            machines: opts.machines,
+            fleet: opts.fleet,
+            rootDir: path.join(benchDir, 'scaleout'),
+            floor: !opts.skipFloor,
+          }),
         );
       }
       if (wants('api')) {

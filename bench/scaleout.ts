@@ -198,7 +198,7 @@ export interface ScaleoutFigures {
  */
 export async function benchScaleout(
   bench: BenchStack,
-  opts: { machines: number; rootDir: string; killAtFraction?: number; fleet?: FleetTuning },
+  opts: { machines: number; rootDir: string; killAtFraction?: number; fleet?: FleetTuning; floor?: boolean },
 ): Promise<ScaleoutFigures> {
   const killAt = Math.max(1, Math.floor(opts.machines * (opts.killAtFraction ?? 0.4)));
   // Generous: on a loaded 2-core machine one API process serves the whole fleet after the kill.
@@ -246,9 +246,17 @@ export async function benchScaleout(
     fleet = started.fleet;
     const { machineIds } = started;
     log(`scaleout: fleet up in ${round(started.startMs / 1000)} s`);
-    await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs);
-    const floor = await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs);
-    log(`scaleout: floor (one trivial command to each machine) ${round(floor)} s`);
+    let floor = -1;
+    if (opts.floor !== false) {
+      await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs);
+      floor = await commandFloor(bench, fleet, site.siteId, machineIds, timeoutMs);
+      log(`scaleout: floor (one trivial command to each machine) ${round(floor)} s`);
+    } else {
+      // As the rollout benchmark without its floor: one heartbeat interval for the fleet to settle.
+      const settleMs = opts.fleet?.heartbeatMs ?? 30_000;
+      log(`scaleout: floor skipped; letting the fleet settle for ${round(settleMs / 1000)} s`);
+      await sleep(settleMs);
+    }
 
     const from = fleet.outcomes.length;
     const t0 = Date.now();
@@ -336,7 +344,7 @@ export async function benchScaleout(
       apiProcesses: 2,
       workerProcesses: 2,
       fleetStartSeconds: round(started.startMs / 1000),
-      floor: { command: 'reboot_machine', seconds: round(floor) },
+      floor: { command: 'reboot_machine', seconds: floor > 0 ? round(floor) : -1 },
       rollout: {
         rolloutId,
         lastCommitSeconds: round(lastCommitSeconds),
@@ -346,7 +354,7 @@ export async function benchScaleout(
         stage: final.rows[0].stage,
         syncAttempts: attempts,
       },
-      timesFloor: round(lastCommitSeconds / floor, 2),
+      timesFloor: floor > 0 ? round(lastCommitSeconds / floor, 2) : -1,
       kills: {
         atSeconds: round((killedAt - t0) / 1000),
         committedBefore,
