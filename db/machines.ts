@@ -286,8 +286,20 @@ const COMMAND_COLUMNS = `site_id, machine_id, command_id, type, status, params, 
   audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob, traceparent, request_id`;
 
 /** SQL: close the pending commands of machine $2 of site $1 whose expiry has passed (failed, error `expired`). */
-const EXPIRE_PENDING = `UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
-  WHERE site_id = $1 AND machine_id = $2 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()`;
+const EXPIRE_SITE_PENDING = `UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
+  WHERE site_id = $1 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()`;
+const EXPIRE_PENDING = `${EXPIRE_SITE_PENDING} AND machine_id = $2`;
+
+/**
+ * Closes the site's pending commands whose expiry has passed, whatever their machine (status failed, error
+ * `expired`; through the partial index commands_pending). The long-poll check runs it every few seconds
+ * (services/agent.ts CommandWaiters): a long-poll no longer claims on arrival, which used to close them.
+ * @returns how many were closed.
+ */
+export async function expireSitePendingCommands(db: Queryable, siteId: string): Promise<number> {
+  const r = await db.query(EXPIRE_SITE_PENDING, [siteId]);
+  return r.rowCount ?? 0;
+}
 
 /**
  * Closes the machine's pending commands whose expiry has passed (status failed, error `expired`).

@@ -21,6 +21,7 @@ import {
   type TargetStateRow,
   claimCommands,
   enrolMachine as enrolMachineRow,
+  expireSitePendingCommands,
   getCommand,
   machinesWithDeliverable,
   recordHeartbeat,
@@ -58,6 +59,8 @@ export const MAX_DELIVERING = 8;
  * with 1,000, docs/benchmarks.md "10,000 machines"); without it, 9,900 deliveries left in 20 s and thrashed.
  */
 export const MAX_UNACKED_PER_SITE = 1000;
+/** Every how many checks the long-poll loop closes a site's expired pending commands (2 s at POLL_INTERVAL_MS). */
+export const EXPIRE_EVERY_CHECKS = 8;
 /** Largest screenshot PNG accepted (bytes). */
 export const MAX_SCREENSHOT_BYTES = 10 * 1024 * 1024;
 const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
@@ -109,6 +112,7 @@ export class CommandWaiters {
   private ready: [string, string][] = [];
   private readyAt = 0;
   private inFlight = 0;
+  private checks = 0;
   private loop: NodeJS.Timeout | undefined;
   private closed = false;
 
@@ -225,7 +229,10 @@ export class CommandWaiters {
 
   private async tick(): Promise<void> {
     const ready: [string, string][] = [];
+    const expire = this.checks++ % EXPIRE_EVERY_CHECKS === 0;
     for (const [siteId, machines] of [...this.bySite]) {
+      // Expired pending commands are closed here, as the claim on a poll's arrival used to do.
+      if (expire) await expireSitePendingCommands(this.deps.db, siteId);
       const ids = [...machines.keys()];
       // The first query tells how many of the site's deliveries still await their agent's first report;
       // the ready list of the site is cut to what the window has left.

@@ -1134,6 +1134,37 @@ describe('CommandWaiters (services/agent.ts)', () => {
     }
   });
 
+  it("closes a waiting machine's expired pending commands within a few checks, without waking its poll", async () => {
+    const { siteId } = await h.other();
+    const warnings: unknown[] = [];
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: (o) => warnings.push(o) }, 50);
+    try {
+      // The checks are under way (another machine waits) when the command, already past its expiry, comes.
+      const other = waiters.wait(siteId, 'exp-0', Date.now() + 3000);
+      await new Promise((r) => setTimeout(r, 200));
+      await h.deps.db.query(
+        `INSERT INTO commands (site_id, machine_id, command_id, type, expires_at) VALUES ($1, 'exp-1', 'cmd_exp_1', 'reboot_machine', now() - INTERVAL '1 second')`,
+        [siteId],
+      );
+      const w = waiters.wait(siteId, 'exp-1', Date.now() + 2500);
+      let row: { status: string; error: string | null } | undefined;
+      for (let i = 0; i < 40; i++) {
+        await new Promise((r) => setTimeout(r, 50));
+        row = (await h.deps.db.query(`SELECT status, error FROM commands WHERE site_id = $1 AND command_id = 'cmd_exp_1'`, [siteId]))
+          .rows[0];
+        if (row?.status !== 'pending') break;
+      }
+      expect(warnings).toEqual([]);
+      expect(row).toEqual({ status: 'failed', error: 'expired' });
+      // Never deliverable: neither poll is woken; both run to their deadline.
+      expect(await w.promise).toBe(false);
+      expect(await other.promise).toBe(false);
+    } finally {
+      waiters.close();
+      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+    }
+  });
+
   it('one claim hands out the deliverable commands and closes the expired ones of the machine, in a single UPDATE', async () => {
     const { siteId } = await h.other();
     await h.deps.db.query(
