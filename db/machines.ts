@@ -285,9 +285,12 @@ export interface CommandOrigin {
 const COMMAND_COLUMNS = `site_id, machine_id, command_id, type, status, params, result, error, progress, rollout_id, deployment_id,
   audit_correlation_id, created_by, created_at, expires_at, delivered_at, completed_at, updated_at, artifact_blob, traceparent, request_id`;
 
-/** SQL: close the pending commands of machine $2 of site $1 whose expiry has passed (failed, error `expired`). */
+/** SQL: a command's expiry has passed (a pending one is then closed, never handed out). */
+const EXPIRED = `(expires_at IS NOT NULL AND expires_at <= now())`;
+/** SQL: close the pending commands of site $1 whose expiry has passed (failed, error `expired`). */
 const EXPIRE_SITE_PENDING = `UPDATE commands SET status = 'failed', error = 'expired', completed_at = now(), updated_at = now()
-  WHERE site_id = $1 AND status = 'pending' AND expires_at IS NOT NULL AND expires_at <= now()`;
+  WHERE site_id = $1 AND status = 'pending' AND ${EXPIRED}`;
+/** SQL: the same for machine $2 of site $1 only. */
 const EXPIRE_PENDING = `${EXPIRE_SITE_PENDING} AND machine_id = $2`;
 
 /**
@@ -354,16 +357,15 @@ export async function claimCommands(
   machineId: string,
   limit = MAX_COMMANDS_PER_POLL,
 ): Promise<CommandRow[]> {
-  const expired = `(expires_at IS NOT NULL AND expires_at <= now())`;
   const { rows } = await db.query<CommandRow & { claim_expired: boolean }>(
     `UPDATE commands SET
-            status = CASE WHEN ${expired} THEN 'failed' ELSE status END,
-            error = CASE WHEN ${expired} THEN 'expired' ELSE error END,
-            completed_at = CASE WHEN ${expired} THEN now() ELSE completed_at END,
-            updated_at = CASE WHEN ${expired} THEN now() ELSE updated_at END,
-            delivered_at = CASE WHEN ${expired} THEN delivered_at ELSE now() END
+            status = CASE WHEN ${EXPIRED} THEN 'failed' ELSE status END,
+            error = CASE WHEN ${EXPIRED} THEN 'expired' ELSE error END,
+            completed_at = CASE WHEN ${EXPIRED} THEN now() ELSE completed_at END,
+            updated_at = CASE WHEN ${EXPIRED} THEN now() ELSE updated_at END,
+            delivered_at = CASE WHEN ${EXPIRED} THEN delivered_at ELSE now() END
       WHERE site_id = $1 AND machine_id = $2 AND status = 'pending'
-        AND (${expired}
+        AND (${EXPIRED}
              OR command_id IN (SELECT command_id FROM commands WHERE site_id = $1 AND machine_id = $2 AND ${DELIVERABLE}
                                 ORDER BY created_at, command_id LIMIT $3))
       RETURNING ${COMMAND_COLUMNS}, (status = 'failed') AS claim_expired`,

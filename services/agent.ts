@@ -476,11 +476,8 @@ export async function reportCommandStatus(
   const { roostId, ...state } = targetState;
   // One statement checks the roost, the version and the command and writes both (db/machines.ts).
   const r = await reportCommandWithState(deps.db, input.siteId, input.machineId, input.commandId, report, roostId, state);
-  if (r.found === 'no_roost') throw new ApiError('not_found', 'roost not found', { extras: { param: 'targetState.roostId' } });
-  if (r.found === 'no_version')
-    throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
-      extras: { param: 'targetState.reportedVersionId' },
-    });
+  if (r.found === 'no_roost') throw targetVersionError('roost', 'targetState.');
+  if (r.found === 'no_version') throw targetVersionError('version', 'targetState.');
   if (r.found === 'no_command') throw new ApiError('not_found', 'command not found');
   noteTargetReport(input.siteId, state.status, state.bytes_fetched, deps.cfg.ROOST_METRICS_MAX_SITES);
   return { row: r.row, applied: r.changed, targetState: r.stored };
@@ -571,22 +568,23 @@ async function versionAnswer(
 }
 
 /**
- * @throws ApiError not_found (param `<prefix>roostId`) for an unknown or deleted roost, version_not_found
- *   (param `<prefix>reportedVersionId`) when the version is not one of its versions.
+ * The error of a target-state report naming an unknown or deleted roost (not_found, param
+ * `<prefix>roostId`; no param without a prefix: the roost is the route's) or a version not of that roost
+ * (version_not_found, param `<prefix>reportedVersionId`).
  */
-async function checkTargetVersion(
-  deps: Pick<ServiceDeps, 'db'>,
-  siteId: string,
-  roostId: string,
-  versionId: string,
-  prefix: string,
-): Promise<void> {
+function targetVersionError(missing: 'roost' | 'version', prefix: string): ApiError {
+  if (missing === 'roost')
+    return new ApiError('not_found', 'roost not found', prefix ? { extras: { param: `${prefix}roostId` } } : undefined);
+  return new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
+    extras: { param: `${prefix}reportedVersionId` },
+  });
+}
+
+/** @throws targetVersionError('roost' | 'version', '') unless the roost is live and the version one of its versions. */
+async function checkTargetVersion(deps: Pick<ServiceDeps, 'db'>, siteId: string, roostId: string, versionId: string): Promise<void> {
   const exists = await roostAndVersionExist(deps.db, siteId, roostId, versionId);
-  if (!exists.roost) throw new ApiError('not_found', 'roost not found', prefix ? { extras: { param: `${prefix}roostId` } } : undefined);
-  if (!exists.version)
-    throw new ApiError('version_not_found', 'reportedVersionId is not a version of this roost', {
-      extras: { param: `${prefix}reportedVersionId` },
-    });
+  if (!exists.roost) throw targetVersionError('roost', '');
+  if (!exists.version) throw targetVersionError('version', '');
 }
 
 /** A target-state report as the agent sends it (counters are counts, `bytes_fetched` bytes). */
@@ -603,7 +601,7 @@ export async function reportTargetState(
   input: AgentIdentity & { roostId: string; report: TargetStateReport },
 ): Promise<TargetStateRow> {
   const { siteId, machineId, roostId, report } = input;
-  await checkTargetVersion(deps, siteId, roostId, report.reportedVersionId, '');
+  await checkTargetVersion(deps, siteId, roostId, report.reportedVersionId);
   const stored = await upsertTargetState(deps.db, siteId, machineId, roostId, report);
   noteTargetReport(siteId, report.status, report.bytes_fetched, deps.cfg.ROOST_METRICS_MAX_SITES);
   return stored;
