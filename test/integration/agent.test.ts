@@ -1002,10 +1002,11 @@ describe('reference agent end to end', () => {
 // ------------------------------------------------------------------------------------ long-poll wake-ups
 
 describe('CommandWaiters (services/agent.ts)', () => {
-  const insertFor = (ids: string[], tag: string) =>
+  /** One pending reboot_machine per machine, command id `cmd_<tag>_<machine>`, in `siteId` (default the harness's). */
+  const insertFor = (ids: string[], tag: string, siteId = h.siteId) =>
     h.deps.db.query(
       `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_${tag}_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
-      [h.siteId, ids],
+      [siteId, ids],
     );
   const removeTagged = (tag: string) =>
     h.deps.db.query(`DELETE FROM commands WHERE site_id = $1 AND command_id LIKE 'cmd_${tag}_%'`, [h.siteId]);
@@ -1097,10 +1098,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
     // leave some in the main site.
     const { siteId } = await h.other();
     const ids = Array.from({ length: 6 }, (_, i) => `win-${i}`);
-    await h.deps.db.query(
-      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_win_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
-      [siteId, ids],
-    );
+    await insertFor(ids, 'win', siteId);
     const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 50, 8, 3);
     const ctl = new AbortController();
     const delivered = async () =>
@@ -1195,10 +1193,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
   it('takes the ready machines in id order from a pivot, wrapping around, so a limit does not always favour the lowest ids', async () => {
     const { siteId } = await h.other();
     const ids = Array.from({ length: 10 }, (_, i) => `piv-${i}`);
-    await h.deps.db.query(
-      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_piv_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
-      [siteId, ids],
-    );
+    await insertFor(ids, 'piv', siteId);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-5')).ready).toEqual(['piv-5', 'piv-6', 'piv-7']);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-8')).ready).toEqual(['piv-8', 'piv-9', 'piv-0']);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 20, 'piv-3')).ready).toHaveLength(10);
@@ -1218,10 +1213,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
          FROM UNNEST($2::text[]) AS t (m), generate_series(1, 150) AS n`,
       [siteId, ids],
     );
-    await h.deps.db.query(
-      `INSERT INTO commands (site_id, machine_id, command_id, type) SELECT $1, m, 'cmd_plan_' || m, 'reboot_machine' FROM UNNEST($2::text[]) AS t (m)`,
-      [siteId, ids],
-    );
+    await insertFor(ids, 'plan', siteId);
     await h.deps.db.query('ANALYZE commands');
     const client = await h.deps.db.connect();
     let plan: string;
