@@ -15,11 +15,11 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
-import net from 'node:net';
 import path from 'node:path';
 import type { Config } from '../config/env';
 import { RoostClient } from '../cli/client';
 import { push } from '../cli/push';
+import { BalancerProcesses, MACHINES_PER_BALANCER_PROCESS } from './balancer';
 import { childEnv } from './server-child';
 import { createRoost } from './push';
 import { commandFloor, FleetProcess, fleetChildOptions, writeSmallVersion } from './rollout';
@@ -28,66 +28,6 @@ import { CLIENT_TIMEOUT_MS, type BenchStack } from './stack';
 import { log, round, sleep } from './util';
 
 const ROOT = path.join(__dirname, '..');
-
-/**
- * A round-robin TCP balancer on a free loopback port: each new connection goes to the next backend that
- * accepts it (a refused connect tries the next one, so a dead process drops out by itself, as behind a
- * load balancer's health check). Connections are spliced whole, so HTTP keep-alive stays per backend.
- */
-export class RoundRobin {
-  private server?: net.Server;
-  private next = 0;
-  private readonly sockets = new Set<net.Socket>();
-  /** Connections handed to each backend, by index. */
-  readonly connections: number[];
-  port = 0;
-
-  constructor(private readonly backends: number[]) {
-    this.connections = backends.map(() => 0);
-  }
-
-  async open(): Promise<string> {
-    this.server = net.createServer((client) => {
-      client.pause();
-      this.sockets.add(client);
-      client.on('close', () => this.sockets.delete(client));
-      client.on('error', () => client.destroy());
-      this.route(client, 0);
-    });
-    await new Promise<void>((resolve) => this.server!.listen(0, '127.0.0.1', resolve));
-    this.port = (this.server.address() as net.AddressInfo).port;
-    return `http://127.0.0.1:${this.port}`;
-  }
-
-  private route(client: net.Socket, tried: number): void {
-    if (tried >= this.backends.length || client.destroyed) return void client.destroy();
-    const i = this.next++ % this.backends.length;
-    const upstream = net.connect(this.backends[i], '127.0.0.1');
-    let connected = false;
-    upstream.once('connect', () => {
-      connected = true;
-      this.connections[i]++;
-      this.sockets.add(upstream);
-      client.pipe(upstream);
-      upstream.pipe(client);
-      client.resume();
-    });
-    upstream.on('error', () => {
-      if (!connected) this.route(client, tried + 1);
-      else client.destroy();
-    });
-    upstream.on('close', () => {
-      this.sockets.delete(upstream);
-      if (connected) client.destroy();
-    });
-    client.on('close', () => upstream.destroy());
-  }
-
-  async close(): Promise<void> {
-    for (const s of this.sockets) s.destroy();
-    await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
-  }
-}
 
 /** A child process of the bench (API or worker) and what it printed last (for failures). */
 interface Child {
@@ -189,6 +129,8 @@ export interface ScaleoutFigures {
     syncCommandsPerMachine: { min: number; max: number };
   };
   balancerConnections: number[];
+  /** Processes the balancer ran in (bench/balancer-child.ts). */
+  balancerProcesses: number;
   fleetStats: Record<string, number>;
 }
 
@@ -204,7 +146,7 @@ export async function benchScaleout(
   // Generous: on a loaded 2-core machine one API process serves the whole fleet after the kill.
   const timeoutMs = Math.max(20 * 60_000, opts.machines * 2000);
   const children: Child[] = [];
-  let balancer: RoundRobin | undefined;
+  let balancer: BalancerProcesses | undefined;
   let fleet: FleetProcess | undefined;
   const srcDir = path.join(opts.rootDir, '..', 'scaleout-version');
   try {
@@ -216,9 +158,12 @@ export async function benchScaleout(
       startWorkerProcess(bench.cfg, 'worker-b'),
     ]);
     children.push(apiA, apiB, workerA, workerB);
-    balancer = new RoundRobin([apiA.port, apiB.port]);
-    const url = await balancer.open();
-    log(`scaleout: balancer ${url} → :${apiA.port}, :${apiB.port}; task queue ${bench.cfg.ROOST_TASK_QUEUE}`);
+    const balancerProcesses = Math.max(2, Math.ceil(opts.machines / MACHINES_PER_BALANCER_PROCESS));
+    balancer = await BalancerProcesses.start([apiA.port, apiB.port], balancerProcesses, opts.fleet?.nice ?? 0);
+    const url = balancer.url;
+    log(
+      `scaleout: balancer ${url} (${balancerProcesses} processes) → :${apiA.port}, :${apiB.port}; task queue ${bench.cfg.ROOST_TASK_QUEUE}`,
+    );
 
     const site = await bench.newSite('scaleout');
     const client = new RoostClient({ baseUrl: url, apiKey: site.apiKey, timeoutMs: CLIENT_TIMEOUT_MS });
@@ -337,6 +282,7 @@ export async function benchScaleout(
     const before = sorted.filter((t) => t <= killedAt);
     const after = [killedAt, ...sorted.filter((t) => t > killedAt)];
     const recent = before.filter((t) => t > killedAt - 20_000);
+    const balancerConnections = await balancer.connections();
     const stopped = await fleet.stop();
     const lastCommitSeconds = (lastCommit - t0) / 1000;
     return {
@@ -370,7 +316,8 @@ export async function benchScaleout(
         attemptsPerMachine: { min: rm.rows[0].min_attempts, max: rm.rows[0].max_attempts },
         syncCommandsPerMachine: { min: Math.min(...cmdCounts), max: Math.max(...cmdCounts) },
       },
-      balancerConnections: [...balancer.connections],
+      balancerConnections,
+      balancerProcesses,
       fleetStats: stopped.stats,
     };
   } finally {
