@@ -1,0 +1,99 @@
+/**
+ * The reconciliation statements of db/rollouts.ts on their own, against PostgreSQL: which dispatched
+ * machine a pass fails and with which `last_error` (target state's error, else the command's error, else
+ * `command <status>`), which it leaves alone (a failed state older than the dispatch, a command still
+ * pending), and which syncs `stalledSyncs` reports for a given stall bound.
+ */
+import { type Harness, createHarness } from '../support/harness';
+import { withTx } from '../../db/pool';
+import { dispatchDueIn, getWaveTarget, insertRollout, reconcileWaves, stalledSyncs } from '../../db/rollouts';
+import { DEFAULT_POLICY } from '../../domain/rollout-policy';
+import { newId } from '../../domain/hex';
+import { enrolMachineRows, machineIds, seedRoost } from './rollout-fixtures';
+
+let h: Harness;
+
+beforeAll(async () => {
+  h = await createHarness();
+});
+afterAll(() => h?.close());
+
+async function setTargetState(machineId: string, roostId: string, versionId: string, status: string, error: string | null, agoMs: number) {
+  await h.deps.db.query(
+    `INSERT INTO roost_target_states (site_id, machine_id, roost_id, reported_version_id, status, error, updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6, now() - $7::float8 * INTERVAL '1 millisecond')
+     ON CONFLICT (site_id, machine_id, roost_id) DO UPDATE SET reported_version_id = $4, status = $5, error = $6, updated_at = EXCLUDED.updated_at`,
+    [h.siteId, machineId, roostId, versionId, status, error, agoMs],
+  );
+}
+
+async function setCommand(rolloutId: string, machineId: string, status: string, error: string | null, agoMs = 0) {
+  await h.deps.db.query(
+    `UPDATE commands SET status = $4, error = $5, updated_at = now() - $6::float8 * INTERVAL '1 millisecond'
+      WHERE site_id = $1 AND rollout_id = $2 AND machine_id = $3`,
+    [h.siteId, rolloutId, machineId, status, error, agoMs],
+  );
+}
+
+describe('reconcileWaves: failed syncs', () => {
+  it('fails by target state, command error or command status, and leaves a stale state or a pending command alone', async () => {
+    const ids = machineIds(5);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const rolloutId = newId('rol');
+    await withTx(h.deps.db, (tx) =>
+      insertRollout(tx, {
+        siteId: h.siteId,
+        rolloutId,
+        roostId: roost.roostId,
+        versionId: roost.versionId,
+        canary: ids,
+        fleet: [],
+        extractRoot: 'apps/test',
+        policy: { ...DEFAULT_POLICY, retries: 0 },
+        scheduleAt: null,
+        workflowId: `test-${rolloutId}`,
+        createdBy: h.userId,
+      }),
+    );
+    const t = (await getWaveTarget(h.deps.db, h.siteId, rolloutId))!;
+    // A failed state from before the dispatch must not count: written first, then the dispatch moves past it.
+    await setTargetState(ids[3], roost.roostId, roost.versionId, 'failed', 'old failure', 60_000);
+    expect(await dispatchDueIn(h.deps.db, t, ['canary'], 600_000, {})).toBe(5);
+
+    await setTargetState(ids[0], roost.roostId, roost.versionId, 'failed', 'disk full', 0);
+    await setCommand(rolloutId, ids[0], 'failed', 'the command error loses to the state');
+    await setCommand(rolloutId, ids[1], 'failed', 'boom');
+    await setCommand(rolloutId, ids[2], 'cancelled', null);
+    // ids[4]: command pending, no state: still dispatched.
+
+    const counts = await reconcileWaves(h.deps.db, t, ['canary']);
+    expect(counts.get('canary')).toMatchObject({ dispatched: 2, failed: 3 });
+    const { rows } = await h.deps.db.query<{ machine_id: string; status: string; last_error: string | null }>(
+      'SELECT machine_id, status, last_error FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2 ORDER BY machine_id',
+      [h.siteId, rolloutId],
+    );
+    expect(rows).toEqual([
+      { machine_id: ids[0], status: 'failed', last_error: 'disk full' },
+      { machine_id: ids[1], status: 'failed', last_error: 'boom' },
+      { machine_id: ids[2], status: 'failed', last_error: 'command cancelled' },
+      { machine_id: ids[3], status: 'dispatched', last_error: null },
+      { machine_id: ids[4], status: 'dispatched', last_error: null },
+    ]);
+    // Idempotent: a second pass changes nothing.
+    expect((await reconcileWaves(h.deps.db, t, ['canary'])).get('canary')).toMatchObject({ dispatched: 2, failed: 3 });
+
+    // stalledSyncs: a sync the agent took (status no longer pending) with no progress for the bound.
+    await h.deps.db.query(
+      `UPDATE rollout_machines SET dispatched_at = now() - INTERVAL '10 minutes' WHERE site_id = $1 AND rollout_id = $2 AND machine_id = ANY($3::text[])`,
+      [h.siteId, rolloutId, [ids[3], ids[4]]],
+    );
+    await setTargetState(ids[3], roost.roostId, roost.versionId, 'downloading', null, 9 * 60_000);
+    await setCommand(rolloutId, ids[3], 'downloading', null, 9 * 60_000);
+    await setCommand(rolloutId, ids[4], 'downloading', null, 1000);
+    const stalled = await stalledSyncs(h.deps.db, t, ['canary'], 5 * 60_000);
+    expect(stalled.map((s) => s.machineId)).toEqual([ids[3]]);
+    expect(Date.now() - stalled[0].progressAt).toBeGreaterThan(8 * 60_000);
+    expect(await stalledSyncs(h.deps.db, t, ['canary'], 20 * 60_000)).toEqual([]);
+  });
+});
