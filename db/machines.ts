@@ -314,13 +314,15 @@ export async function expirePendingCommands(db: Queryable, siteId: string, machi
 }
 
 /**
- * Of `machineIds` (one site), at most `limit` with at least one deliverable command, and `unacked`: the
- * site's commands handed out less than REDELIVER_AFTER_SECONDS ago that their agent has not reported on yet
- * (still `pending`). The machines are taken in id order from `pivot` on, wrapping around (the caller picks
- * a different pivot each time, so a limit spreads over the whole fleet instead of always favouring the
- * lowest ids). One statement for any number of ids; every part reads the partial index `commands_pending`
- * (migration 023_commands_pending_index.sql), so the cost follows the site's pending commands, not its
- * command history.
+ * Of `machineIds` (one site), at most `limit` with at least one deliverable command, and `inFlight`: the
+ * site's commands handed out and not finished (delivered, not completed) that were handed out or reported
+ * on less than REDELIVER_AFTER_SECONDS ago (an agent that went silent stops counting). The machines are
+ * taken in id order from `pivot` on, wrapping around (the caller picks a different pivot each time, so a
+ * limit spreads over the whole fleet instead of always favouring the lowest ids). One statement for any
+ * number of ids; the ready parts read the partial index `commands_pending` (migration
+ * 023_commands_pending_index.sql), the count `commands_in_flight` (migration 024), so the cost follows the
+ * site's pending and in-flight commands, not its command history. `withCount` false skips the count
+ * (inFlight 0), for the second and later slices of one check.
  */
 export async function machinesWithDeliverable(
   db: Queryable,
@@ -328,18 +330,20 @@ export async function machinesWithDeliverable(
   machineIds: string[],
   limit = machineIds.length,
   pivot = '',
-): Promise<{ ready: string[]; unacked: number }> {
-  if (machineIds.length === 0) return { ready: [], unacked: 0 };
+  withCount = true,
+): Promise<{ ready: string[]; inFlight: number }> {
+  if (machineIds.length === 0) return { ready: [], inFlight: 0 };
   const part = (cmp: string) =>
     `(SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id = ANY($2::TEXT[]) AND machine_id ${cmp} $4
        AND ${DELIVERABLE} ORDER BY machine_id LIMIT $3)`;
-  const { rows } = await db.query<{ unacked: number; ready: string[] }>(
-    `SELECT (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND status = 'pending'
-               AND delivered_at >= now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second')) AS unacked,
+  const recent = `now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second')`;
+  const { rows } = await db.query<{ in_flight: number; ready: string[] }>(
+    `SELECT CASE WHEN $5::BOOL THEN (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND completed_at IS NULL AND delivered_at IS NOT NULL
+                                        AND (delivered_at >= ${recent} OR updated_at >= ${recent})) ELSE 0 END AS in_flight,
             ARRAY(${part('>=')} UNION ALL ${part('<')}) AS ready`,
-    [siteId, machineIds, Math.max(0, limit), pivot],
+    [siteId, machineIds, Math.max(0, limit), pivot, withCount],
   );
-  return { ready: rows[0].ready.slice(0, Math.max(0, limit)), unacked: rows[0].unacked };
+  return { ready: rows[0].ready.slice(0, Math.max(0, limit)), inFlight: rows[0].in_flight };
 }
 
 /**

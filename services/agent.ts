@@ -53,12 +53,16 @@ export const POLL_INTERVAL_MS = 250;
  */
 export const MAX_DELIVERING = 8;
 /**
- * Commands of one site handed out and not yet acknowledged (no report yet) beyond which the check hands out
- * no more (see CommandWaiters): deliveries then follow the pace at which agents report, whatever the wave.
- * 1,000 rather than 500: at 500 a 10,000-machine wave was held by the window itself (225.8 s against 181.1 s
- * with 1,000, docs/benchmarks.md "10,000 machines"); without it, 9,900 deliveries left in 20 s and thrashed.
+ * Commands of one site handed out and not finished (delivered, not completed; see machinesWithDeliverable)
+ * beyond which the check hands out no more (see CommandWaiters): the wave then runs as fast as machines
+ * finish, with at most this many syncing at once. The bound keeps each sync short: the syncs in flight share
+ * the API, the database and the blob store, so a sync lasts about (syncs in flight) ÷ (syncs finished per
+ * second), and a sync that outlasts the agent's progress interval sends a progress report more. Counting
+ * only deliveries not yet acknowledged (1,000, the earlier rule) let a 10,000-machine wave hand out
+ * thousands of syncs that then ran side by side for ~14 s each, nearly every one with a progress report
+ * (6.97 sync requests per machine; docs/benchmarks.md "Statistics").
  */
-export const MAX_UNACKED_PER_SITE = 1000;
+export const MAX_IN_FLIGHT_PER_SITE = 250;
 /** Every how many checks the long-poll loop closes a site's expired pending commands (2 s at POLL_INTERVAL_MS). */
 export const EXPIRE_EVERY_CHECKS = 8;
 /** Largest screenshot PNG accepted (bytes). */
@@ -93,8 +97,8 @@ interface Waiter {
  * Per-process registry of long-polling agents, and the pacing of deliveries. One loop checks the
  * database every `intervalMs` for the waiting machines of each site that have a deliverable command (one
  * query per site and 5,000 machines, reading the partial index `commands_pending`) and keeps them as a
- * ready list, cut so that the site's deliveries awaiting their agent's first report stay under
- * `maxUnacked`; a ready machine's poll is woken only while fewer than `maxDelivering` deliveries are being
+ * ready list, cut so that the site's deliveries in flight (handed out, not finished) stay under
+ * `maxInFlight`; a ready machine's poll is woken only while fewer than `maxDelivering` deliveries are being
  * built, and each delivery's `release()` wakes the next ready one at once.
  *
  * Why slots: a wave queued for 10,000 machines made every waiting poll deliverable at once; woken
@@ -104,7 +108,9 @@ interface Waiter {
  * bounded, machines finish what they started first, and the rest wait in their long-poll, which costs
  * nothing. Slots alone still let a settled fleet take 9,900 deliveries in 20 s, faster than the agents'
  * first reports could come back; past 60 s unreported, commands were handed out again (redelivery),
- * which cost more deliveries still. The unacknowledged window ties the hand-out rate to the report rate.
+ * which cost more deliveries still. The window ties the hand-out rate to the rate at which machines
+ * finish (it first counted only deliveries without a report, which bounded the hand-out but not the syncs
+ * running at once: see MAX_IN_FLIGHT_PER_SITE).
  */
 export class CommandWaiters {
   private readonly bySite = new Map<string, Map<string, Set<Waiter>>>();
@@ -119,14 +125,14 @@ export class CommandWaiters {
   /**
    * @param intervalMs pause between two checks (ms)
    * @param maxDelivering deliveries built at once (slots)
-   * @param maxUnacked a site's deliveries awaiting their agent's first report beyond which none are woken
+   * @param maxInFlight a site's deliveries in flight (handed out, not finished) beyond which none are woken
    */
   constructor(
     private readonly deps: Pick<ServiceDeps, 'db'>,
     private readonly log: WarnLogger,
     private readonly intervalMs = POLL_INTERVAL_MS,
     private readonly maxDelivering = MAX_DELIVERING,
-    private readonly maxUnacked = MAX_UNACKED_PER_SITE,
+    private readonly maxInFlight = MAX_IN_FLIGHT_PER_SITE,
   ) {}
 
   /**
@@ -234,17 +240,17 @@ export class CommandWaiters {
       // Expired pending commands are closed here, as the claim on a poll's arrival used to do.
       if (expire) await expireSitePendingCommands(this.deps.db, siteId);
       const ids = [...machines.keys()];
-      // The first query tells how many of the site's deliveries still await their agent's first report;
+      // The first query tells how many of the site's deliveries are in flight;
       // the ready list of the site is cut to what the window has left.
-      let room = this.maxUnacked;
+      let room = this.maxInFlight;
       for (let i = 0; i < ids.length && room > 0; i += 5000) {
         const chunk = ids.slice(i, i + 5000);
         // A random pivot: each check starts its ready list at a different machine.
         const pivot = chunk[Math.floor(Math.random() * chunk.length)];
-        const r = await machinesWithDeliverable(this.deps.db, siteId, chunk, room, pivot);
+        const r = await machinesWithDeliverable(this.deps.db, siteId, chunk, room, pivot, i === 0);
         if (i === 0) {
           // Deliveries being built count too (their claim may not have run yet).
-          room = Math.max(0, this.maxUnacked - r.unacked - this.inFlight);
+          room = Math.max(0, this.maxInFlight - r.inFlight - this.inFlight);
           r.ready.splice(room);
         }
         for (const machineId of r.ready) ready.push([siteId, machineId]);

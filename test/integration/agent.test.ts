@@ -1093,7 +1093,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
     }
   });
 
-  it("hands out no more of a site's commands while the agents' first reports of earlier ones are outstanding", async () => {
+  it("hands out no more of a site's commands while earlier ones are in flight (handed out, not finished)", async () => {
     // A site of its own: the window counts the whole site's outstanding deliveries, and other tests here
     // leave some in the main site.
     const { siteId } = await h.other();
@@ -1118,11 +1118,18 @@ describe('CommandWaiters (services/agent.ts)', () => {
       await new Promise((r) => setTimeout(r, 600)); // a dozen checks
       expect(got).toHaveLength(3);
       expect(await delivered()).toHaveLength(3);
-      // The agents report (an intermediate status takes a command out of pending): the window opens again.
+      // The agents report an intermediate status: still in flight, the window stays shut.
       await h.deps.db.query(`UPDATE commands SET status = 'downloading' WHERE site_id = $1 AND command_id = ANY($2::text[])`, [
         siteId,
         got,
       ]);
+      await new Promise((r) => setTimeout(r, 400));
+      expect(got).toHaveLength(3);
+      // They finish: the window opens again.
+      await h.deps.db.query(
+        `UPDATE commands SET status = 'completed', result = 'success', completed_at = now() WHERE site_id = $1 AND command_id = ANY($2::text[])`,
+        [siteId, [...got]],
+      );
       await Promise.all(polls);
       expect(new Set(got)).toEqual(new Set(ids.map((m) => `cmd_win_${m}`)));
     } finally {
@@ -1197,9 +1204,20 @@ describe('CommandWaiters (services/agent.ts)', () => {
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-5')).ready).toEqual(['piv-5', 'piv-6', 'piv-7']);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-8')).ready).toEqual(['piv-8', 'piv-9', 'piv-0']);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 20, 'piv-3')).ready).toHaveLength(10);
-    // Handed out and not reported on: counted as unacknowledged, and no longer ready.
-    await h.deps.db.query(`UPDATE commands SET delivered_at = now() WHERE site_id = $1 AND machine_id IN ('piv-0', 'piv-1')`, [siteId]);
-    expect(await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).toEqual({ ready: ['piv-9', 'piv-2', 'piv-3'], unacked: 2 });
+    // Handed out and not finished: counted as in flight, and no longer ready.
+    await h.deps.db.query(`UPDATE commands SET delivered_at = now() WHERE site_id = $1 AND machine_id IN ('piv-0', 'piv-1', 'piv-2')`, [siteId]);
+    expect(await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).toEqual({ ready: ['piv-9', 'piv-3', 'piv-4'], inFlight: 3 });
+    // Reported on (taken out of pending) but not finished: still in flight; the second slice of a check skips the count.
+    await h.deps.db.query(`UPDATE commands SET status = 'downloading' WHERE site_id = $1 AND machine_id = 'piv-2'`, [siteId]);
+    expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).inFlight).toBe(3);
+    expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9', false)).inFlight).toBe(0);
+    // Finished, or silent since longer than the redelivery bound: no longer counted.
+    await h.deps.db.query(`UPDATE commands SET status = 'completed', completed_at = now() WHERE site_id = $1 AND machine_id = 'piv-2'`, [siteId]);
+    await h.deps.db.query(
+      `UPDATE commands SET delivered_at = now() - INTERVAL '2 minutes', updated_at = now() - INTERVAL '2 minutes' WHERE site_id = $1 AND machine_id = 'piv-1'`,
+      [siteId],
+    );
+    expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).inFlight).toBe(1);
     await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
   });
 
