@@ -63,6 +63,7 @@ if (cluster.isPrimary) {
   const rr = new RoundRobin(backends);
   void rr.open().then(() => process.send?.({ type: 'listening', port: rr.port } satisfies FromWorker));
   process.on('message', (m: { type: string }) => {
-    if (m.type === 'stats') process.send?.({ type: 'connections', id: cluster.worker?.id ?? 0, connections: [...rr.connections] } satisfies FromWorker);
+    if (m.type === 'stats')
+      process.send?.({ type: 'connections', id: cluster.worker?.id ?? 0, connections: [...rr.connections] } satisfies FromWorker);
   });
 }

@@ -1205,14 +1205,18 @@ describe('CommandWaiters (services/agent.ts)', () => {
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-8')).ready).toEqual(['piv-8', 'piv-9', 'piv-0']);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 20, 'piv-3')).ready).toHaveLength(10);
     // Handed out and not finished: counted as in flight, and no longer ready.
-    await h.deps.db.query(`UPDATE commands SET delivered_at = now() WHERE site_id = $1 AND machine_id IN ('piv-0', 'piv-1', 'piv-2')`, [siteId]);
+    await h.deps.db.query(`UPDATE commands SET delivered_at = now() WHERE site_id = $1 AND machine_id IN ('piv-0', 'piv-1', 'piv-2')`, [
+      siteId,
+    ]);
     expect(await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).toEqual({ ready: ['piv-9', 'piv-3', 'piv-4'], inFlight: 3 });
     // Reported on (taken out of pending) but not finished: still in flight; the second slice of a check skips the count.
     await h.deps.db.query(`UPDATE commands SET status = 'downloading' WHERE site_id = $1 AND machine_id = 'piv-2'`, [siteId]);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).inFlight).toBe(3);
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9', false)).inFlight).toBe(0);
     // Finished, or silent since longer than the redelivery bound: no longer counted.
-    await h.deps.db.query(`UPDATE commands SET status = 'completed', completed_at = now() WHERE site_id = $1 AND machine_id = 'piv-2'`, [siteId]);
+    await h.deps.db.query(`UPDATE commands SET status = 'completed', completed_at = now() WHERE site_id = $1 AND machine_id = 'piv-2'`, [
+      siteId,
+    ]);
     await h.deps.db.query(
       `UPDATE commands SET delivered_at = now() - INTERVAL '2 minutes', updated_at = now() - INTERVAL '2 minutes' WHERE site_id = $1 AND machine_id = 'piv-1'`,
       [siteId],
