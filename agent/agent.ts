@@ -463,8 +463,13 @@ export class Agent extends EventEmitter {
     });
   }
 
-  /** What a sync or activation started now works with. */
-  private syncContext(): SyncContext {
+  /** Least gap between two progress reports of `cmd`: the agent's own, or the server's ask when longer (ms). */
+  private progressIntervalFor(cmd: AgentCommand): number {
+    return Math.max(this.opts.progressIntervalMs ?? PROGRESS_INTERVAL_MS, cmd.progressIntervalMs ?? 0);
+  }
+
+  /** What a sync or activation of `cmd` started now works with. */
+  private syncContext(cmd: AgentCommand): SyncContext {
     return {
       siteId: this.siteId,
       transport: this.transport,
@@ -475,7 +480,7 @@ export class Agent extends EventEmitter {
       limit: this.limit,
       faults: this.faults,
       signal: this.abort.signal,
-      progressIntervalMs: this.opts.progressIntervalMs ?? PROGRESS_INTERVAL_MS,
+      progressIntervalMs: this.progressIntervalFor(cmd),
       compact: this.opts.inlineSync !== false,
       fsync: this.opts.fsyncFiles !== false,
       stats: this.stats,
@@ -485,9 +490,9 @@ export class Agent extends EventEmitter {
   private execute(cmd: AgentCommand): Promise<CommandOutcome> {
     switch (cmd.type) {
       case 'sync_pull':
-        return runSyncPull(this.syncContext(), cmd);
+        return runSyncPull(this.syncContext(cmd), cmd);
       case 'roost_activate':
-        return runActivate(this.syncContext(), cmd);
+        return runActivate(this.syncContext(cmd), cmd);
       case CLASSIC_INSTALL:
       case CLASSIC_UNINSTALL:
         return runClassicCommand(
@@ -496,7 +501,7 @@ export class Agent extends EventEmitter {
             os: this.os,
             downloadDir: path.join(this.root.stateDir, 'installers'),
             ca: this.opts.installerCa,
-            progressIntervalMs: this.opts.progressIntervalMs ?? PROGRESS_INTERVAL_MS,
+            progressIntervalMs: this.progressIntervalFor(cmd),
             closeGraceMs: this.opts.closeGraceMs ?? 5000,
             suppress: (entries) => this.processes.suppress(entries),
             signal: this.abort.signal,

@@ -62,6 +62,11 @@ export interface AgentCommand {
   requestId?: string;
   /** A sync_pull's inline sync (polls with `inline=sync`; docs/agent-protocol.md "Inline sync"). */
   sync?: InlineSync;
+  /**
+   * Least gap between two progress reports the server asked for in the poll answer that carried this
+   * command (ms; `progressIntervalMs`, larger while many of the site's commands are in flight).
+   */
+  progressIntervalMs?: number;
 }
 
 /**
@@ -286,13 +291,16 @@ export class AgentTransport {
    * sync_pull's inline sync (`inline=sync`).
    */
   async pollCommands(wait: number, signal: AbortSignal, inline = false): Promise<{ commands: AgentCommand[] }> {
-    const res = await this.call<{ commands: AgentCommand[] }>('GET', '/api/agent/commands', {
+    const res = await this.call<{ commands: AgentCommand[]; progressIntervalMs?: number }>('GET', '/api/agent/commands', {
       query: inline ? { wait, inline: 'sync' } : { wait },
       signal,
       dispatcher: this.id.dispatchers?.poll,
       longPoll: true,
     });
     if (res.commands?.length > 0) requestCounters.delivering++;
+    const ask = res.progressIntervalMs;
+    // Servers before the progress budget send no progressIntervalMs.
+    if (typeof ask === 'number' && Number.isFinite(ask) && ask > 0) for (const c of res.commands ?? []) c.progressIntervalMs = ask;
     return res;
   }
 

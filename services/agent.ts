@@ -55,14 +55,35 @@ export const MAX_DELIVERING = 8;
 /**
  * Commands of one site handed out and not finished (delivered, not completed; see machinesWithDeliverable)
  * beyond which the check hands out no more (see CommandWaiters): the wave then runs as fast as machines
- * finish, with at most this many syncing at once. The bound keeps each sync short: the syncs in flight share
- * the API, the database and the blob store, so a sync lasts about (syncs in flight) ÷ (syncs finished per
- * second), and a sync that outlasts the agent's progress interval sends a progress report more. Counting
- * only deliveries not yet acknowledged (1,000, the earlier rule) let a 10,000-machine wave hand out
- * thousands of syncs that then ran side by side for ~14 s each, nearly every one with a progress report
- * (6.97 sync requests per machine; docs/benchmarks.md "Statistics").
+ * finish, with at most this many syncing at once. Counting only deliveries not yet acknowledged (the
+ * earlier rule) let a 10,000-machine wave hand out thousands of syncs that then ran side by side. The syncs
+ * in flight share the API, the database and the blob store, so each lasts about (syncs in flight) ÷ (syncs
+ * finished per second): ~14 s at 1,000 on two cores, longer than the agents' 5 s progress interval, which
+ * the poll answer therefore stretches with the count (progressIntervalFor). A cap of 250 kept syncs short
+ * without that, but no longer kept both cores busy at 10,000 machines (55–62 commits/s against 70;
+ * docs/benchmarks.md "Statistics").
  */
-export const MAX_IN_FLIGHT_PER_SITE = 250;
+export const MAX_IN_FLIGHT_PER_SITE = 1000;
+/**
+ * Progress reports per second that a site's commands in flight may send together: the poll answer's
+ * `progressIntervalMs` (progressIntervalFor) spreads this budget over them.
+ */
+export const PROGRESS_REPORTS_PER_SECOND = 50;
+/** The longest progress gap the poll answer asks for (ms): well inside the stall bound (ROOST_COMMAND_STALL_MS, 120 s). */
+export const MAX_PROGRESS_INTERVAL_MS = 30_000;
+
+/**
+ * The least gap between two progress reports of one command that the poll answer asks of an agent
+ * (`progressIntervalMs`, ms), when `inFlight` commands of its site are in flight: together they then send
+ * at most PROGRESS_REPORTS_PER_SECOND (250 in flight: 5 s; 1,000: 20 s), at most MAX_PROGRESS_INTERVAL_MS.
+ * An agent keeps its own interval when that is longer (docs/agent-protocol.md "Commands"). A wave whose
+ * syncs each outlast the agents' own interval would otherwise send a progress report per machine on top of
+ * its first and last (docs/benchmarks.md "Statistics").
+ */
+export function progressIntervalFor(inFlight: number): number {
+  return Math.min(MAX_PROGRESS_INTERVAL_MS, Math.ceil((Math.max(0, inFlight) * 1000) / PROGRESS_REPORTS_PER_SECOND));
+}
+
 /** Every how many checks the long-poll loop closes a site's expired pending commands (2 s at POLL_INTERVAL_MS). */
 export const EXPIRE_EVERY_CHECKS = 8;
 /** Largest screenshot PNG accepted (bytes). */
@@ -114,6 +135,8 @@ interface Waiter {
  */
 export class CommandWaiters {
   private readonly bySite = new Map<string, Map<string, Set<Waiter>>>();
+  /** Commands in flight per site as the last check counted them (sites with waiting polls only). */
+  private inFlightBySite = new Map<string, number>();
   /** Machines found deliverable by the last check, not yet woken ([siteId, machineId]; `readyAt` is the next). */
   private ready: [string, string][] = [];
   private readyAt = 0;
@@ -170,6 +193,11 @@ export class CommandWaiters {
   release(): void {
     this.inFlight = Math.max(0, this.inFlight - 1);
     this.pump();
+  }
+
+  /** The site's commands in flight as the last check counted them (0 when no poll of the site waited then). */
+  inFlightOf(siteId: string): number {
+    return this.inFlightBySite.get(siteId) ?? 0;
   }
 
   /** Number of requests currently waiting (for tests and metrics). */
@@ -235,6 +263,7 @@ export class CommandWaiters {
 
   private async tick(): Promise<void> {
     const ready: [string, string][] = [];
+    const inFlightBySite = new Map<string, number>();
     const expire = this.checks++ % EXPIRE_EVERY_CHECKS === 0;
     for (const [siteId, machines] of [...this.bySite]) {
       // Expired pending commands are closed here, as the claim on a poll's arrival used to do.
@@ -249,6 +278,7 @@ export class CommandWaiters {
         const pivot = chunk[Math.floor(Math.random() * chunk.length)];
         const r = await machinesWithDeliverable(this.deps.db, siteId, chunk, room, pivot, i === 0);
         if (i === 0) {
+          inFlightBySite.set(siteId, r.inFlight);
           // Deliveries being built count too (their claim may not have run yet).
           room = Math.max(0, this.maxInFlight - r.inFlight - this.inFlight);
           r.ready.splice(room);
@@ -258,6 +288,7 @@ export class CommandWaiters {
       }
     }
     // The new list replaces the old one: what was not woken yet is in it again if still deliverable.
+    this.inFlightBySite = inFlightBySite;
     this.ready = ready;
     this.readyAt = 0;
     this.pump();

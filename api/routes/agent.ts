@@ -22,6 +22,7 @@ import { authorizeSite, requireAgent } from '../plugins/auth';
 import { TARGET_STATUSES } from '../../domain/target-state';
 import {
   CommandWaiters,
+  progressIntervalFor,
   MAX_SCREENSHOT_BYTES,
   MAX_WAIT_SECONDS,
   enrolAgent,
@@ -386,7 +387,17 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
             }),
           ),
         }),
-        response: { 200: Type.Object({ commands: Type.Array(PendingCommand) }), ...agentErrors },
+        response: {
+          200: Type.Object({
+            commands: Type.Array(PendingCommand),
+            progressIntervalMs: Type.Integer({
+              minimum: 0,
+              description:
+                "least gap (ms) between two progress reports of these commands that the server asks for: it grows with the site's commands in flight; an agent keeps its own interval when that is longer",
+            }),
+          }),
+          ...agentErrors,
+        },
       },
     },
     async (request, reply) => {
@@ -411,6 +422,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
             ...(r.request_id ? { requestId: r.request_id } : {}),
             ...(r.sync ? { sync: r.sync } : {}),
           })),
+          progressIntervalMs: progressIntervalFor(waiters.inFlightOf(agent.siteId)),
         };
       } finally {
         hangUp.dispose();

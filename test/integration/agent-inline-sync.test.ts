@@ -253,6 +253,36 @@ describe('compact sync protocol, end to end', () => {
     expect(reports).toEqual([`POST /api/agent/commands/${commandId}`, `POST /api/agent/commands/${commandId}`]);
   });
 
+  it("while many of the site's commands are in flight, an agent keeps the longer progress gap the poll answer asks for", async () => {
+    // A 300 ms sync with a 20 ms gap sends its `assembling` change between its first and last report…
+    const control = await startAgent('inl-budget-control', true, { progressIntervalMs: 20, syncDelayMs: 300 });
+    let before = control.api.calls.length;
+    const first = await insertSyncPull('inl-budget-control', v1);
+    expect(await control.agent.waitForCommand(first, 60_000)).toMatchObject({ status: 'completed', result: 'success' });
+    expect(syncCalls(control.api, before).length).toBeGreaterThan(2);
+    // …but with 100 commands of the site in flight the poll answer asks for 2 s (services/agent.ts
+    // progressIntervalFor), and the same sync sends its first and last report only.
+    const fillers = Array.from({ length: 100 }, (_, i) => `inl-budget-busy-${i}`);
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type, status, delivered_at)
+       SELECT $1, m, 'cmd_budget_' || m, 'reboot_machine', 'downloading', now() FROM UNNEST($2::text[]) AS t (m)`,
+      [h.siteId, fillers],
+    );
+    try {
+      const { agent, api } = await startAgent('inl-budget', true, { progressIntervalMs: 20, syncDelayMs: 300 });
+      before = api.calls.length;
+      const commandId = await insertSyncPull('inl-budget', v1);
+      expect(await agent.waitForCommand(commandId, 60_000)).toMatchObject({
+        status: 'completed',
+        result: 'success',
+        counters: { ...COUNTERS },
+      });
+      expect(syncCalls(api, before)).toEqual([`POST /api/agent/commands/${commandId}`, `POST /api/agent/commands/${commandId}`]);
+    } finally {
+      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1 AND command_id LIKE 'cmd_budget_%'`, [h.siteId]);
+    }
+  });
+
   it('an agent that does not opt in (like agents already deployed) syncs through the separate routes', async () => {
     const machineId = 'inl-classic';
     const { agent, api, poll } = await startAgent(machineId, false);

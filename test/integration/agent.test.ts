@@ -14,7 +14,7 @@ import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import type { Scope } from '../../domain/scopes';
 import { Agent } from '../../agent/agent';
 import { verifyTree } from '../../agent/fleet';
-import { CommandWaiters, pollAgentCommands } from '../../services/agent';
+import { CommandWaiters, pollAgentCommands, progressIntervalFor } from '../../services/agent';
 import { claimCommands, machinesWithDeliverable } from '../../db/machines';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
@@ -474,7 +474,10 @@ describe('GET /api/agent/commands and POST /api/agent/commands/{id}', () => {
     const token = await enrol('cmd-3');
     const res = await agentReq(token, 'GET', '/api/agent/commands?wait=1');
     expect(res.statusCode).toBe(200);
-    expect(res.json()).toEqual({ commands: [] });
+    // progressIntervalMs follows the site's commands in flight (earlier tests here leave some; its value is
+    // tested with the window below).
+    expect(res.json()).toEqual({ commands: [], progressIntervalMs: expect.any(Number) });
+    expect(res.json().progressIntervalMs).toBeGreaterThanOrEqual(0);
     for (const w of ['-1', 'abc', '1.5']) {
       const bad = await agentReq(token, 'GET', `/api/agent/commands?wait=${w}`);
       expect(bad.statusCode).toBe(400);
@@ -1223,6 +1226,36 @@ describe('CommandWaiters (services/agent.ts)', () => {
     );
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).inFlight).toBe(1);
     await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+  });
+
+  it("counts the site's commands in flight at each check, and the poll answer asks for a progress gap that spreads the report budget over them", async () => {
+    const { siteId } = await h.other();
+    // 300 commands in flight (handed out, reported on, not finished), and one pending for the polling machine.
+    const busy = Array.from({ length: 300 }, (_, i) => `bud-${String(i).padStart(3, '0')}`);
+    await insertFor([...busy, 'bud-poll'], 'bud', siteId);
+    await h.deps.db.query(
+      `UPDATE commands SET status = 'downloading', delivered_at = now(), updated_at = now() WHERE site_id = $1 AND machine_id = ANY($2::text[])`,
+      [siteId, busy],
+    );
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 50);
+    const ctl = new AbortController();
+    try {
+      expect(waiters.inFlightOf(siteId)).toBe(0);
+      const rows = await pollAgentCommands(h.deps, waiters, {
+        siteId,
+        machineId: 'bud-poll',
+        waitSeconds: 5,
+        gone: ctl.signal,
+        inlineSync: false,
+      });
+      expect(rows.map((r) => r.command_id)).toEqual(['cmd_bud_bud-poll']);
+      expect(waiters.inFlightOf(siteId)).toBe(300);
+      expect(progressIntervalFor(waiters.inFlightOf(siteId))).toBe(6000);
+    } finally {
+      ctl.abort();
+      waiters.close();
+      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+    }
   });
 
   it('reads the pending commands of a site with a command history through the partial index commands_pending', async () => {
