@@ -135,7 +135,10 @@ interface Waiter {
  */
 export class CommandWaiters {
   private readonly bySite = new Map<string, Map<string, Set<Waiter>>>();
-  /** Commands in flight per site as the last check counted them (sites with waiting polls only). */
+  /**
+   * Commands in flight per site as the last check counted them, plus the deliveries it made ready (sites
+   * with waiting polls only).
+   */
   private inFlightBySite = new Map<string, number>();
   /** Machines found deliverable by the last check, not yet woken ([siteId, machineId]; `readyAt` is the next). */
   private ready: [string, string][] = [];
@@ -195,7 +198,10 @@ export class CommandWaiters {
     this.pump();
   }
 
-  /** The site's commands in flight as the last check counted them (0 when no poll of the site waited then). */
+  /**
+   * The site's commands in flight as the last check counted them, plus the deliveries that check made
+   * ready (0 when no poll of the site waited then): what a delivery handed out now shares the service with.
+   */
   inFlightOf(siteId: string): number {
     return this.inFlightBySite.get(siteId) ?? 0;
   }
@@ -278,13 +284,15 @@ export class CommandWaiters {
         const pivot = chunk[Math.floor(Math.random() * chunk.length)];
         const r = await machinesWithDeliverable(this.deps.db, siteId, chunk, room, pivot, i === 0);
         if (i === 0) {
-          inFlightBySite.set(siteId, r.inFlight);
           // Deliveries being built count too (their claim may not have run yet).
           room = Math.max(0, this.maxInFlight - r.inFlight - this.inFlight);
           r.ready.splice(room);
         }
         for (const machineId of r.ready) ready.push([siteId, machineId]);
         room -= r.ready.length;
+        // In flight once this check's hand-outs are out: what the deliveries it wakes will share the
+        // service with (at a wave's start the count alone is low, and those syncs would outlast its gap).
+        inFlightBySite.set(siteId, (inFlightBySite.get(siteId) ?? r.inFlight) + r.ready.length);
       }
     }
     // The new list replaces the old one: what was not woken yet is in it again if still deliverable.

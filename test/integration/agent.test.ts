@@ -1249,8 +1249,9 @@ describe('CommandWaiters (services/agent.ts)', () => {
         inlineSync: false,
       });
       expect(rows.map((r) => r.command_id)).toEqual(['cmd_bud_bud-poll']);
-      expect(waiters.inFlightOf(siteId)).toBe(300);
-      expect(progressIntervalFor(waiters.inFlightOf(siteId))).toBe(6000);
+      // The 300 in flight and the delivery the check woke.
+      expect(waiters.inFlightOf(siteId)).toBe(301);
+      expect(progressIntervalFor(waiters.inFlightOf(siteId))).toBe(6020);
     } finally {
       ctl.abort();
       waiters.close();
