@@ -66,16 +66,19 @@ export const MAX_DELIVERING = 8;
 export const MAX_IN_FLIGHT_PER_SITE = 1000;
 /**
  * Progress reports per second that a site's commands in flight may send together: the poll answer's
- * `progressIntervalMs` (progressIntervalFor) spreads this budget over them.
+ * `progressIntervalMs` (progressIntervalFor) spreads this budget over them. 25, not 50: the budget must
+ * stay under the rate at which syncs finish, or the gap it asks for is shorter than a sync (a wave that
+ * finished 52 syncs a second with 1,000 in flight, ~19 s each, was asked for 20 s at 50 a second and
+ * still sent a progress report on many of them: docs/benchmarks.md "Statistics").
  */
-export const PROGRESS_REPORTS_PER_SECOND = 50;
+export const PROGRESS_REPORTS_PER_SECOND = 25;
 /** The longest progress gap the poll answer asks for (ms): well inside the stall bound (ROOST_COMMAND_STALL_MS, 120 s). */
 export const MAX_PROGRESS_INTERVAL_MS = 30_000;
 
 /**
  * The least gap between two progress reports of one command that the poll answer asks of an agent
  * (`progressIntervalMs`, ms), when `inFlight` commands of its site are in flight: together they then send
- * at most PROGRESS_REPORTS_PER_SECOND (250 in flight: 5 s; 1,000: 20 s), at most MAX_PROGRESS_INTERVAL_MS.
+ * at most PROGRESS_REPORTS_PER_SECOND (250 in flight: 10 s; 750 and more: the cap), at most MAX_PROGRESS_INTERVAL_MS.
  * An agent keeps its own interval when that is longer (docs/agent-protocol.md "Commands"). A wave whose
  * syncs each outlast the agents' own interval would otherwise send a progress report per machine on top of
  * its first and last (docs/benchmarks.md "Statistics").

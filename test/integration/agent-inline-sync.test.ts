@@ -260,7 +260,7 @@ describe('compact sync protocol, end to end', () => {
     const first = await insertSyncPull('inl-budget-control', v1);
     expect(await control.agent.waitForCommand(first, 60_000)).toMatchObject({ status: 'completed', result: 'success' });
     expect(syncCalls(control.api, before).length).toBeGreaterThan(2);
-    // …but with 100 commands of the site in flight the poll answer asks for 2 s (services/agent.ts
+    // …but with 100 commands of the site in flight the poll answer asks for 4 s (services/agent.ts
     // progressIntervalFor), and the same sync sends its first and last report only.
     const fillers = Array.from({ length: 100 }, (_, i) => `inl-budget-busy-${i}`);
     await h.deps.db.query(

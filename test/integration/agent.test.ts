@@ -1251,7 +1251,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
       expect(rows.map((r) => r.command_id)).toEqual(['cmd_bud_bud-poll']);
       // The 300 in flight and the delivery the check woke.
       expect(waiters.inFlightOf(siteId)).toBe(301);
-      expect(progressIntervalFor(waiters.inFlightOf(siteId))).toBe(6020);
+      expect(progressIntervalFor(waiters.inFlightOf(siteId))).toBe(12_040);
     } finally {
       ctl.abort();
       waiters.close();
