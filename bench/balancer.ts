@@ -6,6 +6,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { disconnectChild } from './util';
 
 /**
  * A round-robin TCP balancer on a free loopback port: each new connection goes to the next backend that
@@ -125,11 +126,6 @@ export class BalancerProcesses {
 
   /** Disconnects (the balancer kills its workers and exits) and resolves once it is gone. */
   async close(): Promise<void> {
-    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
-    const gone = new Promise((r) => this.proc.once('exit', r));
-    this.proc.disconnect();
-    const t = setTimeout(() => this.proc.kill('SIGKILL'), 10_000);
-    await gone;
-    clearTimeout(t);
+    await disconnectChild(this.proc, 10_000);
   }
 }

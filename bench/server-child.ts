@@ -8,7 +8,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import path from 'node:path';
 import type { Config } from '../config/env';
 import { EnvSchema } from '../config/env';
-import { cpuProfArgs } from './util';
+import { cpuProfArgs, disconnectChild } from './util';
 import type { ApiChildStart, FromApiChild, ToApiChild } from './api-child';
 
 /** Environment of a child process for `cfg` (every setting spelled out, services reached as external). */
@@ -75,12 +75,7 @@ export class ServerChild {
   }
 
   async stop(): Promise<void> {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
-    const gone = new Promise((r) => this.child.once('exit', r));
-    this.child.disconnect();
-    const t = setTimeout(() => this.child.kill('SIGKILL'), 15_000);
-    await gone;
-    clearTimeout(t);
+    await disconnectChild(this.child, 15_000);
   }
 }
 

@@ -3,6 +3,7 @@
  * statistics, throughput in MB/s (10^6 bytes per second) and a seeded PRNG (so the generated tree and
  * the request sets are the same on every run).
  */
+import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import { performance } from 'node:perf_hooks';
@@ -133,4 +134,17 @@ export function processCpuSeconds(pid: number): number | undefined {
 export function cpuProfArgs(): string[] {
   const dir = process.env.ROOST_BENCH_CPU_PROF_DIR;
   return dir ? ['--cpu-prof', `--cpu-prof-dir=${dir}`] : [];
+}
+
+/**
+ * Stops an IPC child the bench started: disconnects its channel (the child exits on `disconnect`), sends
+ * SIGKILL after `graceMs` if it is still running, and resolves once it is gone (at once if it already is).
+ */
+export async function disconnectChild(child: ChildProcess, graceMs: number): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const gone = new Promise((r) => child.once('exit', r));
+  child.disconnect();
+  const t = setTimeout(() => child.kill('SIGKILL'), graceMs);
+  await gone;
+  clearTimeout(t);
 }
