@@ -119,20 +119,27 @@ export async function startTestWorker(h: Harness, identity?: string): Promise<Te
   };
 }
 
-/** Creates a rollout row directly (bypassing the route) with a custom policy, and starts its workflow. */
-export async function createRollout(
+/** What `insertRolloutRow` and `createRollout` take: the rollout's version, machines and policy. */
+export interface TestRollout {
+  roostId: string;
+  versionId: string;
+  machines: string[];
+  policy?: Partial<RolloutPolicy>;
+  scheduleAt?: Date | null;
+  extractRoot?: string;
+  /** Default: a new `rol_` id. */
+  rolloutId?: string;
+  /** Default: splitWaves of `machines`. */
+  waves?: { canary: string[]; fleet: string[] };
+}
+
+/** Inserts a rollout row directly (bypassing the route) with a custom policy; starts no workflow. */
+export async function insertRolloutRow(
   h: Harness,
-  r: {
-    roostId: string;
-    versionId: string;
-    machines: string[];
-    policy?: Partial<RolloutPolicy>;
-    scheduleAt?: Date | null;
-    extractRoot?: string;
-  },
+  r: TestRollout,
 ): Promise<{ rolloutId: string; workflowId: string; canary: string[]; fleet: string[] }> {
-  const rolloutId = newId('rol');
-  const waves = splitWaves(rolloutId, r.machines);
+  const rolloutId = r.rolloutId ?? newId('rol');
+  const waves = r.waves ?? splitWaves(rolloutId, r.machines);
   const workflowId = rolloutWorkflowId(h.siteId, r.roostId, r.versionId);
   await withTx(h.deps.db, (tx) =>
     insertRollout(tx, {
@@ -148,8 +155,22 @@ export async function createRollout(
       createdBy: h.userId,
     }),
   );
-  await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, { siteId: h.siteId, roostId: r.roostId, versionId: r.versionId, rolloutId });
   return { rolloutId, workflowId, ...waves };
+}
+
+/** Creates a rollout row directly (insertRolloutRow) and starts its workflow. */
+export async function createRollout(
+  h: Harness,
+  r: TestRollout,
+): Promise<{ rolloutId: string; workflowId: string; canary: string[]; fleet: string[] }> {
+  const created = await insertRolloutRow(h, r);
+  await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, {
+    siteId: h.siteId,
+    roostId: r.roostId,
+    versionId: r.versionId,
+    rolloutId: created.rolloutId,
+  });
+  return created;
 }
 
 /** Deploys through the route (current version, roost targets, `body` extras); throws unless 202. */

@@ -5,11 +5,8 @@
  * pending), and which syncs `stalledSyncs` reports for a given stall bound.
  */
 import { type Harness, createHarness } from '../support/harness';
-import { withTx } from '../../db/pool';
-import { dispatchDueIn, getWaveTarget, insertRollout, reconcileWaves, stalledSyncs } from '../../db/rollouts';
-import { DEFAULT_POLICY } from '../../domain/rollout-policy';
-import { newId } from '../../domain/hex';
-import { enrolMachineRows, machineIds, seedRoost } from './rollout-fixtures';
+import { dispatchDueIn, getWaveTarget, reconcileWaves, stalledSyncs } from '../../db/rollouts';
+import { enrolMachineRows, insertRolloutRow, machineIds, seedRoost } from './rollout-fixtures';
 
 let h: Harness;
 
@@ -40,22 +37,13 @@ describe('reconcileWaves: failed syncs', () => {
     const ids = machineIds(5);
     await enrolMachineRows(h, ids);
     const roost = await seedRoost(h, { targets: ids });
-    const rolloutId = newId('rol');
-    await withTx(h.deps.db, (tx) =>
-      insertRollout(tx, {
-        siteId: h.siteId,
-        rolloutId,
-        roostId: roost.roostId,
-        versionId: roost.versionId,
-        canary: ids,
-        fleet: [],
-        extractRoot: 'apps/test',
-        policy: { ...DEFAULT_POLICY, retries: 0 },
-        scheduleAt: null,
-        workflowId: `test-${rolloutId}`,
-        createdBy: h.userId,
-      }),
-    );
+    const { rolloutId } = await insertRolloutRow(h, {
+      roostId: roost.roostId,
+      versionId: roost.versionId,
+      machines: ids,
+      waves: { canary: ids, fleet: [] },
+      policy: { retries: 0 },
+    });
     const t = (await getWaveTarget(h.deps.db, h.siteId, rolloutId))!;
     // A failed state from before the dispatch must not count: written first, then the dispatch moves past it.
     await setTargetState(ids[3], roost.roostId, roost.versionId, 'failed', 'old failure', 60_000);

@@ -445,27 +445,7 @@ async function insertAndStart(
   ids: string[],
   policy: Partial<typeof DEFAULT_POLICY>,
 ): Promise<string> {
-  const workflowId = `rollout:${h.siteId}:${roost.roostId}:${roost.versionId}`;
-  await withTx(h.deps.db, (tx) =>
-    insertRollout(tx, {
-      siteId: h.siteId,
-      rolloutId,
-      roostId: roost.roostId,
-      versionId: roost.versionId,
-      ...splitWaves(rolloutId, ids),
-      extractRoot: 'apps/test',
-      policy: { ...DEFAULT_POLICY, ...policy },
-      scheduleAt: null,
-      workflowId,
-      createdBy: h.userId,
-    }),
-  );
-  await startRolloutWorkflow(h.deps.temporal, h.deps.cfg, {
-    siteId: h.siteId,
-    roostId: roost.roostId,
-    versionId: roost.versionId,
-    rolloutId,
-  });
+  const { workflowId } = await createRollout(h, { ...roost, machines: ids, policy, rolloutId });
   workflows.push(workflowId);
   return workflowId;
 }
