@@ -434,7 +434,7 @@ export async function ensurePostgres(cfg: Config): Promise<ServiceHandle> {
     fs.writeFileSync(place.log, '');
     if (isRoot()) chownToPostgres(place.log);
     try {
-      runPg(install, 'pg_ctl', ['-D', place.dir, '-l', place.log, '-o', `-p ${port}`, '-w', '-t', '60', 'start']);
+      runPg(install, 'pg_ctl', ['-D', place.dir, '-l', place.log, '-o', `-p ${port} -c jit=off`, '-w', '-t', '60', 'start']);
       started = true;
     } catch (err) {
       // Another process of this clone may have started it meanwhile (two commands at once).
