@@ -347,6 +347,34 @@ export async function machinesWithDeliverable(
 }
 
 /**
+ * One page of the site's machines with a deliverable command, any machine (not a given list): ids
+ * `> after` and, with `upTo`, `<= upTo`, ascending, at most `limit`; with `withCount`, also `inFlight` as
+ * machinesWithDeliverable counts it (0 otherwise). The long-poll check reads these pages and keeps the
+ * machines that have a poll waiting, when too many polls wait for an id list: a list of thousands of ids
+ * cost PostgreSQL milliseconds of planning per statement, four times a second, whether or not anything was
+ * pending (docs/benchmarks.md "The long-poll check"). Reads the partial index `commands_pending`, so the cost
+ * follows the rows read, at most `limit`.
+ */
+export async function deliverableMachinesPage(
+  db: Queryable,
+  siteId: string,
+  after: string,
+  upTo: string | null,
+  limit: number,
+  withCount = false,
+): Promise<{ machineIds: string[]; inFlight: number }> {
+  const recent = `now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second')`;
+  const { rows } = await db.query<{ in_flight: number; ids: string[] }>(
+    `SELECT CASE WHEN $5::BOOL THEN (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND completed_at IS NULL AND delivered_at IS NOT NULL
+                                        AND (delivered_at >= ${recent} OR updated_at >= ${recent})) ELSE 0 END AS in_flight,
+            ARRAY(SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id > $2 AND ($3::TEXT IS NULL OR machine_id <= $3)
+                     AND ${DELIVERABLE} ORDER BY machine_id LIMIT $4) AS ids`,
+    [siteId, after, upTo, Math.max(0, limit), withCount],
+  );
+  return { machineIds: rows[0].ids, inFlight: rows[0].in_flight };
+}
+
+/**
  * Hands out the machine's deliverable commands, oldest first (at most `limit`), and marks them delivered;
  * the same statement closes the machine's pending commands whose expiry has passed (as
  * `expirePendingCommands`), so a long-poll costs one statement, not two. One statement: two concurrent

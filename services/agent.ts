@@ -23,6 +23,7 @@ import {
   enrolMachine as enrolMachineRow,
   expireSitePendingCommands,
   getCommand,
+  deliverableMachinesPage,
   machinesWithDeliverable,
   recordHeartbeat,
   reportCommand,
@@ -87,6 +88,16 @@ export function progressIntervalFor(inFlight: number): number {
   return Math.min(MAX_PROGRESS_INTERVAL_MS, Math.ceil((Math.max(0, inFlight) * 1000) / PROGRESS_REPORTS_PER_SECOND));
 }
 
+/**
+ * Polls of one site waiting beyond which the long-poll check no longer sends their ids but reads pages of
+ * the site's pending machines (CommandWaiters readyByScan): an id list of thousands cost PostgreSQL more
+ * to plan than to run (docs/benchmarks.md "The long-poll check").
+ */
+export const ID_LIST_MAX = 500;
+/** Rows of the first page a check reads (its window's room is not known before). */
+export const SCAN_PAGE_ROWS = 256;
+/** Most pending machines one check reads in one site (a bound on its cost when few of them have a poll waiting). */
+export const SCAN_MAX_ROWS = 20_000;
 /** Every how many checks the long-poll loop closes a site's expired pending commands (2 s at POLL_INTERVAL_MS). */
 export const EXPIRE_EVERY_CHECKS = 8;
 /** Largest screenshot PNG accepted (bytes). */
@@ -270,6 +281,72 @@ export class CommandWaiters {
     this.loop.unref();
   }
 
+  /** Room left in the site's window: MAX_IN_FLIGHT_PER_SITE less those in flight and the deliveries being built. */
+  private roomOf(inFlight: number): number {
+    return Math.max(0, this.maxInFlight - inFlight - this.inFlight);
+  }
+
+  /**
+   * Few polls waiting: the machines among them with a deliverable command, from one statement that takes
+   * their ids (exact, whatever else of the site is pending), cut to the room left in the window.
+   */
+  private async readyByIds(siteId: string, machines: Map<string, Set<Waiter>>): Promise<{ ready: string[]; inFlight: number }> {
+    const ids = [...machines.keys()];
+    // A random pivot: each check starts its ready list at a different machine.
+    const pivot = ids[Math.floor(Math.random() * ids.length)];
+    const r = await machinesWithDeliverable(this.deps.db, siteId, ids, this.maxInFlight, pivot, true);
+    return { ready: r.ready.slice(0, this.roomOf(r.inFlight)), inFlight: r.inFlight };
+  }
+
+  /**
+   * Many polls waiting: pages of the site's machines with a deliverable command, from a random waiting
+   * machine on and wrapping around, keeping those with a poll waiting, until the window's room is filled,
+   * every pending machine was seen, or SCAN_MAX_ROWS were read. No id list is sent: the cost follows what
+   * is pending and the room, not how many machines wait (docs/benchmarks.md "The long-poll check"). A
+   * machine past the bound is reached by a later check, whose pivot differs.
+   */
+  private async readyByScan(siteId: string, machines: Map<string, Set<Waiter>>): Promise<{ ready: string[]; inFlight: number }> {
+    // A random waiting machine as the pivot: each check starts at a different machine.
+    let skip = Math.floor(Math.random() * machines.size);
+    let pivot = '';
+    for (const id of machines.keys()) {
+      pivot = id;
+      if (skip-- === 0) break;
+    }
+    const ready: string[] = [];
+    let inFlight = 0;
+    let room = 1;
+    let scanned = 0;
+    let first = true;
+    const segments: [string, string | null][] = [
+      [pivot, null],
+      ['', pivot],
+    ];
+    for (const [start, upTo] of segments) {
+      let after = start;
+      while (room > 0 && scanned < SCAN_MAX_ROWS) {
+        const limit = Math.min(SCAN_MAX_ROWS - scanned, first ? SCAN_PAGE_ROWS : Math.max(SCAN_PAGE_ROWS, 2 * room));
+        const page = await deliverableMachinesPage(this.deps.db, siteId, after, upTo, limit, first);
+        if (first) {
+          inFlight = page.inFlight;
+          room = this.roomOf(inFlight);
+          first = false;
+        }
+        for (const id of page.machineIds) {
+          if (room === 0) break;
+          if (machines.has(id)) {
+            ready.push(id);
+            room--;
+          }
+        }
+        scanned += page.machineIds.length;
+        if (page.machineIds.length < limit) break;
+        after = page.machineIds[page.machineIds.length - 1];
+      }
+    }
+    return { ready, inFlight };
+  }
+
   private async tick(): Promise<void> {
     const ready: [string, string][] = [];
     const inFlightBySite = new Map<string, number>();
@@ -277,26 +354,11 @@ export class CommandWaiters {
     for (const [siteId, machines] of [...this.bySite]) {
       // Expired pending commands are closed here, as the claim on a poll's arrival used to do.
       if (expire) await expireSitePendingCommands(this.deps.db, siteId);
-      const ids = [...machines.keys()];
-      // The first query tells how many of the site's deliveries are in flight;
-      // the ready list of the site is cut to what the window has left.
-      let room = this.maxInFlight;
-      for (let i = 0; i < ids.length && room > 0; i += 5000) {
-        const chunk = ids.slice(i, i + 5000);
-        // A random pivot: each check starts its ready list at a different machine.
-        const pivot = chunk[Math.floor(Math.random() * chunk.length)];
-        const r = await machinesWithDeliverable(this.deps.db, siteId, chunk, room, pivot, i === 0);
-        if (i === 0) {
-          // Deliveries being built count too (their claim may not have run yet).
-          room = Math.max(0, this.maxInFlight - r.inFlight - this.inFlight);
-          r.ready.splice(room);
-        }
-        for (const machineId of r.ready) ready.push([siteId, machineId]);
-        room -= r.ready.length;
-        // In flight once this check's hand-outs are out: what the deliveries it wakes will share the
-        // service with (at a wave's start the count alone is low, and those syncs would outlast its gap).
-        inFlightBySite.set(siteId, (inFlightBySite.get(siteId) ?? r.inFlight) + r.ready.length);
-      }
+      const r = machines.size <= ID_LIST_MAX ? await this.readyByIds(siteId, machines) : await this.readyByScan(siteId, machines);
+      for (const machineId of r.ready) ready.push([siteId, machineId]);
+      // In flight once this check's hand-outs are out: what the deliveries it wakes will share the
+      // service with (at a wave's start the count alone is low, and those syncs would outlast its gap).
+      inFlightBySite.set(siteId, r.inFlight + r.ready.length);
     }
     // The new list replaces the old one: what was not woken yet is in it again if still deliverable.
     this.inFlightBySite = inFlightBySite;

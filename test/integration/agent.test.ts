@@ -14,8 +14,8 @@ import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import type { Scope } from '../../domain/scopes';
 import { Agent } from '../../agent/agent';
 import { verifyTree } from '../../agent/fleet';
-import { CommandWaiters, pollAgentCommands, progressIntervalFor } from '../../services/agent';
-import { claimCommands, machinesWithDeliverable } from '../../db/machines';
+import { CommandWaiters, ID_LIST_MAX, pollAgentCommands, progressIntervalFor } from '../../services/agent';
+import { claimCommands, deliverableMachinesPage, machinesWithDeliverable } from '../../db/machines';
 import { scopedKey as scopedKeyOf } from '../support/identity';
 
 let h: Harness;
@@ -1226,6 +1226,87 @@ describe('CommandWaiters (services/agent.ts)', () => {
     );
     expect((await machinesWithDeliverable(h.deps.db, siteId, ids, 3, 'piv-9')).inFlight).toBe(1);
     await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+  });
+
+  it('reads pages of the whole site by id range: after (exclusive), upTo (inclusive), a limit, the in-flight count on request', async () => {
+    const { siteId } = await h.other();
+    const ids = Array.from({ length: 10 }, (_, i) => `pg-${i}`);
+    await insertFor(ids, 'pg', siteId);
+    // Two commands on one machine: listed once.
+    await h.deps.db.query(
+      `INSERT INTO commands (site_id, machine_id, command_id, type) VALUES ($1, 'pg-4', 'cmd_pg_second', 'reboot_machine')`,
+      [siteId],
+    );
+    expect(await deliverableMachinesPage(h.deps.db, siteId, 'pg-2', null, 3)).toEqual({
+      machineIds: ['pg-3', 'pg-4', 'pg-5'],
+      inFlight: 0,
+    });
+    expect((await deliverableMachinesPage(h.deps.db, siteId, 'pg-7', null, 10)).machineIds).toEqual(['pg-8', 'pg-9']);
+    expect((await deliverableMachinesPage(h.deps.db, siteId, '', 'pg-2', 10)).machineIds).toEqual(['pg-0', 'pg-1', 'pg-2']);
+    expect((await deliverableMachinesPage(h.deps.db, siteId, 'pg-9', null, 10)).machineIds).toEqual([]);
+    // Handed out recently, or expired: not deliverable; handed out and unfinished: in flight (counted on request only).
+    await h.deps.db.query(`UPDATE commands SET delivered_at = now() WHERE site_id = $1 AND machine_id IN ('pg-0', 'pg-1')`, [siteId]);
+    await h.deps.db.query(`UPDATE commands SET expires_at = now() - INTERVAL '1 second' WHERE site_id = $1 AND machine_id = 'pg-2'`, [
+      siteId,
+    ]);
+    expect(await deliverableMachinesPage(h.deps.db, siteId, '', 'pg-3', 10, true)).toEqual({ machineIds: ['pg-3'], inFlight: 2 });
+    expect((await deliverableMachinesPage(h.deps.db, siteId, '', 'pg-3', 10, false)).inFlight).toBe(0);
+    // Another site's pending commands are not this site's.
+    expect((await deliverableMachinesPage(h.deps.db, h.siteId, 'pg-', 'pg-9', 10)).machineIds).toEqual([]);
+    await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+  });
+
+  it(`with more than ${ID_LIST_MAX} polls waiting, wakes exactly the waiting machines that have a command, up to the window, never a machine that is not waiting`, async () => {
+    const { siteId } = await h.other();
+    const pad = (i: number) => String(i).padStart(4, '0');
+    // 700 polls wait; 300 of them have a command. 1,500 machines that are not waiting have one too, their
+    // ids spread among the waiting ones' (the pages must skip them).
+    const waiting = Array.from({ length: 700 }, (_, i) => `scn-${pad(i * 3)}`);
+    const withCommand = waiting.filter((_, i) => i % 7 < 3);
+    const absent = Array.from({ length: 1500 }, (_, i) => `scn-${pad(i * 3 + 1)}`);
+    await insertFor([...withCommand, ...absent], 'scn', siteId);
+    // Window of 120 in flight, with none finishing: the first checks wake 120 and then no more.
+    const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 30, 10_000, 120);
+    const woken: string[] = [];
+    const handles = waiting.map((id) => {
+      const w = waiters.wait(siteId, id, Date.now() + 60_000);
+      void w.promise.then(async (slot) => {
+        if (!slot) return;
+        woken.push(id);
+        // What a delivery does: the claim marks the command handed out (in flight); then the slot goes back.
+        await claimCommands(h.deps.db, siteId, id);
+        waiters.release();
+      });
+      return w;
+    });
+    try {
+      const until = Date.now() + 10_000;
+      while (woken.length < 120 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      await new Promise((r) => setTimeout(r, 400)); // more checks: the window is full
+      expect(woken).toHaveLength(120);
+      expect(new Set(woken).size).toBe(120);
+      expect(woken.every((id) => withCommand.includes(id))).toBe(true);
+      // Those finish: the rest of the waiting machines with a command are woken, and no other.
+      await h.deps.db.query(
+        `UPDATE commands SET status = 'completed', completed_at = now() WHERE site_id = $1 AND machine_id = ANY($2::text[])`,
+        [siteId, woken],
+      );
+      const until2 = Date.now() + 10_000;
+      while (woken.length < 240 && Date.now() < until2) await new Promise((r) => setTimeout(r, 20));
+      await new Promise((r) => setTimeout(r, 300));
+      expect(woken).toHaveLength(240);
+      expect(new Set(woken).size).toBe(240);
+      expect(woken.every((id) => withCommand.includes(id))).toBe(true);
+      const handed = await h.deps.db.query<{ n: number }>(
+        `SELECT count(*)::INT AS n FROM commands WHERE site_id = $1 AND machine_id = ANY($2::text[]) AND delivered_at IS NOT NULL`,
+        [siteId, absent],
+      );
+      expect(handed.rows[0].n).toBe(0);
+    } finally {
+      for (const w of handles) w.cancel();
+      waiters.close();
+      await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+    }
   });
 
   it("counts the site's commands in flight at each check, and the poll answer asks for a progress gap that spreads the report budget over them", async () => {
