@@ -529,7 +529,10 @@ export async function reconcileWaves(
     // Per-row lookups by primary key (EXISTS, and the error read only for the rows that change), no join of
     // rollout_machines with itself: with statistics that missed the wave's dispatch (a fresh rollout,
     // or a large table where one rollout is a small fraction) PostgreSQL nested the self-join and read
-    // 9,900 × 4,950 rows, 30 s a pass at 10,000 machines (docs/benchmarks.md "Statistics").
+    // 9,900 × 4,950 rows, 30 s a pass at 10,000 machines (docs/benchmarks.md "Statistics"). The failed
+    // target states are read first, once (uncorrelated IN over the partial index roost_target_states_failed,
+    // migration 025): the per-row EXISTS alone probed the target state of every dispatched machine on every
+    // pass, 80 ms at 9,900 (docs/benchmarks.md "The long-poll check").
     const failedState = `ts.reported_version_id = COALESCE(rm.target_version_id, $5) AND ts.status IN ('failed', 'cancelled')`;
     const tsOf = `ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $4`;
     const cOf = `c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id`;
@@ -542,8 +545,11 @@ export async function reconcileWaves(
                 'sync failed'), 1, 500),
               finished_at = now(), updated_at = now()
         WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status = 'dispatched'
-          AND (EXISTS (SELECT 1 FROM roost_target_states AS ts WHERE ${tsOf} AND ${failedState} AND ts.updated_at >= rm.dispatched_at)
-               OR EXISTS (SELECT 1 FROM commands AS c WHERE ${cOf} AND c.status IN ('failed', 'cancelled')))`,
+          AND ((rm.machine_id IN (SELECT ts.machine_id FROM roost_target_states AS ts
+                                   WHERE ts.site_id = $1 AND ts.roost_id = $4 AND ts.status IN ('failed', 'cancelled'))
+                AND EXISTS (SELECT 1 FROM roost_target_states AS ts WHERE ${tsOf} AND ${failedState} AND ts.updated_at >= rm.dispatched_at))
+               OR (rm.machine_id, rm.command_id) IN (SELECT c.machine_id, c.command_id FROM commands AS c
+                                                      WHERE c.site_id = $1 AND c.rollout_id = $2 AND c.status IN ('failed', 'cancelled')))`,
       [...base, t.policy.retries],
     );
     await tx.query(
