@@ -314,6 +314,14 @@ export async function expirePendingCommands(db: Queryable, siteId: string, machi
 }
 
 /**
+ * The site's ($1) commands in flight, as a scalar subquery: handed out and not finished, handed out or
+ * reported on less than REDELIVER_AFTER_SECONDS ago (read from the partial index `commands_in_flight`).
+ */
+const RECENT = `now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second')`;
+const IN_FLIGHT_COUNT = `(SELECT count(*)::INT FROM commands WHERE site_id = $1 AND completed_at IS NULL AND delivered_at IS NOT NULL
+                                        AND (delivered_at >= ${RECENT} OR updated_at >= ${RECENT}))`;
+
+/**
  * Of `machineIds` (one site), at most `limit` with at least one deliverable command, and `inFlight`: the
  * site's commands handed out and not finished (delivered, not completed) that were handed out or reported
  * on less than REDELIVER_AFTER_SECONDS ago (an agent that went silent stops counting). The machines are
@@ -336,10 +344,8 @@ export async function machinesWithDeliverable(
   const part = (cmp: string) =>
     `(SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id = ANY($2::TEXT[]) AND machine_id ${cmp} $4
        AND ${DELIVERABLE} ORDER BY machine_id LIMIT $3)`;
-  const recent = `now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second')`;
   const { rows } = await db.query<{ in_flight: number; ready: string[] }>(
-    `SELECT CASE WHEN $5::BOOL THEN (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND completed_at IS NULL AND delivered_at IS NOT NULL
-                                        AND (delivered_at >= ${recent} OR updated_at >= ${recent})) ELSE 0 END AS in_flight,
+    `SELECT CASE WHEN $5::BOOL THEN ${IN_FLIGHT_COUNT} ELSE 0 END AS in_flight,
             ARRAY(${part('>=')} UNION ALL ${part('<')}) AS ready`,
     [siteId, machineIds, Math.max(0, limit), pivot, withCount],
   );
@@ -363,10 +369,8 @@ export async function deliverableMachinesPage(
   limit: number,
   withCount = false,
 ): Promise<{ machineIds: string[]; inFlight: number }> {
-  const recent = `now() - (${REDELIVER_AFTER_SECONDS} * INTERVAL '1 second')`;
   const { rows } = await db.query<{ in_flight: number; ids: string[] }>(
-    `SELECT CASE WHEN $5::BOOL THEN (SELECT count(*)::INT FROM commands WHERE site_id = $1 AND completed_at IS NULL AND delivered_at IS NOT NULL
-                                        AND (delivered_at >= ${recent} OR updated_at >= ${recent})) ELSE 0 END AS in_flight,
+    `SELECT CASE WHEN $5::BOOL THEN ${IN_FLIGHT_COUNT} ELSE 0 END AS in_flight,
             ARRAY(SELECT DISTINCT machine_id FROM commands WHERE site_id = $1 AND machine_id > $2 AND ($3::TEXT IS NULL OR machine_id <= $3)
                      AND ${DELIVERABLE} ORDER BY machine_id LIMIT $4) AS ids`,
     [siteId, after, upTo, Math.max(0, limit), withCount],
