@@ -464,7 +464,7 @@ export class Agent extends EventEmitter {
   }
 
   /** Least gap between two progress reports of `cmd`: the agent's own, or the server's ask when longer (ms). */
-  private progressIntervalFor(cmd: AgentCommand): number {
+  private progressGapOf(cmd: AgentCommand): number {
     return Math.max(this.opts.progressIntervalMs ?? PROGRESS_INTERVAL_MS, cmd.progressIntervalMs ?? 0);
   }
 
@@ -480,7 +480,7 @@ export class Agent extends EventEmitter {
       limit: this.limit,
       faults: this.faults,
       signal: this.abort.signal,
-      progressIntervalMs: this.progressIntervalFor(cmd),
+      progressIntervalMs: this.progressGapOf(cmd),
       compact: this.opts.inlineSync !== false,
       fsync: this.opts.fsyncFiles !== false,
       stats: this.stats,
@@ -501,7 +501,7 @@ export class Agent extends EventEmitter {
             os: this.os,
             downloadDir: path.join(this.root.stateDir, 'installers'),
             ca: this.opts.installerCa,
-            progressIntervalMs: this.progressIntervalFor(cmd),
+            progressIntervalMs: this.progressGapOf(cmd),
             closeGraceMs: this.opts.closeGraceMs ?? 5000,
             suppress: (entries) => this.processes.suppress(entries),
             signal: this.abort.signal,
