@@ -529,10 +529,12 @@ export async function reconcileWaves(
     // Per-row lookups by primary key (EXISTS, and the error read only for the rows that change), no join of
     // rollout_machines with itself: with statistics that missed the wave's dispatch (a fresh rollout,
     // or a large table where one rollout is a small fraction) PostgreSQL nested the self-join and read
-    // 9,900 × 4,950 rows, 30 s a pass at 10,000 machines (docs/benchmarks.md "Statistics"). The failed
-    // target states are read first, once (uncorrelated IN over the partial index roost_target_states_failed,
-    // migration 025): the per-row EXISTS alone probed the target state of every dispatched machine on every
-    // pass, 80 ms at 9,900 (docs/benchmarks.md "The long-poll check").
+    // 9,900 × 4,950 rows, 30 s a pass at 10,000 machines (docs/benchmarks.md "Statistics"). The wave's
+    // failed target states and the rollout's failed commands are read once (uncorrelated INs over the
+    // partial indexes of migration 025), and only the machines found there get the per-row EXISTS: that
+    // EXISTS alone probed the target state of every dispatched machine on every pass (83 ms at 9,900),
+    // and PostgreSQL answered the command part by reading every failed command of the database
+    // (docs/benchmarks.md "The long-poll check").
     const failedState = `ts.reported_version_id = COALESCE(rm.target_version_id, $5) AND ts.status IN ('failed', 'cancelled')`;
     const tsOf = `ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $4`;
     const cOf = `c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id`;

@@ -434,6 +434,8 @@ export async function ensurePostgres(cfg: Config): Promise<ServiceHandle> {
     fs.writeFileSync(place.log, '');
     if (isRoot()) chownToPostgres(place.log);
     try {
+      // jit=off: JIT compiled a rollout's reconcile statements for 144 ms a pass that ran in milliseconds
+      // (docs/benchmarks.md "The long-poll check"); a start option, so clusters made before it get it too.
       runPg(install, 'pg_ctl', ['-D', place.dir, '-l', place.log, '-o', `-p ${port} -c jit=off`, '-w', '-t', '60', 'start']);
       started = true;
     } catch (err) {
