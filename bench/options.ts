@@ -16,7 +16,7 @@
  *   --concurrency <n>     chunk PUTs in flight for the push (default: the CLI's automatic rule, cli/upload-window.ts)
  *   --push-api <where>    where the cold push's API runs: `process` (default: a process of its own, as a remote
  *                         API would) or `in-process` (the bench process, beside the CLI, as before)
- *   --rounds <n>          alternating rounds of the chunker benchmark (default 3)
+ *   --rounds <n>          alternating rounds of the chunker, push, republish and api benchmarks (default 3)
  *   --connections <n>     autocannon connections of the api benchmark (default 10)
  *   --seconds <n>         seconds of each autocannon run of the api benchmark (default 10)
  *   --api-ablations       run the api benchmark's plugin ablations even when the API reaches its goal

@@ -7,11 +7,12 @@
  *    return, against the upload floor: the fastest of plain parallel PUTs of the same distinct chunks
  *    at each concurrency of FLOOR_CONCURRENCIES to the same Azurite, each under a new site (the store's
  *    own limit). For the floor the chunks are cut into memory once and each run's upload URLs are
- *    requested before its clock starts; only the PUTs are timed. Every floor run and the push start from
- *    an empty Azurite (the bench Azurite is restarted empty in between, since its per-PUT cost grows
- *    with the number of blobs it holds), and all move exactly the same bytes. After the push the floor
- *    runs once more at the sweep's fastest concurrency (the machine's load drifts); the floor figure is
- *    the fastest of all these runs. CPU seconds of this process, Azurite and the API process, and this
+ *    requested before its clock starts; only the PUTs are timed. Every floor run and every push start
+ *    from an empty Azurite (the bench Azurite is restarted empty in between, since its per-PUT cost
+ *    grows with the number of blobs it holds), and all move exactly the same bytes. After the sweep come
+ *    `rounds` alternating rounds: a cold push into a new site, then the floor at the sweep's fastest
+ *    concurrency (the machine's load drifts, so both sides sample it alike). `timesFloor` is the fastest
+ *    push over the fastest floor run (sweep or rounds); `timesFloorMedian` the medians of the rounds. CPU seconds of this process, Azurite and the API process, and this
  *    process's main-thread utilisation, are reported per run (where the time went).
  * 3. `republish`: pushing the unchanged tree again (same body, so the same version id: the server finds
  *    every chunk and the version already current and changes nothing), in seconds, against `sha256sum`
@@ -82,8 +83,15 @@ export interface ColdPushFigures {
   /** Distinct chunks and their bytes (what both sides upload). */
   chunks: number;
   uploadBytes: number;
+  /** Alternating rounds of a cold push and the floor at the sweep's fastest concurrency (`--rounds`). */
+  rounds: number;
+  /** The fastest round's push (every field but the samples and `cpuByRound` is that round's). */
   push: {
     seconds: number;
+    /** Median over the rounds. */
+    medianSeconds: number;
+    /** Every round's push, in seconds. */
+    samplesSeconds: number[];
     /** Uploaded bytes ÷ wall time. */
     MBps: number;
     /** Tree bytes ÷ wall time (what a user sees). */
@@ -98,19 +106,22 @@ export interface ColdPushFigures {
     /** When each stage started and ended (ms since the push started). */
     stageSpansMs: PushResult['stageSpansMs'];
     cpu: RunCpu;
+    cpuByRound: RunCpu[];
   };
-  /** The fastest run of `bestOf` (the store's limit): its concurrency, seconds, MB/s. */
+  /** The fastest plain-PUT run of the sweep and the rounds (the store's limit): its concurrency, seconds, MB/s. */
   floor: { what: string; seconds: number; MBps: number; setupSeconds: number; concurrency: number };
   /** Every floor run: concurrency → seconds. */
   bestOf: Record<string, number>;
   /** CPU of every floor run, by concurrency. */
   floorCpu: Record<string, RunCpu>;
-  /** The floor run again after the push, at the sweep's fastest concurrency (the floor is the faster of the two). */
-  floorAfter: { concurrency: number; seconds: number; cpu: RunCpu };
+  /** The floor run again after each push round, at the sweep's fastest concurrency: fastest, median, every run. */
+  floorAfter: { concurrency: number; seconds: number; medianSeconds: number; samplesSeconds: number[]; cpu: RunCpu[] };
   /** 1-minute load average when the push started and when it ended (/proc/loadavg). */
   loadAverage: { start: number; end: number };
-  /** push seconds ÷ floor seconds (the fastest plain-PUT run). */
+  /** The fastest push ÷ the fastest plain-PUT run (sweep or rounds). */
   timesFloor: number;
+  /** Median push ÷ median of the floor runs that alternated with the pushes (same concurrency, same number of runs). */
+  timesFloorMedian: number;
   /** push seconds ÷ the plain-PUT run at concurrency 4 (the floor before the sweep, for earlier runs). */
   timesFloorAt4: number;
 }
@@ -216,66 +227,72 @@ export function siteOn(site: BenchSite, url: string | undefined): BenchSite {
 export async function benchColdPush(
   bench: BenchStack,
   tree: TreeInfo,
-  opts: { concurrency?: number; api?: ApiWhere },
+  opts: { concurrency?: number; api?: ApiWhere; rounds?: number },
 ): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
   const where = opts.api ?? 'process';
-  return withApiChild(bench.cfg, where, (server) => coldPush(bench, tree, { concurrency: opts.concurrency, api: where, server }));
+  const rounds = opts.rounds ?? 3;
+  return withApiChild(bench.cfg, where, (server) => coldPush(bench, tree, { concurrency: opts.concurrency, api: where, server, rounds }));
+}
+
+/** One timed cold push of the rounds. */
+interface PushRun {
+  seconds: number;
+  result: PushResult;
+  cpu: RunCpu;
 }
 
 async function coldPush(
   bench: BenchStack,
   tree: TreeInfo,
-  opts: { concurrency?: number; api: ApiWhere; server?: ServerChild },
+  opts: { concurrency?: number; api: ApiWhere; server?: ServerChild; rounds: number },
 ): Promise<{ figures: ColdPushFigures; published: PublishedTree }> {
   const api = { url: opts.server?.url, pid: opts.server?.pid };
   if (opts.server) log(`push: the API runs in process ${opts.server.pid} (${opts.server.url})`);
   const floor = await uploadFloor(bench, tree, api);
   const [bestC, sweepSeconds] = Object.entries(floor.byConcurrency).sort((a, b) => a[1] - b[1])[0];
   log(`push: upload floor ${sweepSeconds} s at concurrency ${bestC} (${mbps(floor.bytes, sweepSeconds * 1000)} MB/s)`);
-  // Azurite gets slower the more blobs it holds: the push starts from the same (empty) storage.
-  await bench.resetStorage();
-
-  const benchSite = await bench.newSite('push');
-  const site = siteOn(benchSite, api.url);
-  const roostId = await createRoost(site, 'bench tree');
   const config = { ...producerConfig(), producer: 'roost-cli' as const };
-  log(
-    `push: cold push of ${mib(tree.bytes)} to ${site.siteId}/${roostId} at concurrency ${opts.concurrency ?? 'auto'} (load ${loadAverage()})`,
-  );
-  const stagesSeen = new Set<string>();
   const loadStart = loadAverage();
-  const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid });
-  const t0 = now();
-  const result = await push({
-    client: site.client,
-    siteId: site.siteId,
-    roostId,
-    dir: tree.root,
-    concurrency: opts.concurrency,
-    config,
-    onProgress: (p) => {
-      if (!stagesSeen.has(p.stage)) log(`push: stage ${p.stage} began`);
-      stagesSeen.add(p.stage);
-    },
-  });
-  const ms = now() - t0;
-  const cpu = meter();
-  if (result.chunksUploaded !== floor.chunks || result.bytesUploaded !== floor.bytes) {
-    throw new Error(
-      `cold push uploaded ${result.chunksUploaded} chunks / ${result.bytesUploaded} bytes, the floor ${floor.chunks} / ${floor.bytes}`,
+  const runs: PushRun[] = [];
+  const after: { seconds: number; cpu: RunCpu }[] = [];
+  let published: PublishedTree | undefined;
+  // Alternating rounds: a push, then the floor again at the sweep's fastest concurrency, so both sides
+  // sample the machine's drifting load alike (docs/benchmarks.md "What each figure means").
+  for (let r = 0; r < opts.rounds; r++) {
+    // Azurite gets slower the more blobs it holds: every push starts from the same (empty) storage.
+    await bench.resetStorage();
+    const benchSite = await bench.newSite(`push-${r + 1}`);
+    const site = siteOn(benchSite, api.url);
+    const roostId = await createRoost(site, 'bench tree');
+    log(
+      `push: round ${r + 1}/${opts.rounds}: cold push of ${mib(tree.bytes)} to ${site.siteId}/${roostId} at concurrency ${opts.concurrency ?? 'auto'} (load ${loadAverage()})`,
     );
+    const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid });
+    const t0 = now();
+    const result = await push({ client: site.client, siteId: site.siteId, roostId, dir: tree.root, concurrency: opts.concurrency, config });
+    const ms = now() - t0;
+    const cpu = meter();
+    if (result.chunksUploaded !== floor.chunks || result.bytesUploaded !== floor.bytes) {
+      throw new Error(
+        `cold push uploaded ${result.chunksUploaded} chunks / ${result.bytesUploaded} bytes, the floor ${floor.chunks} / ${floor.bytes}`,
+      );
+    }
+    runs.push({ seconds: round(ms / 1000), result, cpu });
+    published = { site: benchSite, roostId, versionId: result.versionId, config };
+    log(
+      `push: round ${r + 1}: cold push ${round(ms / 1000)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)}, spans ${JSON.stringify(result.stageSpansMs)}, cpu ${JSON.stringify(cpu)})`,
+    );
+    await bench.resetStorage();
+    const again = await uploadFloor(bench, tree, api, [Number(bestC)]);
+    after.push({ seconds: again.byConcurrency[bestC], cpu: again.cpu[bestC] });
   }
-  const pushSeconds = ms / 1000;
   const loadEnd = loadAverage();
-  log(`push: cold push ${round(pushSeconds)} s; the floor again at concurrency ${bestC} (the machine's load drifts)`);
-  await bench.resetStorage();
-  const again = await uploadFloor(bench, tree, api, [Number(bestC)]);
-  const afterSeconds = again.byConcurrency[bestC];
-  const bestSeconds = Math.min(sweepSeconds, afterSeconds);
+  const best = runs.reduce((a, b) => (b.seconds < a.seconds ? b : a));
+  const floorSeconds = Math.min(sweepSeconds, ...after.map((a) => a.seconds));
+  const afterMedian = median(after.map((a) => a.seconds));
+  const pushMedian = median(runs.map((x) => x.seconds));
   const limits = uploadLimits(opts.concurrency);
-  log(
-    `push: cold push ${round(pushSeconds)} s (${mbps(result.bytesUploaded, ms)} MB/s uploaded, stages ${JSON.stringify(result.timings)}, spans ${JSON.stringify(result.stageSpansMs)}, cpu ${JSON.stringify(cpu)})`,
-  );
+  const result = best.result;
   return {
     figures: {
       tree: { files: result.filesTotal, bytes: result.bytesTotal },
@@ -283,10 +300,13 @@ async function coldPush(
       concurrency: opts.concurrency ?? 'auto',
       chunks: floor.chunks,
       uploadBytes: floor.bytes,
+      rounds: opts.rounds,
       push: {
-        seconds: round(pushSeconds),
-        MBps: mbps(result.bytesUploaded, ms),
-        treeMBps: mbps(result.bytesTotal, ms),
+        seconds: best.seconds,
+        medianSeconds: round(pushMedian),
+        samplesSeconds: runs.map((x) => x.seconds),
+        MBps: mbps(result.bytesUploaded, best.seconds * 1000),
+        treeMBps: mbps(result.bytesTotal, best.seconds * 1000),
         stagesMs: result.timings,
         chunksUploaded: result.chunksUploaded,
         chunksConfirmedEarly: result.chunksConfirmedEarly,
@@ -297,23 +317,31 @@ async function coldPush(
           fullChunkConcurrency: concurrencyFor(limits, new Array<number>(256).fill(CHUNK_SIZE)),
         },
         stageSpansMs: result.stageSpansMs,
-        cpu,
+        cpu: best.cpu,
+        cpuByRound: runs.map((x) => x.cpu),
       },
       floor: {
-        what: `the fastest of parallel PUTs of the pre-cut chunks at concurrency ${FLOOR_CONCURRENCIES.join(', ')}, and again at the fastest one after the push`,
-        seconds: bestSeconds,
-        MBps: mbps(floor.bytes, bestSeconds * 1000),
+        what: `the fastest of parallel PUTs of the pre-cut chunks at concurrency ${FLOOR_CONCURRENCIES.join(', ')}, and again at the fastest one after each push round`,
+        seconds: floorSeconds,
+        MBps: mbps(floor.bytes, floorSeconds * 1000),
         setupSeconds: round(floor.setupSeconds),
         concurrency: Number(bestC),
       },
       bestOf: floor.byConcurrency,
-      floorAfter: { concurrency: Number(bestC), seconds: afterSeconds, cpu: again.cpu[bestC] },
+      floorAfter: {
+        concurrency: Number(bestC),
+        seconds: round(Math.min(...after.map((a) => a.seconds))),
+        medianSeconds: round(afterMedian),
+        samplesSeconds: after.map((a) => a.seconds),
+        cpu: after.map((a) => a.cpu),
+      },
       floorCpu: floor.cpu,
       loadAverage: { start: loadStart, end: loadEnd },
-      timesFloor: round(pushSeconds / bestSeconds, 2),
-      timesFloorAt4: round(pushSeconds / floor.byConcurrency['4'], 2),
+      timesFloor: round(best.seconds / floorSeconds, 2),
+      timesFloorMedian: round(pushMedian / afterMedian, 2),
+      timesFloorAt4: round(best.seconds / floor.byConcurrency['4'], 2),
     },
-    published: { site: benchSite, roostId, versionId: result.versionId, config },
+    published: published!,
   };
 }
 

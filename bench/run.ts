@@ -99,7 +99,7 @@ async function main(opts: BenchOptions): Promise<{ doc: Record<string, unknown>;
       let published: PublishedTree | undefined;
       if (tree && wants('push')) {
         await attempt('push', async () => {
-          const r = await benchColdPush(bench!, tree!, { concurrency: opts.concurrency, api: opts.pushApi });
+          const r = await benchColdPush(bench!, tree!, { concurrency: opts.concurrency, api: opts.pushApi, rounds: opts.rounds });
           published = r.published;
           return r.figures;
         });
