@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { ChunkerError, buildVersionBody, chunkFile, comparePaths, readChunk, scanTree, walkTree } from '../../cli/chunker';
+import { ChunkerError, SYNC_READ_MAX, buildVersionBody, chunkFile, comparePaths, readChunk, scanTree, walkTree } from '../../cli/chunker';
 import { CHUNK_SIZE, VERSION_MEDIA_TYPE, computeVersionId, validateVersionBody } from '../../domain/version';
 import { hashFiles } from '../../cli/hash-pool';
 import { POOL_MIN_BYTES } from '../../cli/chunker';
@@ -258,6 +258,29 @@ describe('readChunk', () => {
     const hash = sha(Buffer.from('hello'));
     await fsp.writeFile(abs, 'jello');
     await expect(readChunk({ absPath: abs, offset: 0, size: 5 }, hash)).rejects.toBeInstanceOf(ChunkerError);
+  });
+
+  it('reads a chunk above SYNC_READ_MAX (the asynchronous path) whole', async () => {
+    const data = bytes(CHUNK_SIZE, 4);
+    const abs = await write('big.bin', data);
+    expect(CHUNK_SIZE).toBeGreaterThan(SYNC_READ_MAX);
+    expect((await readChunk({ absPath: abs, offset: 0, size: CHUNK_SIZE }, sha(data))).equals(data)).toBe(true);
+  });
+
+  it.each([
+    ['small (synchronous read)', 1000],
+    ['large (asynchronous read)', SYNC_READ_MAX + 1],
+  ])('fails when a %s chunk was truncated since hashing', async (_name, size) => {
+    const data = bytes(size, 7);
+    const abs = await write(`t-${size}.bin`, data);
+    await fsp.truncate(abs, size - 1);
+    await expect(readChunk({ absPath: abs, offset: 0, size }, sha(data))).rejects.toBeInstanceOf(ChunkerError);
+  });
+
+  it('rejects with the fs error when the file is gone', async () => {
+    const abs = await write('gone.bin', 'x');
+    await fsp.rm(abs);
+    await expect(readChunk({ absPath: abs, offset: 0, size: 1 }, sha(Buffer.from('x')))).rejects.toMatchObject({ code: 'ENOENT' });
   });
 });
 
