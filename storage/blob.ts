@@ -12,6 +12,7 @@ import {
   BlobSASPermissions,
   BlobServiceClient,
   type ContainerClient,
+  ContainerSASPermissions,
   SASProtocol,
   StorageSharedKeyCredential,
   type UserDelegationKey,
@@ -20,12 +21,15 @@ import {
 import { createHash } from 'node:crypto';
 import { DefaultAzureCredential } from '@azure/identity';
 import { type Config, azuriteConnectionString } from '../config/env';
+import { BlobListError, fetchBlobListPage, LIST_PAGE_SIZE, type ListedBlob } from './blob-list';
 
 export const CONTAINERS = { chunks: 'chunks', versions: 'versions', screenshots: 'screenshots', installers: 'installers' } as const;
 
 /** SAS lifetimes in ms: upload URLs (`POST /api/chunks/upload-urls`) and download URLs (`/api/chunks/download-urls`). */
 export const UPLOAD_URL_TTL_MS = 60 * 60 * 1000;
 export const DOWNLOAD_URL_TTL_MS = 15 * 60 * 1000;
+/** Lifetime in ms of the container SAS the API lists blobs with (never handed out). */
+export const LIST_SAS_TTL_MS = 30 * 60 * 1000;
 
 /** Blob name of a site's chunk in the `chunks` container (`hash`: bare SHA-256 hex). */
 export function chunkBlobName(siteId: string, hash: string): string {
@@ -97,6 +101,10 @@ export class BlobStore {
    * (bench/api.ts). Bounded: cleared once it holds BLOB_URL_CACHE_SIZE names.
    */
   private readonly urls = new Map<string, string>();
+  /** Whether `listPages` tries the lean listing first (off after the service refused it once). */
+  private leanListing = true;
+  /** Container list SAS query by storage container name, and when to sign a new one (epoch ms). */
+  private readonly listSas = new Map<string, { query: string; renewAt: number }>();
   /** Container URL with a trailing slash by storage container name (null: it has a query, use the SDK). */
   private readonly containerUrls = new Map<string, string | null>();
 
@@ -264,16 +272,64 @@ export class BlobStore {
     const base = chunkBlobName(siteId, '');
     const found = new Map<string, StoredBlob>();
     for (const hashPrefix of chunkListingPrefixes(wanted)) {
-      const prefix = base + hashPrefix;
-      for await (const page of this.container('chunks').listBlobsFlat({ prefix }).byPage({ maxPageSize: 5000 })) {
-        for (const b of page.segment.blobItems) {
+      for await (const page of this.listPages('chunks', base + hashPrefix)) {
+        for (const b of page) {
           const hash = b.name.slice(base.length);
-          if (wanted.has(hash)) found.set(hash, { size: b.properties.contentLength ?? 0, etag: b.properties.etag ?? '' });
+          if (wanted.has(hash)) found.set(hash, { size: b.size, etag: b.etag });
         }
         if (found.size === wanted.size) return found;
       }
     }
     return found;
+  }
+
+  /**
+   * Every page of the blobs under `prefix` in `container` (name, size in bytes, ETag), in name order. Pages
+   * come from the lean listing (storage/blob-list.ts: a container SAS with list permission, 5,000 blobs a
+   * page) while it works; when a page fails there (network, timeout, a refusal, a body it cannot parse) the
+   * listing goes on from that page through the SDK's `listBlobsFlat`, with the SDK's retries, and a refusal
+   * (4xx) turns the lean listing off for this store. The SDK is used throughout when the container URL
+   * carries a query of its own (a SAS connection string). @throws the SDK's error when its listing fails.
+   */
+  async *listPages(container: keyof typeof CONTAINERS, prefix: string, pageSize = LIST_PAGE_SIZE): AsyncGenerator<ListedBlob[]> {
+    const name = this.containerName(container);
+    const url = this.service.getContainerClient(name).url;
+    let marker: string | undefined;
+    if (this.leanListing && !url.includes('?')) {
+      try {
+        do {
+          const page = await fetchBlobListPage(url, await this.containerListSas(name), prefix, marker, pageSize);
+          marker = page.nextMarker;
+          yield page.blobs;
+        } while (marker);
+        return;
+      } catch (err) {
+        if (err instanceof BlobListError && err.status >= 400 && err.status < 500) this.leanListing = false;
+      }
+    }
+    const pages = this.container(container).listBlobsFlat({ prefix }).byPage({ maxPageSize: pageSize, continuationToken: marker });
+    for await (const page of pages) {
+      yield page.segment.blobItems.map((b) => ({ name: b.name, size: b.properties.contentLength ?? 0, etag: b.properties.etag ?? '' }));
+    }
+  }
+
+  /** A container SAS query with list permission (LIST_SAS_TTL_MS), reused for half its lifetime. */
+  private async containerListSas(container: string): Promise<string> {
+    const now = Date.now();
+    const cached = this.listSas.get(container);
+    if (cached && cached.renewAt > now) return cached.query;
+    const values = {
+      containerName: container,
+      permissions: ContainerSASPermissions.parse('l'),
+      startsOn: new Date(now - 5 * 60 * 1000), // clock skew allowance
+      expiresOn: new Date(now + LIST_SAS_TTL_MS),
+      protocol: this.https ? SASProtocol.Https : SASProtocol.HttpsAndHttp,
+    };
+    const query = this.sharedKey
+      ? generateBlobSASQueryParameters(values, this.sharedKey).toString()
+      : generateBlobSASQueryParameters(values, await this.userDelegationKey(), this.service.accountName).toString();
+    this.listSas.set(container, { query, renewAt: now + LIST_SAS_TTL_MS / 2 });
+    return query;
   }
 
   /**
