@@ -400,8 +400,9 @@ export async function push(opts: PushOptions): Promise<PushResult> {
    * upload is known, each finished range's chunks go to `POST /api/chunks/check` (the server finds them
    * in storage by listing only that range, and records them), so publish no longer has to look the whole
    * push up in storage after the last PUT; the last range is left to publish itself. Ranges are the 256
-   * two-hex-digit hash prefixes. A failed confirmation costs nothing but that saving (publish checks every
-   * chunk anyway), so its error is dropped.
+   * two-hex-digit hash prefixes; a call carries at least `confirmBatchSize` chunks and at most HASH_BATCH,
+   * and ends where a first hex digit does whenever the batch limit allows. A failed confirmation costs
+   * nothing but that saving (publish checks every chunk anyway), so its error is dropped.
    */
   const range = (hash: string): number => parseInt(hash.slice(0, 2), 16);
   const rangePending = new Int32Array(256);
@@ -435,7 +436,14 @@ export async function push(opts: PushOptions): Promise<PushResult> {
       }
       confirmBuffer.push(...hashes);
       if (nextRange === 256) break; // the last range: publish looks it up itself, right after its PUTs
-      while (confirmBuffer.length >= size) {
+      // A call leaves at the end of a group of 16 ranges (one first hex digit): the server lists a wider set
+      // of hashes a whole first digit at a time (storage/blob.ts chunkListingPrefixes), so a call that
+      // ended inside a group would have that group listed again by the next call.
+      if (nextRange % 16 === 0 && confirmBuffer.length >= size) {
+        sendConfirmation(confirmBuffer);
+        confirmBuffer = [];
+      }
+      while (confirmBuffer.length > HASH_BATCH) {
         sendConfirmation(confirmBuffer.slice(0, HASH_BATCH));
         confirmBuffer = confirmBuffer.slice(HASH_BATCH);
       }

@@ -261,6 +261,8 @@ describe('batching', () => {
     const early = confirmed.flatMap((c) => c.hashes);
     expect(confirmed.length).toBeGreaterThanOrEqual(1);
     for (const c of confirmed) expect(c.hashes.length).toBeGreaterThanOrEqual(256);
+    // Each call ends with a first hex digit (the server lists whole digits), so no digit is listed twice.
+    for (let i = 1; i < confirmed.length; i++) expect(confirmed[i].hashes[0][0]).not.toBe(confirmed[i - 1].hashes.at(-1)![0]);
     expect(new Set(early).size).toBe(early.length);
     expect(early).toEqual([...early].sort());
     expect(early.length).toBeLessThan(1005);
