@@ -19,12 +19,14 @@
  *    of the same file list. `rounds` alternating rounds, medians reported.
  */
 import pLimit from 'p-limit';
+import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { producerConfig, readChunk, scanTree, walkTree } from '../cli/chunker';
 import { push, type PushResult } from '../cli/push';
 import { concurrencyFor, uploadLimits } from '../cli/upload-window';
 import { RoostClient } from '../cli/client';
 import { CHUNK_SIZE } from '../domain/version';
+import { postgresCpuSeconds, postmasterPid } from './cpu';
 import { type ApiWhere, type ServerChild, withApiChild } from './server-child';
 import { sha256sumFiles } from './sha256sum';
 import { type BenchSite, type BenchStack, CLIENT_TIMEOUT_MS } from './stack';
@@ -45,30 +47,35 @@ export const FLOOR_CONCURRENCIES = [4, 8, 16, 32, 64] as const;
 
 /**
  * Where the CPU went during one timed run: seconds (user + system, all threads) of the bench process (the
- * CLI side: push or plain PUTs; with `--push-api in-process` also the API), the bench Azurite and the
- * API process, and the bench process's main-thread event-loop utilisation (0..1: busy share of the wall time).
+ * CLI side: push or plain PUTs; with `--push-api in-process` also the API), the bench Azurite, the
+ * API process and the embedded PostgreSQL cluster, and the bench process's main-thread event-loop utilisation (0..1: busy share of the wall time).
  */
 export interface RunCpu {
   benchSeconds: number;
   azuriteSeconds?: number;
   apiSeconds?: number;
+  /** Every process of the embedded PostgreSQL cluster (absent on an external database). */
+  postgresSeconds?: number;
   mainThreadBusy: number;
 }
 
-/** Starts measuring a run's CPU; the returned function ends it. */
-function cpuMeter(pids: { azurite?: number; api?: number }): () => RunCpu {
+/** Starts measuring a run's CPU; the returned function ends it. `postmaster`: the embedded cluster's, if any. */
+function cpuMeter(pids: { azurite?: number; api?: number; postmaster?: number | null }): () => RunCpu {
   const c0 = process.cpuUsage();
   const elu0 = performance.eventLoopUtilization();
   const a0 = pids.azurite ? processCpuSeconds(pids.azurite) : undefined;
   const p0 = pids.api ? processCpuSeconds(pids.api) : undefined;
+  const g0 = pids.postmaster ? postgresCpuSeconds(pids.postmaster) : undefined;
   return () => {
     const c = process.cpuUsage(c0);
     const a1 = pids.azurite ? processCpuSeconds(pids.azurite) : undefined;
     const p1 = pids.api ? processCpuSeconds(pids.api) : undefined;
+    const g1 = pids.postmaster ? postgresCpuSeconds(pids.postmaster) : undefined;
     return {
       benchSeconds: round((c.user + c.system) / 1e6),
       ...(a0 !== undefined && a1 !== undefined ? { azuriteSeconds: round(a1 - a0) } : {}),
       ...(p0 !== undefined && p1 !== undefined ? { apiSeconds: round(p1 - p0) } : {}),
+      ...(g0 !== undefined && g1 !== undefined ? { postgresSeconds: round(g1 - g0) } : {}),
       mainThreadBusy: round(performance.eventLoopUtilization(elu0).utilization, 3),
     };
   };
@@ -200,7 +207,7 @@ async function uploadFloor(
     }
     setupSeconds += (now() - s1) / 1000;
     const limit = pLimit(concurrency);
-    const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid });
+    const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid, postmaster: postmasterOf(bench) });
     const t0 = now();
     await Promise.all(hashes.map((h) => limit(() => plainPut(urls[h], buffers.get(h)!))));
     byConcurrency[concurrency] = round((now() - t0) / 1000);
@@ -211,6 +218,11 @@ async function uploadFloor(
   }
   buffers.clear();
   return { byConcurrency, cpu, setupSeconds, bytes, chunks: hashes.length };
+}
+
+/** The embedded PostgreSQL cluster's postmaster pid, or null on an external database. */
+function postmasterOf(bench: BenchStack): number | null {
+  return bench.cfg.embedded.postgres ? postmasterPid(path.join(bench.cfg.ROOST_DATA_DIR, 'pg')) : null;
 }
 
 /** The same site reached through the API at `url` (the API process), or as it is (`url` undefined: the in-process API). */
@@ -267,7 +279,7 @@ async function coldPush(
     log(
       `push: round ${r + 1}/${opts.rounds}: cold push of ${mib(tree.bytes)} to ${site.siteId}/${roostId} at concurrency ${opts.concurrency ?? 'auto'} (load ${loadAverage()})`,
     );
-    const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid });
+    const meter = cpuMeter({ azurite: bench.azuritePid(), api: api.pid, postmaster: postmasterOf(bench) });
     const t0 = now();
     const result = await push({ client: site.client, siteId: site.siteId, roostId, dir: tree.root, concurrency: opts.concurrency, config });
     const ms = now() - t0;
