@@ -41,8 +41,9 @@ export const CONFIRM_MIN_UPLOADS = 512;
 /**
  * How many uploaded chunks one early confirmation (`POST /api/chunks/check` of chunks already PUT, which
  * records them, docs/contract.md Chunks) carries, for a push uploading `uploads` chunks: about an eighth of
- * them, at least 256 (the server lists storage rather than reading each blob from 256 on), at most 1000
- * (the batch limit); 0 (no early confirmation) below CONFIRM_MIN_UPLOADS.
+ * them, at least 256 (well above the count from which the server lists storage rather than reading each
+ * blob, services/chunks.ts LIST_MIN_UNKNOWN), at most 1000 (the batch limit); 0 (no early confirmation)
+ * below CONFIRM_MIN_UPLOADS.
  */
 export function confirmBatchSize(uploads: number): number {
   if (uploads < CONFIRM_MIN_UPLOADS) return 0;

@@ -72,8 +72,14 @@ export async function rehashChunks(db: Pool, blob: BlobStore, siteId: string, su
 
 /** Concurrent blob property reads while checking chunks that have no `chunks` row yet. */
 export const BLOB_CHECK_CONCURRENCY = 32;
-/** Fewest unrecorded chunks for which listing the site's chunk prefix is considered instead of HEADs. */
-export const LIST_MIN_UNKNOWN = 256;
+/**
+ * Fewest unrecorded chunks for which listing the site's chunk prefix is considered instead of HEADs. A
+ * listing reads only the hash prefixes that cover the chunks (storage/blob.ts chunkListingPrefixes), so
+ * from a few dozen chunks on it is the cheaper call: on Azurite a HEAD costs ~3.4 ms of its CPU (a scan of
+ * its blob table) and listing one first hex digit of 4,400 blobs ~57 ms; the cold bench push's last
+ * digit (~270 chunks, left to publish) went to 270 HEADs whenever it fell under the old bound of 256.
+ */
+export const LIST_MIN_UNKNOWN = 64;
 /** What one list page (5,000 blobs) costs, in blob property reads (measured on Azurite: roughly 20–40). */
 export const HEADS_PER_LIST_PAGE = 50;
 
