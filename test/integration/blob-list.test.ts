@@ -77,14 +77,12 @@ it('goes on through the SDK from the page that failed, without repeats', async (
 
 it('turns the lean path off after a refusal and lists through the SDK', async () => {
   const expected = await sdkListing();
-  const fetchSpy = jest
-    .spyOn(globalThis, 'fetch')
-    .mockResolvedValue(
-      new Response('<Error><Code>AuthorizationFailure</Code></Error>', {
-        status: 403,
-        headers: { 'x-ms-error-code': 'AuthorizationFailure' },
-      }),
-    );
+  const fetchSpy = jest.spyOn(globalThis, 'fetch').mockResolvedValue(
+    new Response('<Error><Code>AuthorizationFailure</Code></Error>', {
+      status: 403,
+      headers: { 'x-ms-error-code': 'AuthorizationFailure' },
+    }),
+  );
   expect((await leanListing(5000)).blobs).toEqual(expected);
   expect(fetchSpy).toHaveBeenCalledTimes(1);
   // Off for this store from now on: no further lean attempt.
