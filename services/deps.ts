@@ -17,6 +17,12 @@ export interface ServiceDeps {
   db: Pool;
   blob: BlobStore;
   temporal: Client;
+  /**
+   * A second connection to the same frontend without the SDK's gRPC retry interceptor, for the readiness
+   * probe only (`GET /readyz`): one attempt within the probe's deadline, and no retry timer left behind that
+   * would fire on a closed channel after shutdown.
+   */
+  temporalProbe: Connection;
   /** The model answering conversation sends instead of the configured one (services/cortex-model.ts; tests, embedders). */
   cortexModel?: LanguageModelV3;
 }
@@ -40,11 +46,13 @@ export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<Ser
     namespace: cfg.TEMPORAL_NAMESPACE,
     interceptors: { workflow: [new RequestIdClientInterceptor(), new OpenTelemetryWorkflowClientInterceptor()] },
   });
-  return { cfg, db, blob, temporal };
+  const temporalProbe = Connection.lazy({ address: cfg.temporalAddress, interceptors: [] });
+  return { cfg, db, blob, temporal, temporalProbe };
 }
 
-/** Closes the Temporal connection and the pool; never throws. */
+/** Closes the Temporal connections and the pool; never throws. */
 export async function closeServiceDeps(deps: ServiceDeps): Promise<void> {
+  await deps.temporalProbe.close().catch(() => undefined);
   await deps.temporal.connection.close().catch(() => undefined);
   await deps.db.end().catch(() => undefined);
 }

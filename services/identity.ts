@@ -351,7 +351,7 @@ function within<T>(p: Promise<T>, ms: number): Promise<T> {
  * @throws ApiError service_unavailable (503, Retry-After) naming what is not ready, with `dependencies`,
  *   `migrations` and `pendingMigrations` (the Readiness fields) in the problem
  */
-export async function checkReadiness(deps: Pick<ServiceDeps, 'db' | 'blob' | 'temporal'>): Promise<Readiness> {
+export async function checkReadiness(deps: Pick<ServiceDeps, 'db' | 'blob' | 'temporalProbe'>): Promise<Readiness> {
   const probe = async (p: () => Promise<unknown>): Promise<'up' | 'down'> => {
     try {
       await within(p(), HEALTH_TIMEOUT_MS);
@@ -364,7 +364,7 @@ export async function checkReadiness(deps: Pick<ServiceDeps, 'db' | 'blob' | 'te
   const [database, blobStorage, temporal] = await Promise.all([
     probe(async () => (pending = await pendingMigrations(deps.db))),
     probe(() => deps.blob.ping(HEALTH_TIMEOUT_MS)),
-    probe(() => pingTemporal(deps.temporal, HEALTH_TIMEOUT_MS)),
+    probe(() => pingTemporal(deps.temporalProbe, HEALTH_TIMEOUT_MS)),
   ]);
   const dependencies: DependencyHealth = { database, blobStorage, temporal };
   const readiness: Readiness = {

@@ -10,7 +10,13 @@
  * docs/decisions/rollout-workflow-ids.md). Errors are classified by their classes and failure types, never
  * by message text.
  */
-import { type Client, WithStartWorkflowOperation, WorkflowNotFoundError, WorkflowUpdateFailedError } from '@temporalio/client';
+import {
+  type Client,
+  type Connection,
+  WithStartWorkflowOperation,
+  WorkflowNotFoundError,
+  WorkflowUpdateFailedError,
+} from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Config } from '../config/env';
 import { versionVerifyWorkflowId } from '../domain/chunks';
@@ -318,11 +324,13 @@ export async function controlClassicDeployment(
 }
 
 /**
- * Resolves when the Temporal frontend answers `GetSystemInfo` within `timeoutMs` (`GET /healthz`).
+ * Resolves when the Temporal frontend answers `GetSystemInfo` within `timeoutMs` (`GET /readyz`). Give it
+ * a connection without the SDK's retry interceptor (services/deps.ts `temporalProbe`): with it, an
+ * UNAVAILABLE answer schedules a retry that outlives the deadline.
  * @throws the client's error (gRPC UNAVAILABLE or DEADLINE_EXCEEDED) when it does not.
  */
-export async function pingTemporal(client: Client, timeoutMs: number): Promise<void> {
-  await client.connection.withDeadline(Date.now() + timeoutMs, () => client.workflowService.getSystemInfo({}));
+export async function pingTemporal(connection: Connection, timeoutMs: number): Promise<void> {
+  await connection.withDeadline(Date.now() + timeoutMs, () => connection.workflowService.getSystemInfo({}));
 }
 
 // ---------------------------------------------------------------------------------------------------

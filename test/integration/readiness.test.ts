@@ -13,6 +13,8 @@ import type { AppDeps } from '../../api/context';
 import { createPool } from '../../db/pool';
 import { migrate, migrationFiles } from '../../db/migrate';
 import { closeServiceDeps, createServiceDeps } from '../../services/deps';
+import { checkReadiness, HEALTH_TIMEOUT_MS } from '../../services/identity';
+import type { ApiError } from '../../domain/errors';
 import { clusterDir, ensurePostgres, externalClustersRoot } from '../../stack/postgres';
 import { ensureAzurite, type ServiceHandle } from '../../stack/services';
 import { freePorts } from '../../stack/ports';
@@ -128,6 +130,33 @@ test('Temporal unreachable: not ready (temporal down); ready again once it is re
   await temporal.up();
   expect(await readyzUntil(200)).toEqual({ status: 200, body: READY });
 });
+
+test('a probe that found Temporal unreachable leaves nothing behind: shutting down right after it is clean', async () => {
+  // A probe through the SDK's retrying connection schedules its next attempt on a timer that outlives the
+  // probe's deadline; closing the connection before it fires threw "Channel has been shut down" from that
+  // timer, outside any request. The probe connection has no retry interceptor, so there is none to fire.
+  const own = await createServiceDeps(cfg);
+  const thrown: unknown[] = [];
+  const onUncaught = (err: unknown) => thrown.push(err);
+  process.on('uncaughtException', onUncaught);
+  try {
+    await temporal.down();
+    const started = Date.now();
+    const r = await checkReadiness(own).then(
+      () => 'ready',
+      (err: ApiError) => err.code,
+    );
+    expect([r, Date.now() - started <= HEALTH_TIMEOUT_MS + 1000]).toEqual(['service_unavailable', true]);
+    await closeServiceDeps(own);
+    // The SDK's retry delay is at most 5 s with 20 % jitter.
+    await new Promise((resolve) => setTimeout(resolve, 6500));
+    expect(thrown).toEqual([]);
+  } finally {
+    process.off('uncaughtException', onUncaught);
+    await temporal.up();
+  }
+  expect(await readyzUntil(200)).toEqual({ status: 200, body: READY });
+}, 30_000);
 
 test('a migration of this build the database has not applied: not ready, naming it', async () => {
   const last = migrationFiles().at(-1)!;
