@@ -107,6 +107,8 @@ export interface ColdPushFigures {
     chunksUploaded: number;
     /** Uploaded chunks confirmed (recorded) by hash range while later ones uploaded, before publish. */
     chunksConfirmedEarly: number;
+    /** Chunks PUT from the bytes hashing handed over (cli/push.ts CARRY_MAX_BYTES), not read back. */
+    chunksCarried: number;
     versionId: string;
     /** The upload window the push ran with, and the most PUTs it had in flight. */
     upload: PushResult['upload'] & { smallChunkConcurrency: number; fullChunkConcurrency: number };
@@ -322,6 +324,7 @@ async function coldPush(
         stagesMs: result.timings,
         chunksUploaded: result.chunksUploaded,
         chunksConfirmedEarly: result.chunksConfirmedEarly,
+        chunksCarried: result.chunksCarried,
         versionId: result.versionId,
         upload: {
           ...result.upload,

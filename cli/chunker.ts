@@ -20,7 +20,7 @@ import pLimit from 'p-limit';
 import { CHUNK_SIZE, type ChunkRef, type FileEntry, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION, type VersionBody } from '../domain/version';
 import { CLI_VERSION } from './version';
 import { collidingPaths, filePathProblem } from '../domain/paths';
-import { defaultHashThreads, type HashOutcome, hashFiles } from './hash-pool';
+import { type CarryBudget, defaultHashThreads, type HashOutcome, hashFiles } from './hash-pool';
 
 /** The tree cannot be turned into a version body (bad names, no files, a file changed while read). */
 export class ChunkerError extends Error {
@@ -167,6 +167,8 @@ export interface ChunkLocation {
   absPath: string;
   offset: number;
   size: number;
+  /** The chunk's bytes as they were hashed, when the hashing thread carried them (ScanOptions.carry). */
+  bytes?: Buffer;
 }
 
 /** The version body's `config` block (metadata only; docs/contract.md "Version body"). */
@@ -217,9 +219,15 @@ export interface ScanOptions {
   onProgress?: (p: ScanProgress) => void;
   /**
    * Called once per file as soon as its chunks are known (in completion order, not path order), so a
-   * caller can start on them while the rest is hashed (cli/push.ts). A throw fails the scan.
+   * caller can start on them while the rest is hashed (cli/push.ts). `bytes`: the file's whole content
+   * (one chunk) when `carry` held it. A throw fails the scan.
    */
-  onEntry?: (file: WalkedFile, entry: FileEntry) => void;
+  onEntry?: (file: WalkedFile, entry: FileEntry, bytes?: Buffer) => void;
+  /**
+   * Small files whose bytes come back with their chunks (cli/hash-pool.ts CarryBudget), on hashing
+   * threads only; the caller holds and lets go of them.
+   */
+  carry?: CarryBudget;
 }
 
 export interface ScanResult {
@@ -273,6 +281,7 @@ async function hashOnThreads(
   progress: ScanProgress,
   onProgress: ScanOptions['onProgress'],
   onEntry: ScanOptions['onEntry'],
+  carry: ScanOptions['carry'],
 ): Promise<FileEntry[]> {
   const toEntry = (f: WalkedFile, o: HashOutcome): FileEntry => {
     if ('error' in o) throw new ChunkerError(`cannot read ${f.absPath}: ${o.error}`, [f.absPath]);
@@ -282,7 +291,13 @@ async function hashOnThreads(
     return { path: f.path, size: f.size, chunks: o.chunks };
   };
   const outcomes = await hashFiles(files, {
-    onOutcome: onEntry ? (i, o) => onEntry(files[i], toEntry(files[i], o)) : undefined,
+    onOutcome: onEntry
+      ? (i, o) => {
+          const bytes = 'bytes' in o && o.bytes ? Buffer.from(o.bytes.buffer, o.bytes.byteOffset, o.bytes.length) : undefined;
+          onEntry(files[i], toEntry(files[i], o), bytes);
+        }
+      : undefined,
+    carry: onEntry ? carry : undefined,
     threads,
     onBytes: (n) => {
       progress.bytesDone += n;
@@ -310,7 +325,7 @@ export async function scanTree(root: string, opts: ScanOptions = {}): Promise<Sc
   const threads = opts.threads ?? defaultHashThreads();
   const entries =
     threads > 1 && bytesTotal >= POOL_MIN_BYTES
-      ? await hashOnThreads(files, threads, progress, opts.onProgress, opts.onEntry)
+      ? await hashOnThreads(files, threads, progress, opts.onProgress, opts.onEntry, opts.carry)
       : await hashInline(files, Math.max(1, opts.concurrency ?? 2), progress, opts.onProgress, opts.onEntry);
   const locations = new Map<string, ChunkLocation>();
   entries.forEach((entry, i) => {
@@ -334,10 +349,12 @@ export const SYNC_READ_MAX = 256 * 1024;
 
 /**
  * Reads one chunk's bytes back from its file (only `loc.size` bytes are held) and checks them against
- * `hash`. Chunks of at most SYNC_READ_MAX bytes are read synchronously. @throws ChunkerError when the
+ * `hash`; `loc.bytes`, when the hashing carried them, are those very bytes and are returned as they are.
+ * Chunks of at most SYNC_READ_MAX bytes are read synchronously. @throws ChunkerError when the
  * file no longer holds those bytes; the fs error when it cannot be opened or read.
  */
 export async function readChunk(loc: ChunkLocation, hash: string): Promise<Buffer> {
+  if (loc.bytes) return loc.bytes;
   const buf = Buffer.allocUnsafe(loc.size);
   const got = loc.size <= SYNC_READ_MAX ? readAtSync(loc, buf) : await readAt(loc, buf);
   if (got !== loc.size || createHash('sha256').update(buf).digest('hex') !== hash) {

@@ -10,7 +10,8 @@
  * 3. upload: each check answer's missing hashes get their signed URLs at once (`POST
  *    /api/chunks/upload-urls`), and their PUTs join one upload window (cli/upload-window.ts: up to 32
  *    small chunks or 64 MiB in flight, or exactly `concurrency` chunks when given), each chunk re-read
- *    from its file at its offset and re-verified; an expired or refused URL (403) is re-issued once;
+ *    from its file at its offset and re-verified, except small files whose bytes the hashing thread
+ *    handed over (CARRY_MAX_BYTES); an expired or refused URL (403) is re-issued once;
  * 4. publish: once every PUT is done, one Idempotency-Key for the whole push, reused on every retry. A
  *    412 precondition_failed naming missingChunks (say a chunk vanished between check and publish)
  *    uploads those and publishes again (at most 3 publish attempts).
@@ -21,7 +22,9 @@
  */
 import type { Tick } from './progress';
 import { performance } from 'node:perf_hooks';
-import { type ChunkLocation, type ScanResult, type SkippedEntry, readChunk, scanTree } from './chunker';
+import { setMaxListeners } from 'node:events';
+import { type ChunkLocation, type ScanResult, type SkippedEntry, SYNC_READ_MAX, readChunk, scanTree } from './chunker';
+import type { CarryBudget } from './hash-pool';
 import { UploadWindow, uploadLimits } from './upload-window';
 import { ClientError, type RoostClient, newIdempotencyKey, seg } from './client';
 import { computeVersionId, type VersionBody } from '../domain/version';
@@ -49,6 +52,13 @@ export function confirmBatchSize(uploads: number): number {
   if (uploads < CONFIRM_MIN_UPLOADS) return 0;
   return Math.min(HASH_BATCH, Math.max(256, Math.ceil(uploads / 8)));
 }
+
+/**
+ * Most bytes of small files (each at most SYNC_READ_MAX) a push holds from hashing to their PUT: their
+ * hashing thread hands their content over (cli/hash-pool.ts CarryBudget), so the upload neither opens
+ * nor reads nor re-hashes them again. Beyond this, chunks are read back from their files as before.
+ */
+export const CARRY_MAX_BYTES = 64 * 1024 * 1024;
 
 /** Per-attempt limit of the publish call: a cold publish of a large tree checks every new chunk's stored size (minutes for 10^4 chunks). */
 export const PUBLISH_TIMEOUT_MS = 15 * 60_000;
@@ -98,6 +108,8 @@ export interface PushOptions {
   config?: Record<string, unknown>;
   /** Idempotency-Key of the publish (default: a fresh one per push). */
   idempotencyKey?: string;
+  /** Most bytes of small files held from hashing to their PUT (default CARRY_MAX_BYTES; 0: none, every chunk is read back). */
+  carryMaxBytes?: number;
 }
 
 /** Publish response fields (docs/contract.md: 201 versionId, versionNumber, currentVersionId, previousVersionId). */
@@ -138,6 +150,8 @@ export interface PushResult {
   wallMs: number;
   /** Uploaded chunks confirmed (recorded by the server) while later ones still uploaded, before publish. */
   chunksConfirmedEarly: number;
+  /** Chunks PUT from the bytes their hashing thread handed over, not read back from their files (CARRY_MAX_BYTES). */
+  chunksCarried: number;
   /** Most chunk PUTs in flight at once, and the limits the upload window ran with. */
   upload: { peakInFlight: number; maxChunks: number; maxBytes: number | null };
   /** The version body that was published (its JCS SHA-256 is versionId). */
@@ -268,6 +282,7 @@ export async function uploadChunks(
   progress({ stage: 'upload', done, total, detail: { chunksDone, chunksTotal: hashes.length } });
   const window = new UploadWindow(uploadLimits(ctx.concurrency));
   const stop = new AbortController();
+  setMaxListeners(0, stop.signal); // every PUT in flight listens for it (cli/client.ts putBlob)
   const upload = async (hash: string, urls: Record<string, string> | undefined): Promise<void> => {
     const loc = scan.locations.get(hash) as ChunkLocation;
     const put = await putChunk(client, siteId, loc, hash, urls?.[hash], stop.signal);
@@ -373,6 +388,8 @@ export async function push(opts: PushOptions): Promise<PushResult> {
   const tally: UploadTally = { uploaded: new Set(), bytes: 0 };
   // The first failure ends everything: hashing (onEntry throws), queued PUTs, PUTs in flight.
   const stop = new AbortController();
+  // Every PUT in flight listens for it (cli/client.ts putBlob), up to the window's count.
+  setMaxListeners(0, stop.signal);
   const fail = (err: unknown): void => {
     if (!stop.signal.aborted) stop.abort(err);
     window.clear(stop.signal.reason);
@@ -380,6 +397,23 @@ export async function push(opts: PushOptions): Promise<PushResult> {
 
   /** Distinct chunks in hashing-completion order, where their bytes are, and what is waiting for a check. */
   const seen = new Map<string, ChunkLocation>();
+  /** Small files' bytes held from hashing until their chunk is stored or known to the site (CARRY_MAX_BYTES). */
+  let carried = 0;
+  let chunksCarried = 0;
+  const carryMax = opts.carryMaxBytes ?? CARRY_MAX_BYTES;
+  const carry: CarryBudget = {
+    maxFileBytes: SYNC_READ_MAX,
+    take: (n) => {
+      if (carried + n > carryMax) return false;
+      carried += n;
+      return true;
+    },
+  };
+  const letGo = (loc: ChunkLocation): void => {
+    if (!loc.bytes) return;
+    carried -= loc.bytes.length;
+    loc.bytes = undefined;
+  };
   let waiting: string[] = [];
   let hashingDone = false;
   let requestsInFlight = 0;
@@ -462,6 +496,7 @@ export async function push(opts: PushOptions): Promise<PushResult> {
       );
       const lacking = new Set(res.missing ?? []);
       missing = batch.filter((h) => lacking.has(h)).sort();
+      for (const h of batch) if (!lacking.has(h)) letGo(seen.get(h)!);
       c.checked += batch.length;
       checkTick();
       urls = missing.length
@@ -491,7 +526,10 @@ export async function push(opts: PushOptions): Promise<PushResult> {
           .run(
             loc.size,
             async () => {
+              const fromCarry = loc.bytes !== undefined;
               const put = await timer.run('upload', () => putChunk(client, siteId, loc, hash, urls[hash], stop.signal));
+              if (fromCarry) chunksCarried += 1;
+              letGo(loc);
               if (put === 'created') {
                 tally.uploaded.add(hash);
                 tally.bytes += loc.size;
@@ -545,13 +583,16 @@ export async function push(opts: PushOptions): Promise<PushResult> {
             final: true,
             detail: { filesDone: p.filesDone, filesTotal: p.filesTotal },
           }),
-        onEntry: (file, entry) => {
+        carry,
+        onEntry: (file, entry, bytes) => {
           stop.signal.throwIfAborted();
           let offset = 0;
           for (const ch of entry.chunks) {
             if (!seen.has(ch.hash)) {
-              seen.set(ch.hash, { absPath: file.absPath, offset, size: ch.size });
+              seen.set(ch.hash, { absPath: file.absPath, offset, size: ch.size, bytes });
               waiting.push(ch.hash);
+            } else if (bytes) {
+              carried -= bytes.length; // a duplicate of a chunk already seen: its bytes are not needed
             }
             offset += ch.size;
           }
@@ -606,6 +647,7 @@ export async function push(opts: PushOptions): Promise<PushResult> {
     stageSpansMs: timer.spans,
     wallMs: Math.round(performance.now() - t0),
     chunksConfirmedEarly: confirmedEarly,
+    chunksCarried,
     upload: {
       peakInFlight: window.peakChunks,
       maxChunks: window.limits.maxChunks,

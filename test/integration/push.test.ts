@@ -334,6 +334,12 @@ describe('the pipelined push', () => {
     expect(res.bytesUploaded).toBe([...distinct.values()].reduce((a, b) => a + b, 0));
     expect(await listAllFiles(client, h.siteId, roostId, 'current')).toEqual(res.body.files);
     for (const f of res.body.files) for (const c of f.chunks) expect(await h.deps.blob.chunkSize(h.siteId, c.hash)).toBe(c.size);
+    // The 280 distinct small files went up from the bytes their hashing thread handed over (CARRY_MAX_BYTES),
+    // and storage holds exactly those bytes.
+    expect(res.chunksCarried).toBe(280);
+    const small = res.body.files.filter((f) => f.path.startsWith('small/')).map((f) => f.chunks[0]);
+    for (const c of small.slice(0, 20))
+      expect(await h.deps.blob.chunkDigest(h.siteId, c.hash)).toMatchObject({ digest: c.hash, size: c.size });
     // the automatic rule: small chunks many at once
     expect(res.upload).toMatchObject({ maxChunks: 32, maxBytes: 64 * 1024 * 1024 });
     expect(res.upload.peakInFlight).toBeGreaterThan(4);
@@ -353,6 +359,14 @@ describe('the pipelined push', () => {
     expect(ticks.slice(0, lastHash).some((t) => t.stage === 'check' || t.stage === 'upload')).toBe(true);
     expect(ticks.findIndex((t) => t.stage === 'publish')).toBeGreaterThan(ticks.map((t) => t.stage).lastIndexOf('upload'));
     expect(res.wallMs).toBeGreaterThan(0);
+  });
+
+  it('with carrying off (carryMaxBytes 0) reads every chunk back from its file and publishes the same version', async () => {
+    const other = await h.other();
+    const otherClient = new RoostClient({ baseUrl: base, apiKey: other.apiKey });
+    const roost = await otherClient.post<{ roostId: string }>('/api/roosts', { siteId: other.siteId, name: 'uncarried' });
+    const res = await push({ client: otherClient, siteId: other.siteId, roostId: roost.roostId, dir, config: PINNED, carryMaxBytes: 0 });
+    expect(res).toMatchObject({ versionId: sequential.versionId, chunksUploaded: sequential.uploaded.size, chunksCarried: 0 });
   });
 
   it('resumes: chunks an interrupted push already stored are not uploaded again', async () => {

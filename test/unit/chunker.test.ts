@@ -189,15 +189,15 @@ describe('scanTree', () => {
   });
 });
 
-describe('hashing on threads (cli/hash-pool.ts)', () => {
-  /** A tree above POOL_MIN_BYTES: chunk boundaries, an empty file, and more small files than one batch holds. */
-  async function bigTree(): Promise<void> {
-    await write('big/two-and-a-bit.bin', bytes(2 * CHUNK_SIZE + 3, 11));
-    await write('big/exact.bin', bytes(CHUNK_SIZE, 12));
-    await write('big/empty.bin', '');
-    for (let i = 0; i < 300; i++) await write(`small/f${String(i).padStart(3, '0')}.txt`, `file ${i % 250}`);
-  }
+/** A tree above POOL_MIN_BYTES: chunk boundaries, an empty file, and more small files than one batch holds. */
+async function bigTree(): Promise<void> {
+  await write('big/two-and-a-bit.bin', bytes(2 * CHUNK_SIZE + 3, 11));
+  await write('big/exact.bin', bytes(CHUNK_SIZE, 12));
+  await write('big/empty.bin', '');
+  for (let i = 0; i < 300; i++) await write(`small/f${String(i).padStart(3, '0')}.txt`, `file ${i % 250}`);
+}
 
+describe('hashing on threads (cli/hash-pool.ts)', () => {
   it('gives the same body, chunks and locations as hashing on the main thread', async () => {
     await bigTree();
     const inline = await scanTree(tmp, { config: PINNED, threads: 1 });
@@ -245,12 +245,81 @@ describe('hashing on threads (cli/hash-pool.ts)', () => {
   });
 });
 
+describe('hashFiles carrying small files (CarryBudget)', () => {
+  it("hands over small files' bytes with their chunks, only through onOutcome, and asks the budget per batch", async () => {
+    const small = await write('small.bin', bytes(1000, 1));
+    const edge = await write('edge.bin', bytes(4096, 2));
+    const over = await write('over.bin', bytes(4097, 3));
+    const empty = await write('empty.bin', Buffer.alloc(0));
+    const asked: number[] = [];
+    const handed = new Map<number, Uint8Array | undefined>();
+    const jobs = [small, edge, over, empty].map((absPath) => ({ absPath, size: 0 }));
+    for (const j of jobs) j.size = (await fsp.stat(j.absPath)).size;
+    const out = await hashFiles(jobs, {
+      threads: 2,
+      carry: { maxFileBytes: 4096, take: (n) => (asked.push(n), true) },
+      onOutcome: (i, o) => handed.set(i, 'bytes' in o ? o.bytes : undefined),
+    });
+    expect(asked).toEqual([1000 + 4096]); // one batch; the 4097-byte and empty files are not carried
+    expect(Buffer.from(handed.get(0)!).equals(bytes(1000, 1))).toBe(true);
+    expect(Buffer.from(handed.get(1)!).equals(bytes(4096, 2))).toBe(true);
+    expect([handed.get(2), handed.get(3)]).toEqual([undefined, undefined]);
+    // Same chunks as hashing without carrying; the returned list holds no bytes.
+    const plain = await hashFiles(jobs, { threads: 2 });
+    expect(out).toEqual(plain);
+    expect(out.every((o) => !('bytes' in o))).toBe(true);
+  });
+
+  it('carries nothing from a batch the budget refuses', async () => {
+    const a = await write('a.bin', bytes(100, 4));
+    const handed: unknown[] = [];
+    await hashFiles([{ absPath: a, size: 100 }], {
+      threads: 1,
+      carry: { maxFileBytes: 1 << 20, take: () => false },
+      onOutcome: (_i, o) => handed.push('bytes' in o ? o.bytes : undefined),
+    });
+    expect(handed).toEqual([undefined]);
+  });
+
+  it('shows a carried file that grew since the walk in its total and hands no bytes over', async () => {
+    const a = await write('grew.bin', bytes(200, 5));
+    const [o] = await hashFiles([{ absPath: a, size: 100 }], {
+      threads: 1,
+      carry: { maxFileBytes: 1 << 20, take: () => true },
+      onOutcome: () => undefined,
+    });
+    expect(o).toMatchObject({ total: 101 });
+    expect('bytes' in o && o.bytes).toBeFalsy();
+  });
+
+  it('scanTree passes the bytes to onEntry on hashing threads, and they hash to the entry', async () => {
+    await bigTree();
+    const carried: Array<[string, Buffer]> = [];
+    await scanTree(tmp, {
+      config: PINNED,
+      threads: 2,
+      carry: { maxFileBytes: 64 * 1024, take: () => true },
+      onEntry: (_f, entry, b) => {
+        if (b) carried.push([entry.chunks[0].hash, b]);
+      },
+    });
+    expect(carried.length).toBeGreaterThan(0);
+    for (const [hash, b] of carried) expect(sha(b)).toBe(hash);
+  });
+});
+
 describe('readChunk', () => {
   it('reads a chunk back from its offset and checks its digest', async () => {
     const data = bytes(CHUNK_SIZE + 10, 9);
     const abs = await write('f.bin', data);
     const tail = data.subarray(CHUNK_SIZE);
     expect((await readChunk({ absPath: abs, offset: CHUNK_SIZE, size: 10 }, sha(tail))).equals(tail)).toBe(true);
+  });
+
+  it('returns bytes the hashing carried as they are, without opening the file', async () => {
+    const carried = Buffer.from('carried');
+    const gone = path.join(tmp, 'deleted-since.bin');
+    expect(await readChunk({ absPath: gone, offset: 0, size: carried.length, bytes: carried }, sha(carried))).toBe(carried);
   });
 
   it('fails when the file changed since hashing', async () => {

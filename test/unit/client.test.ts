@@ -3,6 +3,7 @@
  * (docs/contract.md Errors), Idempotency-Key reuse, problem+json → ClientError, blob PUTs. Sleeps are recorded
  * instead of waited so the delays can be checked exactly.
  */
+import { getEventListeners } from 'node:events';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ClientError, RoostClient, backoffDelayMs, isRetryable, retryAfterMs } from '../../cli/client';
@@ -13,7 +14,8 @@ interface Seen {
   headers: http.IncomingHttpHeaders;
   body: string;
 }
-type Reply = { status: number; body?: unknown; headers?: Record<string, string> } | 'destroy';
+/** `hang`: the request is read and never answered (the client must end it). */
+type Reply = { status: number; body?: unknown; headers?: Record<string, string> } | 'destroy' | 'hang';
 
 let server: http.Server;
 let base: string;
@@ -28,6 +30,7 @@ beforeAll(async () => {
       seen.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body: Buffer.concat(parts).toString('utf8') });
       const reply = script.shift() ?? { status: 200, body: { ok: true } };
       if (reply === 'destroy') return void req.socket.destroy();
+      if (reply === 'hang') return;
       const isProblem = reply.status >= 400;
       res.writeHead(reply.status, {
         'content-type': isProblem ? 'application/problem+json' : 'application/json',
@@ -236,6 +239,21 @@ describe('putBlob', () => {
       'content-length': '6',
     });
     expect(seen[1].headers.authorization).toBeUndefined();
+  });
+
+  it("ends a PUT in flight when the caller's signal aborts, with its reason, without retrying, and lets go of the signal", async () => {
+    script = ['hang'];
+    const stop = new AbortController();
+    const reason = new Error('the push failed elsewhere');
+    const put = client([]).putBlob(`${base}/chunks/abc?sig=1`, Buffer.from('x'), { signal: stop.signal });
+    while (seen.length === 0) await new Promise((r) => setTimeout(r, 5));
+    stop.abort(reason);
+    await expect(put).rejects.toBe(reason);
+    expect(seen).toHaveLength(1);
+    // A finished PUT leaves no listener on the caller's signal (a push reuses one signal for thousands).
+    const after = new AbortController();
+    await client([]).putBlob(`${base}/chunks/abc?sig=1`, Buffer.from('x'), { signal: after.signal });
+    expect(getEventListeners(after.signal, 'abort')).toHaveLength(0);
   });
 
   it('reports a refused URL as upload_forbidden with the storage error code', async () => {
