@@ -11,6 +11,7 @@ import { ApiError } from '../domain/errors';
 import { sha256Hex } from '../domain/hex';
 import type { ChunkRef } from '../domain/version';
 import { withTx, type Queryable } from './pool';
+import { withUsage } from './quota';
 
 /**
  * The subset of `hashes` the site holds with sound bytes (one indexed query on the `chunks` primary key).
@@ -119,11 +120,17 @@ export async function clearVerifyFailed(db: Queryable, siteId: string, hashes: s
   );
 }
 
-/** Records chunks the site holds (sizes in bytes) without quota accounting; rows already present are kept. */
+/**
+ * Records chunks the site holds (sizes in bytes) without the quota check; rows already present are kept.
+ * The site's used bytes grow by the rows added (db/quota.ts withUsage).
+ */
 export async function insertChunks(db: Queryable, siteId: string, refs: ChunkRef[]): Promise<void> {
   await db.query(
-    `INSERT INTO chunks (site_id, hash, size) SELECT $1, t.hash, t.size FROM UNNEST($2::text[], $3::bigint[]) AS t(hash, size)
-     ON CONFLICT (site_id, hash) DO NOTHING`,
+    withUsage(
+      `INSERT INTO chunks (site_id, hash, size) SELECT $1, t.hash, t.size FROM UNNEST($2::text[], $3::bigint[]) AS t(hash, size)
+       ON CONFLICT (site_id, hash) DO NOTHING RETURNING size`,
+      1,
+    ),
     [siteId, refs.map((r) => r.hash), refs.map((r) => r.size)],
   );
 }

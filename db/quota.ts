@@ -2,7 +2,8 @@
  * Storage quotas per site (`GET /api/sites/{siteId}/quota`, the 402 quota_exceeded problem, the
  * quota.warning and quota.exceeded events). Decisions: docs/decisions/storage-quota.md.
  *
- * - usedBytes: the summed sizes of the distinct chunks the site holds (`chunks` rows).
+ * - usedBytes: the summed sizes of the distinct chunks the site holds (`chunks` rows), kept in
+ *   `site_usage` by every statement that changes those rows (`withUsage`).
  * - pendingBytes: unexpired upload reservations of chunks the site does not hold yet. `POST
  *   /api/chunks/upload-urls` reserves CHUNK_SIZE per requested hash (the client sends no sizes) until
  *   the URL expires; recording the chunk at publish finalises it (the reservation row goes).
@@ -100,6 +101,38 @@ export function billingPeriod(at: Date = new Date()): string {
 }
 
 /**
+ * Wraps `change`, one INSERT into or DELETE from `chunks` whose `$1` is the site id and which ends in
+ * `RETURNING size[, …]`, so that the same statement adds (`sign` 1) or subtracts (-1) the summed sizes of
+ * the rows it touched to the site's `site_usage.used_bytes` (migration 026); nothing is written there when
+ * no row was touched. The statement returns `change`'s rows. Data-modifying CTEs run in CockroachDB too;
+ * the final query names `counted` so that no engine may leave it out as unreferenced.
+ */
+export function withUsage(change: string, sign: 1 | -1): string {
+  return `WITH changed AS (${change}),
+     counted AS (
+       INSERT INTO site_usage (site_id, used_bytes)
+       SELECT CAST($1 AS TEXT), CAST(${sign < 0 ? '-' : ''}SUM(size) AS BIGINT) FROM changed HAVING count(*) > 0
+       ON CONFLICT (site_id) DO UPDATE SET used_bytes = site_usage.used_bytes + excluded.used_bytes
+       RETURNING 1)
+SELECT * FROM changed WHERE (SELECT count(*) FROM counted) >= 0`;
+}
+
+/**
+ * Sets a site's used bytes to the sum of its `chunks` rows (one read of them all): for rows written
+ * without `withUsage` (a bulk load, a restore from backup). Returns the bytes.
+ */
+export async function recountUsage(db: Queryable, siteId: string): Promise<number> {
+  const { rows } = await db.query<{ used_bytes: string }>(
+    `INSERT INTO site_usage (site_id, used_bytes)
+     SELECT $1, CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM chunks WHERE site_id = $1
+     ON CONFLICT (site_id) DO UPDATE SET used_bytes = excluded.used_bytes
+     RETURNING used_bytes`,
+    [siteId],
+  );
+  return Number(rows[0].used_bytes);
+}
+
+/**
  * Current usage of a site. `excluding` names hashes being recorded by the caller: their reservations
  * do not count as pending (they are about to become used bytes).
  * @throws ApiError not_found when the site does not exist.
@@ -107,7 +140,7 @@ export function billingPeriod(at: Date = new Date()): string {
 async function usage(db: Queryable, siteId: string, tiers: QuotaTiers, excluding: string[] = []): Promise<QuotaSnapshot> {
   const { rows } = await db.query<{ tier: string; used_bytes: number; pending_bytes: number }>(
     `SELECT s.tier,
-            CAST((SELECT COALESCE(SUM(c.size), 0) FROM chunks c WHERE c.site_id = s.site_id) AS BIGINT) AS used_bytes,
+            COALESCE((SELECT u.used_bytes FROM site_usage u WHERE u.site_id = s.site_id), 0) AS used_bytes,
             CAST((SELECT COALESCE(SUM(r.bytes), 0) FROM upload_reservations r
                    WHERE r.site_id = s.site_id AND r.expires_at > now() AND NOT (r.hash = ANY($2::text[]))
                      AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.site_id = r.site_id AND c.hash = r.hash)) AS BIGINT) AS pending_bytes
@@ -288,8 +321,11 @@ export async function recordChunks(
     const u = await usage(tx, siteId, tiers, hashes);
     checkRoom(u, added);
     await tx.query(
-      `INSERT INTO chunks (site_id, hash, size) SELECT $1, t.hash, t.size FROM UNNEST($2::text[], $3::bigint[]) AS t(hash, size)
-       ON CONFLICT (site_id, hash) DO NOTHING`,
+      withUsage(
+        `INSERT INTO chunks (site_id, hash, size) SELECT $1, t.hash, t.size FROM UNNEST($2::text[], $3::bigint[]) AS t(hash, size)
+         ON CONFLICT (site_id, hash) DO NOTHING RETURNING size`,
+        1,
+      ),
       [siteId, hashes, sizes],
     );
     await tx.query('DELETE FROM upload_reservations WHERE site_id = $1 AND hash = ANY($2::text[])', [siteId, hashes]);

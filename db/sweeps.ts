@@ -16,6 +16,7 @@ import type { Pool } from 'pg';
 import { createHash } from 'node:crypto';
 import { recordEvent } from './events';
 import { type Queryable, withTx } from './pool';
+import { withUsage } from './quota';
 import type { ChunkCursor } from '../domain/sweeps';
 
 /** `evt_` + 24 hex of SHA-256 over `parts` joined by `|`: the same fact always gets the same event id. */
@@ -134,10 +135,13 @@ export async function scanCollectableChunks(
 export async function condemnChunk(pool: Pool, siteId: string, hash: string, graceSeconds: number): Promise<boolean> {
   return withTx(pool, async (tx) => {
     const { rows } = await tx.query<{ size: number; created_at: Date }>(
-      `DELETE FROM chunks c
-        WHERE c.site_id = $1 AND c.hash = $2 AND c.created_at <= now() - ($3::INT * INTERVAL '1 second')
-          AND NOT ${keptByReferrer(`now() - ($3::INT * INTERVAL '1 second')`)}
-        RETURNING c.size, c.created_at`,
+      withUsage(
+        `DELETE FROM chunks c
+          WHERE c.site_id = $1 AND c.hash = $2 AND c.created_at <= now() - ($3::INT * INTERVAL '1 second')
+            AND NOT ${keptByReferrer(`now() - ($3::INT * INTERVAL '1 second')`)}
+          RETURNING c.size, c.created_at`,
+        -1,
+      ),
       [siteId, hash, graceSeconds],
     );
     if (!rows[0]) return false;
@@ -206,7 +210,10 @@ export async function decideTombstone(pool: Pool, siteId: string, hash: string):
     if (t.has_row || t.referenced) {
       if (!t.has_row) {
         await tx.query(
-          `INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT (site_id, hash) DO NOTHING`,
+          withUsage(
+            `INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT (site_id, hash) DO NOTHING RETURNING size`,
+            1,
+          ),
           [siteId, hash, t.size, t.chunk_created_at],
         );
       }
@@ -232,7 +239,7 @@ export async function finishReclaim(pool: Pool, siteId: string, hash: string): P
       [siteId, hash],
     );
     if (!rows[0]) return false;
-    await tx.query('DELETE FROM chunks WHERE site_id = $1 AND hash = $2', [siteId, hash]);
+    await tx.query(withUsage('DELETE FROM chunks WHERE site_id = $1 AND hash = $2 RETURNING size', -1), [siteId, hash]);
     await recordEvent(
       tx,
       siteId,

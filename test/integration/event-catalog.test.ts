@@ -16,6 +16,7 @@ import { VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName } from '../../storage/blob';
 import { announceKeyExpiry, condemnChunk, finishReclaim, markMachineOffline, recordVerifyResult } from '../../db/sweeps';
 import { closeWorkerConnections } from '../../worker/worker';
+import { withUsage } from '../../db/quota';
 import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
 import {
@@ -376,10 +377,10 @@ describe('events recorded by the sweeps (the repository functions their workflow
 
   it('chunk.verify_failed and chunk.garbage_collected', async () => {
     const hash = sha256Hex(randomBytes(16));
-    await h.deps.db.query(`INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, 16, now() - INTERVAL '40 days')`, [
-      h.siteId,
-      hash,
-    ]);
+    await h.deps.db.query(
+      withUsage(`INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, 16, now() - INTERVAL '40 days') RETURNING size`, 1),
+      [h.siteId, hash],
+    );
     expect(await recordVerifyResult(h.deps.db, h.siteId, hash, 'f'.repeat(64))).toBe(true);
     expect((await one(h.siteId, 'chunk.verify_failed', { hash })).data).toEqual({
       siteId: h.siteId,

@@ -9,7 +9,8 @@ import { randomBytes } from 'node:crypto';
 import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { CHUNK_SIZE, VERSION_MEDIA_TYPE } from '../../domain/version';
-import { billingPeriod, DEFAULT_QUOTA_TIERS, parseQuotaTiers, tierLimit } from '../../db/quota';
+import { billingPeriod, DEFAULT_QUOTA_TIERS, parseQuotaTiers, quotaTiers, recordChunks, recountUsage, tierLimit } from '../../db/quota';
+import { insertChunks } from '../../db/chunks';
 import { chunkBlobName } from '../../storage/blob';
 import { createHarness, type Harness } from '../support/harness';
 import { scopedKey as scopedKeyOf } from '../support/identity';
@@ -307,5 +308,35 @@ describe('storage accounting and enforcement', () => {
     expect(await events('quota.exceeded')).toHaveLength(2);
     // A publish that adds no bytes (a version of chunks the site holds) still goes through.
     expect((await publish([A, H])).statusCode).toBe(201);
+  });
+});
+
+describe('used bytes are kept, not summed (site_usage, db/quota.ts withUsage)', () => {
+  const rowsSum = async (siteId: string): Promise<number> => {
+    const { rows } = await h.deps.db.query<{ n: string }>('SELECT COALESCE(SUM(size), 0) AS n FROM chunks WHERE site_id = $1', [siteId]);
+    return Number(rows[0].n);
+  };
+
+  it('match the sum of the rows after recordings, repeats, concurrent recordings and a plain insert; a recount agrees', async () => {
+    const other = await h.other();
+    const tiers = quotaTiers(h.deps.cfg);
+    const ref = (size: number) => ({ hash: sha256Hex(randomBytes(16)), size });
+    const first = [ref(100), ref(200)];
+    expect(await recordChunks(h.deps.db, other.siteId, first, tiers)).toBe(300);
+    // Recording the same chunks again adds nothing.
+    expect(await recordChunks(h.deps.db, other.siteId, [...first, ref(50)], tiers)).toBe(50);
+    // Twenty recordings at once, one chunk each plus a shared one: the serializable transactions retry,
+    // the count ends exact.
+    const shared = ref(7);
+    await Promise.all(Array.from({ length: 20 }, (_, i) => recordChunks(h.deps.db, other.siteId, [ref(1000 + i), shared], tiers)));
+    await insertChunks(h.deps.db, other.siteId, [ref(11), first[0]]);
+    const sum = await rowsSum(other.siteId);
+    expect(sum).toBe(300 + 50 + 7 + 20 * 1000 + 190 + 11);
+    expect((await snapshot(other.siteId, other.apiKey)).usedBytes).toBe(sum);
+    // A row written behind the count's back shows only after a recount.
+    await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 5)', [other.siteId, sha256Hex(randomBytes(8))]);
+    expect((await snapshot(other.siteId, other.apiKey)).usedBytes).toBe(sum);
+    expect(await recountUsage(h.deps.db, other.siteId)).toBe(sum + 5);
+    expect((await snapshot(other.siteId, other.apiKey)).usedBytes).toBe(sum + 5);
   });
 });

@@ -16,7 +16,7 @@ import { insertKey } from '../support/identity';
 import { seedRoost, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
 import { chunkBlobName } from '../../storage/blob';
-import { quotaSnapshot, quotaTiers } from '../../db/quota';
+import { quotaSnapshot, quotaTiers, withUsage } from '../../db/quota';
 import { recordHistory } from '../../scripts/record-history';
 import { ensureBackgroundWorkflows, eventRelayWorkflowId, sweepSchedules, sweepScheduleId } from '../../worker/background';
 import { createDatabase, dropDatabase } from '../../stack/services';
@@ -79,12 +79,13 @@ async function events(type: string, siteId = h.siteId): Promise<Record<string, u
 /** Puts `bytes` as a chunk blob of the site and records its `chunks` row, `ageDays` old. Returns the hash. */
 async function storedChunk(bytes: Buffer, ageDays: number, siteId = h.siteId, hash = sha256Hex(bytes)): Promise<string> {
   await h.deps.blob.put('chunks', chunkBlobName(siteId, hash), bytes, 'application/octet-stream');
-  await h.deps.db.query(`INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, $3, now() - ($4::INT * INTERVAL '1 day'))`, [
-    siteId,
-    hash,
-    bytes.length,
-    ageDays,
-  ]);
+  await h.deps.db.query(
+    withUsage(
+      `INSERT INTO chunks (site_id, hash, size, created_at) VALUES ($1, $2, $3, now() - ($4::INT * INTERVAL '1 day')) RETURNING size`,
+      1,
+    ),
+    [siteId, hash, bytes.length, ageDays],
+  );
   return hash;
 }
 
@@ -209,6 +210,13 @@ describe('chunk garbage collection sweep', () => {
     );
     expect(await events('chunk.garbage_collected', other.siteId)).toEqual([{ siteId: other.siteId, hash: otherOrphan, sizeBytes: 300 }]);
     expect((await quotaSnapshot(h.deps.db, h.siteId, tiers)).usedBytes).toBe(usedBefore - 1500 - goneSize);
+    // The kept count (site_usage) is what summing the rows gives, in both sites.
+    for (const siteId of [h.siteId, other.siteId]) {
+      const { rows: sum } = await h.deps.db.query<{ n: string }>('SELECT COALESCE(SUM(size), 0) AS n FROM chunks WHERE site_id = $1', [
+        siteId,
+      ]);
+      expect((await quotaSnapshot(h.deps.db, siteId, tiers)).usedBytes).toBe(Number(sum[0].n));
+    }
     const { rows: tombs } = await h.deps.db.query('SELECT 1 FROM chunk_gc_tombstones');
     expect(tombs).toHaveLength(0);
 
@@ -247,7 +255,7 @@ describe('chunk verification sweep', () => {
     const good = randomBytes(2048);
     const hash = await storedChunk(good, 0);
     const missing = sha256Hex(randomBytes(64));
-    await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 64)', [h.siteId, missing]);
+    await h.deps.db.query(withUsage('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 64) RETURNING size', 1), [h.siteId, missing]);
 
     const first = await runSweep<{ emitted: number; processed: number }>(
       'chunkVerifySweepWorkflow',
