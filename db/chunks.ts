@@ -179,10 +179,10 @@ export async function badVersionChunks(
   return rows.map((r) => r.hash);
 }
 
-/** How many chunks the site has recorded. */
+/** How many chunks the site has recorded: the count kept in `site_usage` (db/quota.ts withUsage), one row read. */
 export async function countChunks(db: Queryable, siteId: string): Promise<number> {
-  const { rows } = await db.query<{ n: string }>('SELECT count(*) AS n FROM chunks WHERE site_id = $1', [siteId]);
-  return Number(rows[0].n);
+  const { rows } = await db.query<{ n: string }>('SELECT chunk_count AS n FROM site_usage WHERE site_id = $1', [siteId]);
+  return Number(rows[0]?.n ?? 0);
 }
 
 /**

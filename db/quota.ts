@@ -102,30 +102,32 @@ export function billingPeriod(at: Date = new Date()): string {
 
 /**
  * Wraps `change`, one INSERT into or DELETE from `chunks` whose `$1` is the site id and which ends in
- * `RETURNING size[, …]`, so that the same statement adds (`sign` 1) or subtracts (-1) the summed sizes of
- * the rows it touched to the site's `site_usage.used_bytes` (migration 026); nothing is written there when
+ * `RETURNING size[, …]`, so that the same statement adds (`sign` 1) or subtracts (-1) the summed sizes and
+ * the number of the rows it touched to the site's `site_usage` (`used_bytes`, migration 026;
+ * `chunk_count`, migration 027); nothing is written there when
  * no row was touched. The statement returns `change`'s rows. Data-modifying CTEs run in CockroachDB too;
  * the final query names `counted` so that no engine may leave it out as unreferenced.
  */
 export function withUsage(change: string, sign: 1 | -1): string {
   return `WITH changed AS (${change}),
      counted AS (
-       INSERT INTO site_usage (site_id, used_bytes)
-       SELECT CAST($1 AS TEXT), CAST(${sign < 0 ? '-' : ''}SUM(size) AS BIGINT) FROM changed HAVING count(*) > 0
-       ON CONFLICT (site_id) DO UPDATE SET used_bytes = site_usage.used_bytes + excluded.used_bytes
+       INSERT INTO site_usage (site_id, used_bytes, chunk_count)
+       SELECT CAST($1 AS TEXT), CAST(${sign < 0 ? '-' : ''}SUM(size) AS BIGINT), ${sign < 0 ? '-' : ''}count(*) FROM changed HAVING count(*) > 0
+       ON CONFLICT (site_id) DO UPDATE
+         SET used_bytes = site_usage.used_bytes + excluded.used_bytes, chunk_count = site_usage.chunk_count + excluded.chunk_count
        RETURNING 1)
 SELECT * FROM changed WHERE (SELECT count(*) FROM counted) >= 0`;
 }
 
 /**
- * Sets a site's used bytes to the sum of its `chunks` rows (one read of them all): for rows written
+ * Sets a site's used bytes and chunk count from its `chunks` rows (one read of them all): for rows written
  * without `withUsage` (a bulk load, a restore from backup). Returns the bytes.
  */
 export async function recountUsage(db: Queryable, siteId: string): Promise<number> {
   const { rows } = await db.query<{ used_bytes: string }>(
-    `INSERT INTO site_usage (site_id, used_bytes)
-     SELECT $1, CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM chunks WHERE site_id = $1
-     ON CONFLICT (site_id) DO UPDATE SET used_bytes = excluded.used_bytes
+    `INSERT INTO site_usage (site_id, used_bytes, chunk_count)
+     SELECT $1, CAST(COALESCE(SUM(size), 0) AS BIGINT), count(*) FROM chunks WHERE site_id = $1
+     ON CONFLICT (site_id) DO UPDATE SET used_bytes = excluded.used_bytes, chunk_count = excluded.chunk_count
      RETURNING used_bytes`,
     [siteId],
   );

@@ -10,7 +10,7 @@ import { sha256Hex } from '../../domain/hex';
 import type { Scope } from '../../domain/scopes';
 import { CHUNK_SIZE, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { billingPeriod, DEFAULT_QUOTA_TIERS, parseQuotaTiers, quotaTiers, recordChunks, recountUsage, tierLimit } from '../../db/quota';
-import { insertChunks } from '../../db/chunks';
+import { countChunks, insertChunks } from '../../db/chunks';
 import { chunkBlobName } from '../../storage/blob';
 import { createHarness, type Harness } from '../support/harness';
 import { scopedKey as scopedKeyOf } from '../support/identity';
@@ -336,7 +336,11 @@ describe('used bytes are kept, not summed (site_usage, db/quota.ts withUsage)', 
     // A row written behind the count's back shows only after a recount.
     await h.deps.db.query('INSERT INTO chunks (site_id, hash, size) VALUES ($1, $2, 5)', [other.siteId, sha256Hex(randomBytes(8))]);
     expect((await snapshot(other.siteId, other.apiKey)).usedBytes).toBe(sum);
+    const kept = await countChunks(h.deps.db, other.siteId);
     expect(await recountUsage(h.deps.db, other.siteId)).toBe(sum + 5);
     expect((await snapshot(other.siteId, other.apiKey)).usedBytes).toBe(sum + 5);
+    // The kept chunk count (services/chunks.ts listingIsCheaper reads it) followed every recording too.
+    const { rows } = await h.deps.db.query<{ n: string }>('SELECT count(*) AS n FROM chunks WHERE site_id = $1', [other.siteId]);
+    expect([kept, await countChunks(h.deps.db, other.siteId)]).toEqual([Number(rows[0].n) - 1, Number(rows[0].n)]);
   });
 });

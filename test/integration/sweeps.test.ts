@@ -21,6 +21,7 @@ import { recordHistory } from '../../scripts/record-history';
 import { ensureBackgroundWorkflows, eventRelayWorkflowId, sweepSchedules, sweepScheduleId } from '../../worker/background';
 import { createDatabase, dropDatabase } from '../../stack/services';
 import { createPool } from '../../db/pool';
+import { countChunks } from '../../db/chunks';
 import { migrate } from '../../db/migrate';
 import { testConfig, testDatabase } from '../support/env';
 
@@ -216,6 +217,8 @@ describe('chunk garbage collection sweep', () => {
         siteId,
       ]);
       expect((await quotaSnapshot(h.deps.db, siteId, tiers)).usedBytes).toBe(Number(sum[0].n));
+      const { rows: count } = await h.deps.db.query<{ n: string }>('SELECT count(*) AS n FROM chunks WHERE site_id = $1', [siteId]);
+      expect(await countChunks(h.deps.db, siteId)).toBe(Number(count[0].n));
     }
     const { rows: tombs } = await h.deps.db.query('SELECT 1 FROM chunk_gc_tombstones');
     expect(tombs).toHaveLength(0);
