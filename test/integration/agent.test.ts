@@ -9,7 +9,7 @@ import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createHarness, type Harness, idemKey } from '../support/harness';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
-import { CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
+import { canonicalJson, CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import type { Scope } from '../../domain/scopes';
 import { Agent } from '../../agent/agent';
@@ -116,7 +116,7 @@ async function publish(
   const body: VersionBody = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'agent.test' }, files: entries };
   const versionId = computeVersionId(body);
   const blobName = versionBlobName(siteId, roostId, versionId);
-  await h.deps.blob.put('versions', blobName, Buffer.from(opts.bodyText ?? JSON.stringify(body)), 'application/json');
+  await h.deps.blob.put('versions', blobName, Buffer.from(opts.bodyText ?? canonicalJson(body)), 'application/json');
   const { totalSize, totalFiles } = summarize(body);
   const { rows } = await h.deps.db.query<{ version_counter: number; current_version_id: string | null }>(
     'UPDATE roosts SET version_counter = version_counter + 1 WHERE site_id = $1 AND roost_id = $2 RETURNING version_counter, current_version_id',

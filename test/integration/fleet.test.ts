@@ -8,7 +8,7 @@ import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createHarness, type Harness } from '../support/harness';
 import { newId, sha256Hex } from '../../domain/hex';
-import { CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
+import { canonicalJson, CHUNK_SIZE, computeVersionId, summarize, type VersionBody, VERSION_MEDIA_TYPE } from '../../domain/version';
 import { chunkBlobName, versionBlobName } from '../../storage/blob';
 import { fleetMachineIds, startFleet, verifyTree, type Fleet } from '../../agent/fleet';
 import type { CommandOutcome } from '../../agent/agent';
@@ -57,7 +57,7 @@ async function publish(roostId: string, files: Record<string, Buffer>, targets: 
   const body: VersionBody = { schemaVersion: 2, mediaType: VERSION_MEDIA_TYPE, config: { producer: 'fleet.test' }, files: entries };
   const versionId = computeVersionId(body);
   const blobName = versionBlobName(h.siteId, roostId, versionId);
-  await h.deps.blob.put('versions', blobName, Buffer.from(JSON.stringify(body)), 'application/json');
+  await h.deps.blob.put('versions', blobName, Buffer.from(canonicalJson(body)), 'application/json');
   const { totalSize, totalFiles } = summarize(body);
   const { rows } = await h.deps.db.query<{ version_counter: number; current_version_id: string | null }>(
     'UPDATE roosts SET version_counter = version_counter + 1 WHERE site_id = $1 AND roost_id = $2 RETURNING version_counter, current_version_id',
