@@ -21,10 +21,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { createHarness, type Harness } from '../support/harness';
 import { startTestWorker, type TestWorker } from './rollout-fixtures';
-import { createDatabase, dropDatabase } from '../../stack/services';
-import { createPool } from '../../db/pool';
-import { migrate } from '../../db/migrate';
-import { testConfig, testDatabase } from '../support/env';
+import { ownDatabase, type OwnDatabase } from '../support/own-database';
 
 let h: Harness;
 let worker: TestWorker;
@@ -50,21 +47,11 @@ function schemathesisBin(): string {
  * can see, and in the suite's shared database that included other files' deliberately broken fixtures
  * (a stored version body tampered with, answered 500 internal_error by design).
  */
-const CONFORMANCE_DB = `${testDatabase()}_conformance`;
-const ownDb = testConfig().embedded.postgres;
+let db: OwnDatabase | undefined;
 
 beforeAll(async () => {
-  if (ownDb) {
-    const cfg = testConfig({ ROOST_PG_DATABASE: CONFORMANCE_DB });
-    createDatabase(cfg, CONFORMANCE_DB, true);
-    const pool = createPool(cfg.databaseUrl, 2);
-    try {
-      await migrate(pool);
-    } finally {
-      await pool.end();
-    }
-  }
-  h = await createHarness({ ROOST_WEBHOOK_ALLOW_PRIVATE: 'false', ...(ownDb ? { ROOST_PG_DATABASE: CONFORMANCE_DB } : {}) });
+  db = await ownDatabase('conformance');
+  h = await createHarness({ ROOST_WEBHOOK_ALLOW_PRIVATE: 'false', ...db.overrides });
   // Workflow-backed routes (classic deployment control, the installer finalise) wait for a worker.
   worker = await startTestWorker(h, 'conformance');
   base = await h.listen();
@@ -84,7 +71,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await worker?.stop();
   await h?.close();
-  if (ownDb) dropDatabase(testConfig(), CONFORMANCE_DB);
+  db?.drop();
 });
 
 function run(args: string[]): Promise<{ code: number | null; out: string }> {

@@ -19,11 +19,8 @@ import { chunkBlobName } from '../../storage/blob';
 import { quotaSnapshot, quotaTiers, withUsage } from '../../db/quota';
 import { recordHistory } from '../../scripts/record-history';
 import { ensureBackgroundWorkflows, eventRelayWorkflowId, sweepSchedules, sweepScheduleId } from '../../worker/background';
-import { createDatabase, dropDatabase } from '../../stack/services';
-import { createPool } from '../../db/pool';
 import { countChunks } from '../../db/chunks';
-import { migrate } from '../../db/migrate';
-import { testConfig, testDatabase } from '../support/env';
+import { ownDatabase, type OwnDatabase } from '../support/own-database';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
 const HISTORIES = path.join(__dirname, '..', 'replay', 'histories', 'sweeps');
@@ -36,21 +33,11 @@ let client: Client;
  * Sweeps look at every site, so these tests get a database of their own: in the shared test database
  * other files' machines, chunks and keys would be swept too and the counts below would not be theirs.
  */
-const SWEEP_DB = `${testDatabase()}_sweeps`;
-const ownDb = testConfig().embedded.postgres;
+let db: OwnDatabase | undefined;
 
 beforeAll(async () => {
-  if (ownDb) {
-    const cfg = testConfig({ ROOST_PG_DATABASE: SWEEP_DB });
-    createDatabase(cfg, SWEEP_DB, true);
-    const pool = createPool(cfg.databaseUrl, 2);
-    try {
-      await migrate(pool);
-    } finally {
-      await pool.end();
-    }
-  }
-  h = await createHarness({ ROOST_CHUNK_GC_SAFETY_SECONDS: '0', ...(ownDb ? { ROOST_PG_DATABASE: SWEEP_DB } : {}) });
+  db = await ownDatabase('sweeps');
+  h = await createHarness({ ROOST_CHUNK_GC_SAFETY_SECONDS: '0', ...db.overrides });
   worker = await startTestWorker(h);
   client = h.deps.temporal;
 });
@@ -58,7 +45,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await worker?.stop();
   await h?.close();
-  if (ownDb) dropDatabase(testConfig(), SWEEP_DB);
+  db?.drop();
 });
 
 /** Runs a sweep workflow to completion on the harness's queue; records its history when asked to. */
