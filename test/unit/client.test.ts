@@ -14,8 +14,11 @@ interface Seen {
   headers: http.IncomingHttpHeaders;
   body: string;
 }
-/** `hang`: the request is read and never answered (the client must end it). */
-type Reply = { status: number; body?: unknown; headers?: Record<string, string> } | 'destroy' | 'hang';
+/**
+ * `hang`: the request is read and never answered (the client must end it). `truncate`: a 200 whose
+ * connection drops half-way through the promised body.
+ */
+type Reply = { status: number; body?: unknown; headers?: Record<string, string | string[]> } | 'destroy' | 'hang' | 'truncate';
 
 let server: http.Server;
 let base: string;
@@ -31,6 +34,11 @@ beforeAll(async () => {
       const reply = script.shift() ?? { status: 200, body: { ok: true } };
       if (reply === 'destroy') return void req.socket.destroy();
       if (reply === 'hang') return;
+      if (reply === 'truncate') {
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': '100' });
+        res.write('{"missing":["');
+        return void setTimeout(() => req.socket.destroy(), 20);
+      }
       const isProblem = reply.status >= 400;
       res.writeHead(reply.status, {
         'content-type': isProblem ? 'application/problem+json' : 'application/json',
@@ -212,6 +220,33 @@ describe('retries', () => {
     script = ['destroy'];
     await expect(client([]).post('/api/x', {})).rejects.toMatchObject({ code: 'network_error', status: 0, attempts: 1 });
     expect(seen).toHaveLength(1);
+  });
+
+  it('retries a connection that drops mid-body on a retry-safe POST, and surfaces it as network_error on an unkeyed one', async () => {
+    script = ['truncate', { status: 200, body: { missing: [] } }];
+    const res = await client([]).request('POST', '/api/chunks/check', { body: { hashes: [] }, retrySafe: true });
+    expect(res).toMatchObject({ status: 200, body: { missing: [] }, attempts: 2 });
+    seen = [];
+    script = ['truncate'];
+    await expect(client([]).post('/api/x', {})).rejects.toMatchObject({ code: 'network_error', status: 0, attempts: 1 });
+    expect(seen).toHaveLength(1);
+  });
+
+  it('keeps every value of a repeated header, and names the status when a failure has no body', async () => {
+    script = [{ status: 200, body: { ok: 1 }, headers: { link: ['<a>; rel="next"', '<b>; rel="prev"'] } }];
+    const res = await client([]).request('GET', '/api/x');
+    expect(res.headers.get('link')).toBe('<a>; rel="next", <b>; rel="prev"');
+    script = [{ status: 418 }];
+    await expect(client([]).get('/api/x')).rejects.toMatchObject({ code: 'http_418', status: 418, detail: "I'm a Teapot" });
+  });
+
+  it('names the refused connection in a network_error', async () => {
+    const spare = http.createServer();
+    await new Promise<void>((r) => spare.listen(0, '127.0.0.1', r));
+    const port = (spare.address() as AddressInfo).port;
+    await new Promise((r) => spare.close(r)); // nothing listens there now
+    const closed = new RoostClient({ baseUrl: `http://127.0.0.1:${port}`, maxAttempts: 1, sleep: async () => undefined });
+    await expect(closed.get('/api/x')).rejects.toMatchObject({ code: 'network_error', detail: expect.stringContaining('ECONNREFUSED') });
   });
 
   it('policy helpers follow the spec table', () => {
