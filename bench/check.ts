@@ -11,7 +11,7 @@
  * default), as a remote API would be: with the app in the bench process (`in-process`), the client's
  * JSON work and the garbage collection of the bench's heap (a million stored hashes among it) landed on
  * the API's event loop and in its tail latency.
- * The HTTP side is the CLI's client (cli/client.ts: fetch with keep-alive, JSON, the full-access key),
+ * The HTTP side is the CLI's client (cli/client.ts: undici's request with keep-alive, JSON, the full-access key),
  * so the figure includes HTTP, JSON, schema validation, authentication and authorisation. Every answer
  * is checked (exactly the absent half reported missing) so a broken route cannot pass for a fast one.
  */

@@ -24,7 +24,8 @@ import { performance } from 'node:perf_hooks';
 import { producerConfig, readChunk, scanTree, walkTree } from '../cli/chunker';
 import { push, type PushResult } from '../cli/push';
 import { concurrencyFor, uploadLimits } from '../cli/upload-window';
-import { RoostClient } from '../cli/client';
+import { request } from 'undici';
+import { RoostClient, blockBlobHeaders } from '../cli/client';
 import { CHUNK_SIZE } from '../domain/version';
 import { postgresCpuSeconds, postmasterPid } from './cpu';
 import { type ApiWhere, type ServerChild, withApiChild } from './server-child';
@@ -159,15 +160,14 @@ export async function createRoost(site: BenchSite, name: string, extra: Record<s
   return r.body.roostId;
 }
 
-/** One plain PUT of bytes to a signed URL, as a block blob (the same request the CLI sends). */
+/**
+ * One plain PUT of bytes to a signed URL, as a block blob: the request the CLI sends (cli/client.ts
+ * `blockBlobHeaders`), through the same HTTP client (undici's `request`), with nothing else around it.
+ */
 async function plainPut(url: string, bytes: Buffer): Promise<void> {
-  const res = await fetch(url, {
-    method: 'PUT',
-    headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': String(bytes.length) },
-    body: bytes,
-  });
-  await res.arrayBuffer();
-  if (!res.ok) throw new Error(`upload floor: PUT answered ${res.status}`);
+  const res = await request(url, { method: 'PUT', headers: blockBlobHeaders(bytes.length), body: bytes });
+  await res.body.dump();
+  if (res.statusCode < 200 || res.statusCode >= 300) throw new Error(`upload floor: PUT answered ${res.statusCode}`);
 }
 
 /**

@@ -1,8 +1,8 @@
 /**
  * HTTP client of the `roost` CLI (docs/contract.md Conventions, Errors, Authentication).
  *
- * - JSON in and out, `Authorization: Bearer <key>`, base URL from `--api`; JSON calls go through undici's
- *   `request` (about 0.8 ms less per call than `fetch`), blob PUTs and streamed answers through `fetch`.
+ * - JSON in and out, `Authorization: Bearer <key>`, base URL from `--api`; JSON calls and blob PUTs go
+ *   through undici's `request` (cheaper than `fetch`: `send` below), streamed answers through `fetch`.
  * - Any non-2xx answer becomes a ClientError carrying the problem's `code`, `status`, `detail` and the
  *   whole problem body; network failures and timeouts become ClientError code `network_error`
  *   (status 0) once retries are spent.
@@ -215,17 +215,18 @@ interface Answer {
 }
 
 /**
- * Sends one JSON API request with undici's `request` and reads the whole answer (a request of 1,000 hashes
- * with a 500-hash answer costs ~0.9 ms of round trip on loopback against ~1.7 ms through `fetch`, whose
- * WHATWG streams and Response objects the client does not need; docs/benchmarks.md "chunks/check").
- * No redirects are followed and no content coding is asked for: the API sends neither. A failure while
- * the body is read rejects like a failure to connect (the caller's retry policy decides).
+ * Sends one request with undici's `request` and reads the whole answer: the JSON API calls and the blob
+ * PUTs. A 1,000-hash chunks/check costs ~0.9 ms of round trip on loopback against ~1.7 ms through `fetch`,
+ * and a 60 KB PUT ~0.14 ms of CPU against ~0.5 ms (docs/benchmarks.md "chunks/check: where the API's added
+ * time goes"): the client needs none of fetch's WHATWG streams and Response objects. No redirects are
+ * followed and no content coding is asked for (neither the API nor blob storage sends them). A failure
+ * while the body is read rejects like a failure to connect (the caller's retry policy decides).
  */
 async function send(
   method: string,
   url: string,
   headers: Record<string, string>,
-  payload: string | undefined,
+  payload: string | Buffer | undefined,
   signal: AbortSignal,
 ): Promise<Answer> {
   const res = await undiciRequest(url, { method: method as 'GET', headers, body: payload, signal });
@@ -242,6 +243,11 @@ async function send(
     headers: h,
     text,
   };
+}
+
+/** Headers of a chunk PUT to a signed blob URL (`bytes` long): a block blob of octets. */
+export function blockBlobHeaders(bytes: number): Record<string, string> {
+  return { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': String(bytes) };
 }
 
 /** Parses a JSON API answer's text: JSON when the content type says so, else the text (or undefined when empty). */
@@ -518,8 +524,7 @@ export class RoostClient {
     for (let attempt = 0; ; attempt++) {
       signal?.throwIfAborted();
       const last = attempt + 1 >= this.maxAttempts;
-      let res: Response;
-      let text: string;
+      let res: Answer;
       // One controller per attempt, ended by its own timer or by the caller's signal: a cold push sends
       // thousands of PUTs, and AbortSignal.any over AbortSignal.timeout cost about twice as much CPU a PUT.
       const attemptAbort = new AbortController();
@@ -530,13 +535,7 @@ export class RoostClient {
       const onAbort = () => attemptAbort.abort(signal?.reason);
       signal?.addEventListener('abort', onAbort, { once: true });
       try {
-        res = await fetch(url, {
-          method: 'PUT',
-          headers: { 'x-ms-blob-type': 'BlockBlob', 'content-type': 'application/octet-stream', 'content-length': String(bytes.length) },
-          body: bytes,
-          signal: attemptAbort.signal,
-        });
-        text = await res.text();
+        res = await send('PUT', url, blockBlobHeaders(bytes.length), bytes, attemptAbort.signal);
       } catch (err) {
         signal?.throwIfAborted();
         const reason = describeNetworkError(err);
@@ -574,7 +573,7 @@ export class RoostClient {
         );
         continue;
       }
-      const storageCode = /<Code>([^<]+)<\/Code>/.exec(text)?.[1] ?? res.headers.get('x-ms-error-code') ?? undefined;
+      const storageCode = /<Code>([^<]+)<\/Code>/.exec(res.text)?.[1] ?? res.headers.get('x-ms-error-code') ?? undefined;
       if (res.status === 403 && storageCode === BLOB_EXISTS_CODE) return 'exists';
       throw new ClientError({
         code: res.status === 403 ? 'upload_forbidden' : 'upload_failed',
