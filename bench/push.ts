@@ -19,12 +19,12 @@
  *    of the same file list. `rounds` alternating rounds, medians reported.
  */
 import pLimit from 'p-limit';
+import { request } from 'undici';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { producerConfig, readChunk, scanTree, walkTree } from '../cli/chunker';
 import { push, type PushResult } from '../cli/push';
 import { concurrencyFor, uploadLimits } from '../cli/upload-window';
-import { request } from 'undici';
 import { RoostClient, blockBlobHeaders } from '../cli/client';
 import { CHUNK_SIZE } from '../domain/version';
 import { postgresCpuSeconds, postmasterPid } from './cpu';

@@ -205,7 +205,7 @@ function describeNetworkError(err: unknown): string {
   return `${e?.message ?? 'fetch failed'} (${cause})`;
 }
 
-/** One JSON API answer, read whole: status, headers and the body's text. */
+/** One HTTP answer (the API's or blob storage's), read whole: status, headers and the body's text. */
 interface Answer {
   status: number;
   ok: boolean;
@@ -263,7 +263,7 @@ function parseBody(text: string, contentType: string | null): unknown {
   return text;
 }
 
-/** Parses a response body: JSON when the content type says so, else the text (or undefined when empty). */
+/** `parseBody` over a streamed `fetch` Response (cli/client.ts `openStream`'s failures). */
 async function readBody(res: Response): Promise<unknown> {
   return parseBody(await res.text(), res.headers.get('content-type'));
 }
