@@ -7,7 +7,8 @@ import { createHarness, type Harness, idemKey } from '../support/harness';
 import { newId, randomToken, sha256Hex } from '../../domain/hex';
 import { mountEntryId, versionEntryId } from '../../db/chunks';
 import type { Scope } from '../../domain/scopes';
-import { scopedKey as scopedKeyOf } from '../support/identity';
+import { addMember, insertKey, makeUser, scopedKey as scopedKeyOf } from '../support/identity';
+import { generateApiKey } from '../../domain/keys';
 
 let h: Harness;
 let b: { siteId: string; userId: string; apiKey: string };
@@ -167,6 +168,36 @@ describe('POST /api/chunks/check', () => {
     const res = await post('/api/chunks/check', { siteId: b.siteId, hashes: [onlyA] }, b.apiKey);
     expect(res.statusCode).toBe(200);
     expect(res.json()).toEqual({ missing: [onlyA] });
+  });
+});
+
+describe('POST /api/chunks/check: credentials and the body', () => {
+  it('keeps the order of errors: a malformed body is 400 whatever the credential, a bad credential 401 before the schema', async () => {
+    const unknown = generateApiKey('live');
+    const bad = await h.app.inject({
+      method: 'POST',
+      url: '/api/chunks/check',
+      headers: { authorization: `Bearer ${unknown}`, 'content-type': 'application/json' },
+      payload: '{"siteId": ',
+    });
+    expect(bad.statusCode).toBe(400);
+    expect(bad.json().code).not.toBe('unauthorized');
+    expectProblem(await post('/api/chunks/check', { siteId: h.siteId, hashes: ['nope'] }, unknown), 401, 'unauthorized');
+    expectProblem(await post('/api/chunks/check', { siteId: h.siteId, hashes: [fakeHash()] }, 'Basic abc'), 401, 'unauthorized');
+  });
+
+  it('applies the site rules read with the key: 404 until a member, 403 for a key of the other environment', async () => {
+    const stranger = await makeUser(h.deps.db);
+    const outsider = await insertKey(h.deps.db, { uid: stranger.uid, scopes: [{ resource: 'site', id: '*', permissions: ['write'] }] });
+    expectProblem(await post('/api/chunks/check', { siteId: h.siteId, hashes: [fakeHash()] }, outsider.raw), 404, 'not_found');
+    const testKey = await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [{ resource: 'site', id: '*', permissions: ['write'] }],
+      environment: 'test',
+    });
+    expectProblem(await post('/api/chunks/check', { siteId: h.siteId, hashes: [fakeHash()] }, testKey.raw), 403, 'forbidden');
+    await addMember(h.deps.db, h.siteId, stranger.uid);
+    expect((await post('/api/chunks/check', { siteId: h.siteId, hashes: [fakeHash()] }, outsider.raw)).statusCode).toBe(200);
   });
 });
 
