@@ -6,7 +6,9 @@
  * the listed chunks, answered by an index-only scan of `chunks_check`, and which of them have upload
  * reservations) run directly through `pg` with the same hash sets the same number of times.
  *
- * API request i and SQL query i run back to back (interleaved), so both see the same machine noise.
+ * API request i and SQL query i run back to back (interleaved), so both see the same machine noise, and
+ * which goes first alternates, so neither always finds the other's index pages in shared buffers (no
+ * order effect was measured at 1,000,000 chunks: docs/benchmarks.md).
  * The API is the real app in a process of its own session (bench/server-child.ts, `api: 'process'`, the
  * default), as a remote API would be: with the app in the bench process (`in-process`), the client's
  * JSON work and the garbage collection of the bench's heap (a million stored hashes among it) landed on
@@ -118,22 +120,39 @@ async function check(
   try {
     for (let r = 0; r < sets.length; r++) {
       const { hashes, absent } = sets[r];
-      const a0 = now();
-      const res = await site.client.request<{ missing: string[] }>('POST', '/api/chunks/check', {
-        body: { siteId: site.siteId, hashes },
-        retrySafe: true,
-      });
-      const a1 = now();
-      const q = (await checkRows(floorClient, site.siteId, hashes)).rows;
-      const s1 = now();
-      const missing = res.body.missing;
+      const viaApi = async () => {
+        const t0 = now();
+        const answer = await site.client.request<{ missing: string[] }>('POST', '/api/chunks/check', {
+          body: { siteId: site.siteId, hashes },
+          retrySafe: true,
+        });
+        return { ms: now() - t0, missing: answer.body.missing };
+      };
+      const viaSql = async () => {
+        const t0 = now();
+        const rows = (await checkRows(floorClient, site.siteId, hashes)).rows;
+        return { ms: now() - t0, rows };
+      };
+      // Whichever runs second may find the index pages of this hash set in shared buffers, so the order
+      // alternates (the SQL first on odd requests).
+      let api: Awaited<ReturnType<typeof viaApi>>;
+      let sql: Awaited<ReturnType<typeof viaSql>>;
+      if (r % 2 === 0) {
+        api = await viaApi();
+        sql = await viaSql();
+      } else {
+        sql = await viaSql();
+        api = await viaApi();
+      }
+      const q = sql.rows;
+      const missing = api.missing;
       if (missing.length !== absent.size || !missing.every((h) => absent.has(h))) {
         throw new Error(`chunks/check answered ${missing.length} missing, expected exactly the ${absent.size} absent hashes`);
       }
       if (q.length !== half) throw new Error(`the floor query found ${q.length} rows, expected ${half}`);
       if (r >= WARMUP) {
-        apiMs.push(a1 - a0);
-        sqlMs.push(s1 - a1);
+        apiMs.push(api.ms);
+        sqlMs.push(sql.ms);
       }
       if (r >= WARMUP && (r - WARMUP + 1) % 100 === 0) log(`check: ${r - WARMUP + 1}/${opts.requests} requests`);
     }
