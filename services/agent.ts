@@ -158,6 +158,8 @@ export class CommandWaiters {
   private ready: [string, string][] = [];
   private readyAt = 0;
   private inFlight = 0;
+  /** Slots ever handed out (never decreases): what was taken while a check's statement ran. */
+  private acquired = 0;
   private checks = 0;
   private loop: NodeJS.Timeout | undefined;
   private closed = false;
@@ -203,6 +205,7 @@ export class CommandWaiters {
   tryAcquire(): boolean {
     if (this.inFlight >= this.maxDelivering) return false;
     this.inFlight++;
+    this.acquired++;
     return true;
   }
 
@@ -264,6 +267,7 @@ export class CommandWaiters {
       const w = set?.values().next().value;
       if (!w) continue;
       this.inFlight++;
+      this.acquired++;
       this.finish(siteId, machineId, w, true);
     }
   }
@@ -281,9 +285,23 @@ export class CommandWaiters {
     this.loop.unref();
   }
 
-  /** Room left in the site's window: MAX_IN_FLIGHT_PER_SITE less those in flight and the deliveries being built. */
-  private roomOf(inFlight: number): number {
-    return Math.max(0, this.maxInFlight - inFlight - this.inFlight);
+  /**
+   * Marks the slots before a check's statement: pass it to `roomOf` with the count that statement read.
+   */
+  private slotMark(): { held: number; acquired: number } {
+    return { held: this.inFlight, acquired: this.acquired };
+  }
+
+  /**
+   * Room left in the site's window: MAX_IN_FLIGHT_PER_SITE less those the statement counted in flight and
+   * the deliveries built meanwhile. Those are the slots held when the statement was sent plus those taken
+   * since, not the slots held now: a delivery whose claim committed after the statement's snapshot and
+   * whose slot came back before its answer would be in neither count, and the check would wake one poll
+   * too many.
+   */
+  private roomOf(inFlight: number, mark: { held: number; acquired: number }): number {
+    const building = mark.held + (this.acquired - mark.acquired);
+    return Math.max(0, this.maxInFlight - inFlight - building);
   }
 
   /**
@@ -294,8 +312,9 @@ export class CommandWaiters {
     const ids = [...machines.keys()];
     // A random pivot: each check starts its ready list at a different machine.
     const pivot = ids[Math.floor(Math.random() * ids.length)];
+    const mark = this.slotMark();
     const r = await machinesWithDeliverable(this.deps.db, siteId, ids, this.maxInFlight, pivot, true);
-    return { ready: r.ready.slice(0, this.roomOf(r.inFlight)), inFlight: r.inFlight };
+    return { ready: r.ready.slice(0, this.roomOf(r.inFlight, mark)), inFlight: r.inFlight };
   }
 
   /**
@@ -318,6 +337,7 @@ export class CommandWaiters {
     let room = 1;
     let scanned = 0;
     let first = true;
+    const mark = this.slotMark();
     const segments: [string, string | null][] = [
       [pivot, null],
       ['', pivot],
@@ -329,7 +349,7 @@ export class CommandWaiters {
         const page = await deliverableMachinesPage(this.deps.db, siteId, after, upTo, limit, first);
         if (first) {
           inFlight = page.inFlight;
-          room = this.roomOf(inFlight);
+          room = this.roomOf(inFlight, mark);
           first = false;
         }
         for (const id of page.machineIds) {
@@ -344,7 +364,8 @@ export class CommandWaiters {
         after = page.machineIds[page.machineIds.length - 1];
       }
     }
-    return { ready, inFlight };
+    // Slots taken while the later pages were read (from the previous check's list) use room too.
+    return { ready: ready.slice(0, this.roomOf(inFlight, mark)), inFlight };
   }
 
   private async tick(): Promise<void> {

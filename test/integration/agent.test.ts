@@ -1309,6 +1309,72 @@ describe('CommandWaiters (services/agent.ts)', () => {
     }
   });
 
+  it.each([
+    ['few polls wait (one statement with their ids)', 0],
+    [`more than ${ID_LIST_MAX} polls wait (pages of the site)`, ID_LIST_MAX + 20],
+  ])(
+    'does not wake past the window when a delivery finishes while a check reads (its claim after the snapshot, its slot back before the answer): %s',
+    async (_, idle) => {
+      const { siteId } = await h.other();
+      const ids = ['rc-a', 'rc-b', 'rc-c', 'rc-d', 'rc-e'];
+      await insertFor(ids, 'rc', siteId);
+      // Polls of machines with nothing pending wait beside them (enough of them switch the check to pages).
+      const idle_ = Array.from({ length: idle }, (_, i) => `rc-idle-${String(i).padStart(4, '0')}`);
+      // The real pool, with one hook: once armed, right after a check's statement has read (its snapshot
+      // taken), one woken delivery claims its command and gives its slot back, before the check sees the answer.
+      let during: (() => Promise<void>) | undefined;
+      const real = h.deps.db;
+      const db = Object.create(real) as typeof real;
+      db.query = (async (text: string, values?: unknown[]) => {
+        const result = await real.query(text, values);
+        const hook = during;
+        if (hook && text.includes('AS in_flight')) {
+          during = undefined;
+          await hook();
+        }
+        return result;
+      }) as typeof real.query;
+      const waiters = new CommandWaiters({ db }, { warn: () => undefined }, 30, 10_000, 3);
+      const woken: string[] = [];
+      const handles = [...ids, ...idle_].map((id) => {
+        const w = waiters.wait(siteId, id, Date.now() + 60_000);
+        void w.promise.then((slot) => {
+          if (slot) woken.push(id);
+        });
+        return w;
+      });
+      try {
+        // The first check wakes three (the window); they hold their slots, nothing claimed yet.
+        const until = Date.now() + 5_000;
+        while (woken.length < 3 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+        expect(woken).toHaveLength(3);
+        const first = woken[0];
+        let fired = false;
+        during = async () => {
+          await claimCommands(real, siteId, first);
+          waiters.release();
+          fired = true;
+        };
+        const until2 = Date.now() + 5_000;
+        while (!fired && Date.now() < until2) await new Promise((r) => setTimeout(r, 10));
+        expect(fired).toBe(true);
+        // Later checks: one claimed (in flight) and two slots held fill the window of three.
+        await new Promise((r) => setTimeout(r, 300));
+        expect(woken).toHaveLength(3);
+        // The two give their slots back unclaimed (nothing delivered): the window has room for two more.
+        waiters.release();
+        waiters.release();
+        const until3 = Date.now() + 5_000;
+        while (woken.length < 5 && Date.now() < until3) await new Promise((r) => setTimeout(r, 10));
+        expect(new Set(woken)).toEqual(new Set(ids));
+      } finally {
+        for (const w of handles) w.cancel();
+        waiters.close();
+        await h.deps.db.query(`DELETE FROM commands WHERE site_id = $1`, [siteId]);
+      }
+    },
+  );
+
   it("counts the site's commands in flight at each check, and the poll answer asks for a progress gap that spreads the report budget over them", async () => {
     const { siteId } = await h.other();
     // 300 commands in flight (handed out, reported on, not finished), and one pending for the polling machine.
