@@ -1017,8 +1017,8 @@ describe('CommandWaiters (services/agent.ts)', () => {
   it('wakes ready polls only while a delivery slot is free, and the next one as soon as a slot is released', async () => {
     const ids = Array.from({ length: 10 }, (_, i) => `slot-${i}`);
     await insertFor(ids, 'slot');
-    // One check only in this test (the next would come a minute later): every wake-up after the first
-    // check is a release's.
+    // Four slots: the first check wakes four, and every wake-up after it needs a slot given back (a later
+    // check, 200 ms on, finds none free).
     const waiters = new CommandWaiters({ db: h.deps.db }, { warn: () => undefined }, 200, 4);
     const woken: string[] = [];
     const idle = async () => {
@@ -1118,7 +1118,10 @@ describe('CommandWaiters (services/agent.ts)', () => {
           (rows) => got.push(...rows.map((r) => r.command_id)),
         ),
       );
-      await new Promise((r) => setTimeout(r, 600)); // a dozen checks
+      // The window's three come within a few checks (however slow the machine); a dozen more wake none.
+      const until = Date.now() + 10_000;
+      while (got.length < 3 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      await new Promise((r) => setTimeout(r, 600));
       expect(got).toHaveLength(3);
       expect(await delivered()).toHaveLength(3);
       // The agents report an intermediate status: still in flight, the window stays shut.
