@@ -254,8 +254,9 @@ describe('compact sync protocol, end to end', () => {
   });
 
   it("while many of the site's commands are in flight, an agent keeps the longer progress gap the poll answer asks for", async () => {
-    // A 300 ms sync with a 20 ms gap sends its `assembling` change between its first and last report…
-    const control = await startAgent('inl-budget-control', true, { progressIntervalMs: 20, syncDelayMs: 300 });
+    // A 1.5 s sync with a 20 ms gap sends its `assembling` change between its first and last report (the
+    // agent's gap is at least 10 round trips, so the sync outlasts it unless one takes over 150 ms)…
+    const control = await startAgent('inl-budget-control', true, { progressIntervalMs: 20, syncDelayMs: 1500 });
     let before = control.api.calls.length;
     const first = await insertSyncPull('inl-budget-control', v1);
     expect(await control.agent.waitForCommand(first, 60_000)).toMatchObject({ status: 'completed', result: 'success' });
@@ -269,7 +270,7 @@ describe('compact sync protocol, end to end', () => {
       [h.siteId, fillers],
     );
     try {
-      const { agent, api } = await startAgent('inl-budget', true, { progressIntervalMs: 20, syncDelayMs: 300 });
+      const { agent, api } = await startAgent('inl-budget', true, { progressIntervalMs: 20, syncDelayMs: 1500 });
       before = api.calls.length;
       const commandId = await insertSyncPull('inl-budget', v1);
       expect(await agent.waitForCommand(commandId, 60_000)).toMatchObject({

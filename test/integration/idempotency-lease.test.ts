@@ -14,7 +14,8 @@ import { createHarness, type Harness } from '../support/harness';
 import { PgProxy, killHard, startApiChild } from '../support/api-child';
 import { idempotencyScopeHash } from '../../services/idempotency';
 
-const LEASE_MS = 900;
+/** Renewed every third of it: two renewals may lag 650 ms each before the lease lapses. */
+const LEASE_MS = 2000;
 const HOLD = 'INSERT INTO commands';
 
 let h: Harness;

