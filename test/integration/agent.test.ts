@@ -17,6 +17,7 @@ import { verifyTree } from '../../agent/fleet';
 import { CommandWaiters, ID_LIST_MAX, pollAgentCommands, progressIntervalFor } from '../../services/agent';
 import { claimCommands, deliverableMachinesPage, machinesWithDeliverable } from '../../db/machines';
 import { scopedKey as scopedKeyOf } from '../support/identity';
+import { waitUntil } from '../support/wait';
 
 let h: Harness;
 let baseUrl: string;
@@ -1119,8 +1120,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
         ),
       );
       // The window's three come within a few checks (however slow the machine); a dozen more wake none.
-      const until = Date.now() + 10_000;
-      while (got.length < 3 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      await waitUntil(() => got.length >= 3);
       await new Promise((r) => setTimeout(r, 600));
       expect(got).toHaveLength(3);
       expect(await delivered()).toHaveLength(3);
@@ -1283,8 +1283,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
       return w;
     });
     try {
-      const until = Date.now() + 10_000;
-      while (woken.length < 120 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      await waitUntil(() => woken.length >= 120);
       await new Promise((r) => setTimeout(r, 400)); // more checks: the window is full
       expect(woken).toHaveLength(120);
       expect(new Set(woken).size).toBe(120);
@@ -1294,8 +1293,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
         `UPDATE commands SET status = 'completed', completed_at = now() WHERE site_id = $1 AND machine_id = ANY($2::text[])`,
         [siteId, woken],
       );
-      const until2 = Date.now() + 10_000;
-      while (woken.length < 240 && Date.now() < until2) await new Promise((r) => setTimeout(r, 20));
+      await waitUntil(() => woken.length >= 240);
       await new Promise((r) => setTimeout(r, 300));
       expect(woken).toHaveLength(240);
       expect(new Set(woken).size).toBe(240);
@@ -1348,8 +1346,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
       });
       try {
         // The first check wakes three (the window); they hold their slots, nothing claimed yet.
-        const until = Date.now() + 5_000;
-        while (woken.length < 3 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+        await waitUntil(() => woken.length >= 3, 5_000, 10);
         expect(woken).toHaveLength(3);
         const first = woken[0];
         let fired = false;
@@ -1358,8 +1355,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
           waiters.release();
           fired = true;
         };
-        const until2 = Date.now() + 5_000;
-        while (!fired && Date.now() < until2) await new Promise((r) => setTimeout(r, 10));
+        await waitUntil(() => fired, 5_000, 10);
         expect(fired).toBe(true);
         // Later checks: one claimed (in flight) and two slots held fill the window of three.
         await new Promise((r) => setTimeout(r, 300));
@@ -1367,8 +1363,7 @@ describe('CommandWaiters (services/agent.ts)', () => {
         // The two give their slots back unclaimed (nothing delivered): the window has room for two more.
         waiters.release();
         waiters.release();
-        const until3 = Date.now() + 5_000;
-        while (woken.length < 5 && Date.now() < until3) await new Promise((r) => setTimeout(r, 10));
+        await waitUntil(() => woken.length >= 5, 5_000, 10);
         expect(new Set(woken)).toEqual(new Set(ids));
       } finally {
         for (const w of handles) w.cancel();
