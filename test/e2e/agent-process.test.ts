@@ -17,6 +17,7 @@ import { createHarness, type Harness } from '../support/harness';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy';
 import { deployRoute, publishFiles, startTestWorker, terminateAll, type TestWorker } from '../integration/rollout-fixtures';
 import { teeToTestLog } from '../support/test-log';
+import { waitFor } from '../support/wait';
 
 const BIN = ROOST_BIN;
 
@@ -82,15 +83,7 @@ class AgentProcess {
   }
 }
 
-async function until<T>(what: string, fn: () => T | undefined | false | Promise<T | undefined | false>, ms = 60_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
+const until = <T>(what: string, fn: () => T | Promise<T>, ms = 60_000) => waitFor(what, fn, ms, 10);
 
 /** `count` files of 4 KiB random text: one chunk each. */
 function randomFiles(count: number, prefix: string): Record<string, string> {

@@ -15,6 +15,7 @@ import { type Harness, idemKey } from '../support/harness';
 import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
 import { killHard } from '../support/api-child';
 import { startWorkerChild } from '../support/worker-child';
+import { waitFor } from '../support/wait';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
 const HISTORIES = path.join(__dirname, '..', 'replay', 'histories', 'classic');
@@ -66,10 +67,6 @@ async function detail(deploymentId: string) {
   const res = await h.request({ method: 'GET', url: `${base()}/${deploymentId}` });
   expect(res.statusCode).toBe(200);
   return res.json();
-}
-
-async function waitFor(check: () => Promise<boolean>): Promise<void> {
-  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
 }
 
 async function lines(file: string): Promise<string[]> {
@@ -196,7 +193,7 @@ describe('classic deployment fan-out to reference agents', () => {
     expect(res.statusCode).toBe(201);
     const id = res.json().deploymentId;
     // Serial: one target in flight at a time.
-    await waitFor(async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
+    await waitFor('a target installing', async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
     const mid = await detail(id);
     expect(mid.status).toBe('in_progress');
     expect(
@@ -290,13 +287,13 @@ describe('durability', () => {
     const id = res.json().deploymentId;
     // Wait until the serial fan-out is under way (one target done or running), then take the worker away.
     let inFlight: { commandId: string } | undefined;
-    await waitFor(async () => {
+    await waitFor('a target installing', async () => {
       inFlight = (await detail(id)).targets.find((t: { status: string }) => t.status === 'installing');
       return inFlight !== undefined;
     });
     await w.stop();
     // The in-flight install finishes and its report lands while no worker runs.
-    await waitFor(async () => {
+    await waitFor('the in-flight install completed', async () => {
       const { rows } = await h.deps.db.query<{ status: string }>('SELECT status FROM commands WHERE site_id = $1 AND command_id = $2', [
         h.siteId,
         inFlight!.commandId,
@@ -322,7 +319,9 @@ describe('durability', () => {
       const res = await create({ name: 'kill', installer_url: inst.url, installer_name: 'kill.sh', silent_flags: '', machines });
       expect(res.statusCode).toBe(201);
       const id = res.json().deploymentId;
-      await waitFor(async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
+      await waitFor('a target installing', async () =>
+        (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'),
+      );
       await killHard(child);
       child = await startWorkerChild(env);
       expect(await finished(id)).toMatchObject({ status: 'completed', counts: expect.objectContaining({ completed: 3 }) });

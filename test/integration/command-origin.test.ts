@@ -20,6 +20,7 @@ import { installRuntime } from '../../worker/worker';
 import { createHarness, type Harness } from '../support/harness';
 import { appendTestLog } from '../support/test-log';
 import { closeRolloutSuite, startTestWorker, type TestWorker } from './rollout-fixtures';
+import { waitFor } from '../support/wait';
 
 const apiLines: string[] = [];
 const workerLines: string[] = [];
@@ -41,16 +42,6 @@ const parse = (lines: string[]): Rec[] =>
     .split('\n')
     .filter(Boolean)
     .map((l) => JSON.parse(l) as Rec);
-
-async function waitFor<T>(what: string, check: () => Promise<T | undefined | false>, ms = 60_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await check();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 async function commandRow(commandId: string): Promise<{ traceparent: string | null; request_id: string | null; status: string }> {
   const { rows } = await h.deps.db.query('SELECT traceparent, request_id, status FROM commands WHERE site_id = $1 AND command_id = $2', [

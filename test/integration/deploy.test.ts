@@ -21,6 +21,7 @@ import {
   terminateAll,
 } from './rollout-fixtures';
 import { testLogger } from '../support/test-log';
+import { waitFor } from '../support/wait';
 
 let h: Harness;
 let w: TestWorker;
@@ -64,14 +65,14 @@ async function rolloutCount(roostId: string): Promise<number> {
   return rows[0].n;
 }
 
-/** Polls the workflow's history until `pred` holds for one of its events (the test timeout bounds it). */
-async function waitForEvent(workflowId: string, pred: (e: any) => boolean): Promise<any> {
-  for (;;) {
-    const hist = await h.deps.temporal.workflow.getHandle(workflowId).fetchHistory();
-    const e = hist.events?.find(pred);
-    if (e) return e;
-    await new Promise((r) => setTimeout(r, 100));
-  }
+/** Polls the workflow's history every 100 ms until `pred` holds for one of its events, and returns that event. */
+function waitForEvent(workflowId: string, pred: (e: any) => boolean): Promise<any> {
+  return waitFor(
+    `an event of ${workflowId}`,
+    async () => (await h.deps.temporal.workflow.getHandle(workflowId).fetchHistory()).events?.find(pred),
+    60_000,
+    100,
+  );
 }
 
 describe('POST /api/roosts/{roostId}/deploy', () => {

@@ -30,6 +30,7 @@ import {
   startTestWorker,
   terminateAll,
 } from './rollout-fixtures';
+import { waitFor } from '../support/wait';
 
 /** JSON type of a data field: one of these, or several joined by `|`. */
 type Json = 'string' | 'integer' | 'number' | 'boolean' | 'null';
@@ -155,16 +156,6 @@ async function one(siteId: string, type: string, match: Record<string, unknown> 
   expect([type, rows.length]).toEqual([type, 1]);
   expect(mismatches(type, rows[0].data)).toEqual([]);
   return rows[0];
-}
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, ms = 60_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 /** The version body as published (fetched back through the API). */

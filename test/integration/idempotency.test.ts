@@ -31,6 +31,7 @@ import { lockCatalog } from '../support/catalog-lock';
 import { randomInt } from 'node:crypto';
 import { addMember, insertKey, makeUser } from '../support/identity';
 import { classicDeploymentWorkflowId } from '../../domain/classic';
+import { waitFor } from '../support/wait';
 import { type TestWorker, dbFleet, deployRoute, enrolMachineRows, startTestWorker, terminateAll } from './rollout-fixtures';
 
 let h: Harness;
@@ -132,11 +133,6 @@ interface KeyedFixture {
   replays?: boolean;
 }
 
-/** Polls `check` every 50 ms until it holds (the test timeout bounds the wait). */
-async function until(check: () => Promise<boolean>): Promise<void> {
-  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
-}
-
 const rolloutRow = async (rolloutId: string) =>
   (
     await h.deps.db.query<{ state: string; active: boolean }>('SELECT state, active FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
@@ -176,7 +172,7 @@ async function gatedRollout(seed: string, opts: { previous?: boolean } = {}): Pr
   await publish(roostId, seed);
   const r = await deployRoute(h, roostId, { policy: { canary: { count: 1 }, requirePromotion: 'canary', retryBackoffSeconds: 0.1 } });
   workflows.add(r.workflowId);
-  await until(async () => (await rolloutRow(r.rolloutId)).state === 'awaiting_promotion');
+  await waitFor('the rollout awaiting promotion', async () => (await rolloutRow(r.rolloutId)).state === 'awaiting_promotion');
   return { roostId, rolloutId: r.rolloutId };
 }
 
@@ -218,7 +214,8 @@ const webhookRow = async (webhookId: string) =>
  * (pending) and its run makes one attempt, which the receiver answers 200.
  */
 async function settledAttempts(): Promise<number> {
-  await until(
+  await waitFor(
+    'no webhook delivery pending',
     async () => (await count(`SELECT count(*) AS n FROM webhook_deliveries WHERE site_id = $1 AND status = 'pending'`, [h.siteId])) === 0,
   );
   return count('SELECT count(*) AS n FROM webhook_attempts WHERE site_id = $1', [h.siteId]);
@@ -594,7 +591,7 @@ const KEYED: KeyedFixture[] = [
     prepare: async (seed) => {
       const r = await gatedRollout(seed, { previous: true });
       await control(r.roostId, r.rolloutId, 'abort');
-      await until(async () => !(await rolloutRow(r.rolloutId)).active);
+      await waitFor('the rollout to end', async () => !(await rolloutRow(r.rolloutId)).active);
       workflows.add(rollbackWorkflowId(h.siteId, r.rolloutId));
       return { method: 'POST', url: controlUrl(r.roostId, r.rolloutId, 'rollback'), body: controlBody() };
     },

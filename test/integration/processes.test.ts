@@ -15,6 +15,7 @@ import type { ClassicCommandParams } from '../../domain/classic';
 import { createHarness, type Harness } from '../support/harness';
 import { type InstallerServer, startInstallerServer } from '../support/installers';
 import { scopedKey } from './rollout-fixtures';
+import { waitFor } from '../support/wait';
 import { closeWorkerConnections } from '../../worker/worker';
 
 let h: Harness;
@@ -53,14 +54,6 @@ afterAll(async () => {
 const base = (m = M) => `/api/sites/${h.siteId}/machines/${m}/processes`;
 const post = (url: string, body?: unknown, key?: string) => h.request({ method: 'POST', url, body, key, idempotencyKey: true });
 
-async function waitFor<T>(probe: () => Promise<T | undefined | false>): Promise<T> {
-  for (;;) {
-    const v = await probe();
-    if (v) return v;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
 async function live(processId: string, m = M) {
   const res = await h.request({ method: 'GET', url: `${base(m)}/${processId}` });
   expect(res.statusCode).toBe(200);
@@ -77,7 +70,7 @@ const alive = (pid: number) => {
 };
 
 async function commandDone(commandId: string, m = M) {
-  return waitFor(async () => {
+  return waitFor('the command finished', async () => {
     const c = (await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/${m}/commands/${commandId}` })).json();
     return ['completed', 'failed', 'cancelled'].includes(c.status) ? c : undefined;
   });
@@ -190,7 +183,7 @@ describe('the agent runs managed processes for real', () => {
     const p = (
       await post(base(), { name: 'sleeper', exe_path: '/bin/sh', file_path: '-c "sleep 60"', launch_mode: 'always', relaunch_attempts: 2 })
     ).json();
-    const first = await waitFor(async () => {
+    const first = await waitFor('the process running', async () => {
       const l = await live(p.processId);
       return l && l.status === 'running' && l.pid ? l : undefined;
     });
@@ -199,7 +192,7 @@ describe('the agent runs managed processes for real', () => {
 
     // Crash: the process dies without the agent asking; the agent relaunches it.
     process.kill(first.pid!, 'SIGKILL');
-    const second = await waitFor(async () => {
+    const second = await waitFor('the process relaunched', async () => {
       const l = await live(p.processId);
       return l && l.status === 'running' && l.pid && l.pid !== first.pid ? l : undefined;
     });
@@ -210,19 +203,19 @@ describe('the agent runs managed processes for real', () => {
     expect(stop.statusCode).toBe(202);
     expect(stop.json()).toMatchObject({ status: 'pending', type: 'stop_process', processId: p.processId });
     expect((await commandDone(stop.json().commandId)).status).toBe('completed');
-    await waitFor(async () => (await live(p.processId))?.status === 'stopped');
+    await waitFor('the process stopped', async () => (await live(p.processId))?.status === 'stopped');
     expect(alive(second.pid!)).toBe(false);
 
     // Start, then kill.
     const start = await post(`${base()}/${p.processId}/start`);
     expect((await commandDone(start.json().commandId)).status).toBe('completed');
-    const third = await waitFor(async () => {
+    const third = await waitFor('the process running again', async () => {
       const l = await live(p.processId);
       return l && l.status === 'running' && l.pid ? l : undefined;
     });
     const kill = await post(`${base()}/${p.processId}/kill`);
     expect((await commandDone(kill.json().commandId)).status).toBe('completed');
-    await waitFor(async () => (await live(p.processId))?.status === 'stopped');
+    await waitFor('the process stopped after kill', async () => (await live(p.processId))?.status === 'stopped');
     expect(alive(third.pid!)).toBe(false);
     await h.request({ method: 'DELETE', url: `${base()}/${p.processId}`, idempotencyKey: true });
   });
@@ -236,25 +229,25 @@ describe('the agent runs managed processes for real', () => {
         launch_mode: 'always',
       })
     ).json();
-    const l = await waitFor(async () => {
+    const l = await waitFor('the stubborn process running', async () => {
       const x = await live(stubborn.processId);
       return x && x.status === 'running' && x.pid ? x : undefined;
     });
     const restart = await post(`${base()}/${stubborn.processId}/restart`);
     expect((await commandDone(restart.json().commandId)).status).toBe('completed');
     expect(alive(l.pid!)).toBe(false); // SIGTERM ignored: killed after the grace time
-    const after = await waitFor(async () => {
+    const after = await waitFor('the stubborn process relaunched', async () => {
       const x = await live(stubborn.processId);
       return x && x.status === 'running' && x.pid && x.pid !== l.pid ? x : undefined;
     });
     expect(alive(after.pid!)).toBe(true);
     await h.request({ method: 'DELETE', url: `${base()}/${stubborn.processId}`, idempotencyKey: true });
-    await waitFor(async () => !alive(after.pid!));
+    await waitFor('the relaunched process gone', async () => !alive(after.pid!));
 
     const crasher = (
       await post(base(), { name: 'crasher', exe_path: '/bin/sh', file_path: '-c "exit 7"', launch_mode: 'always', relaunch_attempts: 2 })
     ).json();
-    const failed = await waitFor(async () => {
+    const failed = await waitFor('the crasher failed', async () => {
       const x = await live(crasher.processId);
       return x && x.status === 'failed' ? x : undefined;
     });
@@ -285,12 +278,12 @@ describe('the agent runs managed processes for real', () => {
       end: hhmm(later),
     };
     expect((await post(`${base()}/${p.processId}/schedule`, { mode: 'scheduled', blocks: [open] })).statusCode).toBe(200);
-    const running = await waitFor(async () => {
+    const running = await waitFor('the process running', async () => {
       const x = await live(p.processId);
       return x && x.status === 'running' && x.pid ? x : undefined;
     });
     expect((await post(`${base()}/${p.processId}/schedule`, { mode: 'off' })).statusCode).toBe(200);
-    await waitFor(async () => (await live(p.processId))?.status === 'stopped');
+    await waitFor('the process stopped', async () => (await live(p.processId))?.status === 'stopped');
     expect(alive(running.pid!)).toBe(false);
     await h.request({ method: 'DELETE', url: `${base()}/${p.processId}`, idempotencyKey: true });
   });
@@ -307,7 +300,7 @@ describe('classic installs suppress projects', () => {
         launch_mode: 'always',
       })
     ).json();
-    const before = await waitFor(async () => {
+    const before = await waitFor('the process running on M2', async () => {
       const x = await live(p.processId, M2);
       return x && x.status === 'running' && x.pid ? x : undefined;
     });
@@ -332,7 +325,7 @@ describe('classic installs suppress projects', () => {
       [h.siteId, M2, commandId, JSON.stringify(params)],
     );
     expect((await commandDone(commandId, M2)).status).toBe('completed');
-    const after = await waitFor(async () => {
+    const after = await waitFor('the process running with a new pid', async () => {
       const x = await live(p.processId, M2);
       return x && x.status === 'running' && x.pid && x.pid !== before.pid ? x : undefined;
     });
@@ -378,7 +371,7 @@ describe('config reads', () => {
       const res = await post(base(M2), { name: 'stamp-probe', exe_path: '/bin/true' });
       expect(res.statusCode).toBe(201);
       const { processId } = res.json();
-      await waitFor(async () => (await live(processId, M2)) ?? undefined);
+      await waitFor('a live report on M2', async () => (await live(processId, M2)) ?? undefined);
       expect(agent.stats.processConfigReads).toBeGreaterThan(reads);
       expect(new Set(stamps).size).toBeGreaterThan(1);
       await h.request({ method: 'DELETE', url: `${base(M2)}/${processId}`, idempotencyKey: true });
@@ -401,7 +394,7 @@ describe('machine commands on the reference agent', () => {
 
   it('reboots after its delay and shuts down: flags shown, offline during the downtime, back with managed processes relaunched', async () => {
     const p = (await post(base(M2), { name: 'survivor', exe_path: '/bin/sh', file_path: '-c "sleep 60"', launch_mode: 'always' })).json();
-    const before = await waitFor(async () => {
+    const before = await waitFor('the process running on M2', async () => {
       const x = await live(p.processId, M2);
       return x && x.status === 'running' && x.pid ? x : undefined;
     });
@@ -413,34 +406,34 @@ describe('machine commands on the reference agent', () => {
     const shut = await post(`/api/sites/${h.siteId}/machines/${M}/commands`, { type: 'shutdown_machine' });
     expect(shut.statusCode).toBe(202);
     const other = async () => (await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/${M}` })).json();
-    await waitFor(async () => (await other()).shuttingDown === true);
-    await waitFor(async () => (await machine()).rebooting === true);
+    await waitFor('the other machine shutting down', async () => (await other()).shuttingDown === true);
+    await waitFor('the machine rebooting', async () => (await machine()).rebooting === true);
     const done = await commandDone(res.json().commandId, M2);
     expect(done.status).toBe('completed');
     expect(new Date(done.completedAt).getTime() - queued).toBeGreaterThanOrEqual(1000); // the delay was honoured
-    await waitFor(async () => !alive(before.pid!)); // processes end with the "reboot"
+    await waitFor('the process ended by the reboot', async () => !alive(before.pid!)); // processes end with the "reboot"
     // Offline during the downtime: the heartbeat that brings it back finds it stale and records machine.online
     // (db/machines.ts recordHeartbeat), which a machine seen live throughout never gets. (Polling for
     // online === false instead races the short offline window on a loaded machine.)
-    await waitFor(async () => {
+    await waitFor('machine.online after the reboot', async () => {
       const { rows } = await h.deps.db.query(
         `SELECT 1 FROM events WHERE site_id = $1 AND type = 'machine.online' AND data->>'machineId' = $2 AND occurred_at > $3`,
         [h.siteId, M2, new Date(queued)],
       );
       return rows.length > 0;
     });
-    const back = await waitFor(async () => {
+    const back = await waitFor('the machine back online', async () => {
       const m = await machine();
       return m.online && !m.rebooting ? m : undefined;
     });
     expect(back.rebooting).toBe(false);
-    const after = await waitFor(async () => {
+    const after = await waitFor('the process relaunched after the reboot', async () => {
       const x = await live(p.processId, M2);
       return x && x.status === 'running' && x.pid && x.pid !== before.pid ? x : undefined;
     });
     expect(alive(after.pid!)).toBe(true);
     expect((await commandDone(shut.json().commandId, M)).status).toBe('completed');
-    await waitFor(async () => {
+    await waitFor('the other machine back online', async () => {
       const m = await other();
       return m.online && !m.shuttingDown;
     });

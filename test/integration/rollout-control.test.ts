@@ -18,6 +18,7 @@ import { recordHistory } from '../../scripts/record-history';
 import { rollbackWorkflowId, rolloutWorkflowId } from '../../workflows/client';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
+import { waitFor } from '../support/wait';
 import {
   type TestWorker,
   dbFleet,
@@ -94,11 +95,6 @@ function heldFleet(
       await loop;
     },
   };
-}
-
-/** Polls `check` every 50 ms until it holds (the test's own timeout bounds the wait). */
-async function waitFor(check: () => Promise<boolean>): Promise<void> {
-  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
 }
 
 async function deploy(roostId: string, body: Record<string, unknown>) {
@@ -260,7 +256,7 @@ describe('control while running', () => {
       const wave1 = await waveMachines(r.rolloutId, 'wave-1');
       const wave2 = await waveMachines(r.rolloutId, 'wave-2');
       hold = new Set([...wave1, ...wave2]);
-      await waitFor(async () => (await machineStatuses(h, r.rolloutId)).dispatched === 3);
+      await waitFor('three machines dispatched', async () => (await machineStatuses(h, r.rolloutId)).dispatched === 3);
 
       const paused = await control(roost.roostId, r.rolloutId, 'pause', { body: { siteId: h.siteId, reason: 'checking dashboards' } });
       expect(paused.statusCode).toBe(200);
@@ -268,7 +264,7 @@ describe('control while running', () => {
       expect((await control(roost.roostId, r.rolloutId, 'pause')).json()).toMatchObject({ code: 'conflict', state: 'paused' });
 
       hold = new Set(wave2); // the dispatched wave finishes while paused
-      await waitFor(async () => (await status(r.workflowId)).waiting === 'pause');
+      await waitFor('the workflow waiting in its pause', async () => (await status(r.workflowId)).waiting === 'pause');
       const d = await detail(roost.roostId, r.rolloutId);
       expect(d.state).toBe('paused');
       expect(d.waves[1].counts).toMatchObject({ succeeded: 3 });
@@ -309,7 +305,7 @@ describe('control while running', () => {
     const fleet = heldFleet();
     try {
       const r = await deploy(roost.roostId, { policy: { requirePromotion: 'canary', retryBackoffSeconds: 0.1 } });
-      await waitFor(async () => (await status(r.workflowId)).waiting === 'promotion');
+      await waitFor('the workflow waiting for promotion', async () => (await status(r.workflowId)).waiting === 'promotion');
       const d = await detail(roost.roostId, r.rolloutId);
       expect(d).toMatchObject({ state: 'awaiting_promotion', stage: 'started' });
       expect(d.waves[1].counts).toMatchObject({ pending: 4 });
@@ -345,7 +341,7 @@ describe('control while running', () => {
       const r = await deploy(roost.roostId, {
         policy: { maintenanceWindow: { start, end: local(opensAt + 3600_000) }, retryBackoffSeconds: 0.1 },
       });
-      await waitFor(async () => (await status(r.workflowId)).waiting === 'window');
+      await waitFor('the workflow waiting for its window', async () => (await status(r.workflowId)).waiting === 'window');
       expect((await detail(roost.roostId, r.rolloutId)).state).toBe('waiting_window');
       expect(await result(r.workflowId)).toMatchObject({ stage: 'completed', succeeded: 3 });
       const { rows } = await h.deps.db.query('SELECT min(created_at) AS first FROM commands WHERE site_id = $1 AND rollout_id = $2', [
@@ -376,7 +372,7 @@ describe('control while running', () => {
       const canary = await waveMachines(r.rolloutId, 'canary');
       const rest = ids.filter((m) => !canary.includes(m));
       hold = new Set(rest);
-      await waitFor(async () => (await machineStatuses(h, r.rolloutId)).dispatched === 4);
+      await waitFor('four machines dispatched', async () => (await machineStatuses(h, r.rolloutId)).dispatched === 4);
       const aborted = await control(roost.roostId, r.rolloutId, 'abort', { body: { siteId: h.siteId, reason: 'bad build' } });
       expect(aborted.statusCode).toBe(200);
       expect(['aborted', 'failed']).toContain(aborted.json().state);
@@ -479,7 +475,7 @@ describe('rollout routes', () => {
       await result(first.workflowId);
       hold = true;
       const second = await deploy(roost.roostId, { versionId: v2.versionId, policy: { retryBackoffSeconds: 0.1 } });
-      await waitFor(async () => (await machineStatuses(h, second.rolloutId)).dispatched === 1);
+      await waitFor('the second rollout dispatched', async () => (await machineStatuses(h, second.rolloutId)).dispatched === 1);
 
       const list = (q: string) => h.request({ method: 'GET', url: `/api/roosts/${roost.roostId}/rollouts?siteId=${h.siteId}${q}` });
       const all = (await list('')).json();
@@ -692,7 +688,7 @@ describe('the roost CLI', () => {
       const { rolloutId, versionId } = JSON.parse(dep.stdout);
       const workflowId = rolloutWorkflowId(h.siteId, roost0.roostId, versionId);
       workflows.push(workflowId);
-      await waitFor(async () => (await status(workflowId)).waiting === 'promotion');
+      await waitFor('the workflow waiting for promotion', async () => (await status(workflowId)).waiting === 'promotion');
 
       const list = await roost(['rollout', 'list', roost0.roostId, '--json']);
       expect(list.code).toBe(0);

@@ -23,6 +23,7 @@ import { createPool } from '../../db/pool';
 import { closeWorkerConnections } from '../../worker/worker';
 import { createHarness, type Harness } from '../support/harness';
 import { testConfig } from '../support/env';
+import { waitFor } from '../support/wait';
 import { type TestWorker, deployRoute, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';
 
 const OUTAGE_MS = 60_000;
@@ -85,10 +86,6 @@ afterAll(async () => {
   await fs.rm(tmpRoot, { recursive: true, force: true });
 });
 
-async function waitFor(check: () => Promise<boolean>): Promise<void> {
-  while (!(await check())) await new Promise((r) => setTimeout(r, 100));
-}
-
 it('survives a 60 s database outage mid-wave: syncs and reports land, a dead agent is re-dispatched, every machine commits once', async () => {
   const base = await h.listen();
   const secret = await h.enrolmentSecret();
@@ -117,7 +114,7 @@ it('survives a 60 s database outage mid-wave: syncs and reports land, a dead age
     return rows[0]?.status as string | undefined;
   };
   const dead = r.fleet[0];
-  await waitFor(async () => (await commandStatus(dead)) === 'downloading');
+  await waitFor(`${dead} downloading`, async () => (await commandStatus(dead)) === 'downloading');
 
   // The agent of `dead` dies in the middle of its sync (nothing reported), then the database goes away.
   const deadAgent = fleet.agent(dead)!;

@@ -19,6 +19,7 @@ import { newId } from '../../domain/hex';
 import { recordHistory } from '../../scripts/record-history';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
+import { waitFor } from '../support/wait';
 import {
   type TestWorker,
   createRollout,
@@ -347,7 +348,7 @@ describe('rolloutWorkflow with stand-in agents', () => {
     const roost = await seedRoost(h, { targets: ids });
     const rolloutId = newId('rol');
     const workflowId = await insertAndStart(roost, rolloutId, ids, FAST);
-    await waitFor(async () => (await machineStatuses(h, rolloutId)).dispatched === 1);
+    await waitFor('one machine dispatched', async () => (await machineStatuses(h, rolloutId)).dispatched === 1);
     await h.deps.temporal.workflow.getHandle(workflowId).cancel();
     await expect(result(workflowId)).rejects.toBeInstanceOf(WorkflowFailedError);
     expect(await rolloutRow(rolloutId)).toMatchObject({ stage: 'failed', active: false, abort_reason: 'cancelled' });
@@ -377,7 +378,7 @@ describe('starting rollout workflows', () => {
 
     // The first rollout ends in the database while its run is still open (watching its canary): a new
     // rollout of the same version must not be attached to that run.
-    await waitFor(async () => (await machineStatuses(h, first)).dispatched === 1);
+    await waitFor('the first rollout dispatched', async () => (await machineStatuses(h, first)).dispatched === 1);
     await h.deps.db.query(`UPDATE rollouts SET active = false, stage = 'failed' WHERE site_id = $1 AND rollout_id = $2`, [h.siteId, first]);
     const second = newId('rol');
     await withTx(h.deps.db, (tx) =>
@@ -448,9 +449,4 @@ async function insertAndStart(
   const { workflowId } = await createRollout(h, { ...roost, machines: ids, policy, rolloutId });
   workflows.push(workflowId);
   return workflowId;
-}
-
-/** Polls `check` every 50 ms until it holds (the test's own timeout bounds the wait). */
-async function waitFor(check: () => Promise<boolean>): Promise<void> {
-  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
 }

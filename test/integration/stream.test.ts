@@ -20,6 +20,7 @@ import { createHarness, type Harness } from '../support/harness';
 import { insertKey } from '../support/identity';
 import { publishFiles, seedRoost } from './rollout-fixtures';
 import { testLogger } from '../support/test-log';
+import { waitFor } from '../support/wait';
 
 /** Stream settings of these tests: frequent keepalives and polls. */
 const STREAM_ENV = { ROOST_STREAM_KEEPALIVE_MS: '300', ROOST_STREAM_POLL_MS: '40' };
@@ -53,16 +54,8 @@ afterAll(async () => {
   await h.close();
 });
 
-/** Waits (polling) until `fn` returns a truthy value; fails after `ms` with `what`. */
-async function until<T>(what: string, fn: () => T | Promise<T>, ms = 20_000): Promise<NonNullable<T>> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+/** Polls `fn` every 20 ms until it returns a truthy value (fails after `ms` with `what`). */
+const until = <T>(what: string, fn: () => T | Promise<T>, ms = 20_000) => waitFor(what, fn, ms, 20);
 
 interface Frame {
   type: string;

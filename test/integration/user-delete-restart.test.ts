@@ -18,6 +18,7 @@ import { createHarness, type Harness } from '../support/harness';
 import { idTokenFor, insertKey, makeUser, sessionFor } from '../support/identity';
 import { startTestWorker } from './rollout-fixtures';
 import { quietRuntime } from '../replay/histories';
+import { waitFor } from '../support/wait';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
 const HISTORIES = path.join(__dirname, '..', 'replay', 'histories', 'users');
@@ -35,11 +36,6 @@ afterAll(async () => {
   await closeWorkerConnections();
   await h?.close();
 });
-
-/** Polls `check` every 50 ms until it holds (the test's timeout bounds the wait). */
-async function waitFor(check: () => Promise<boolean>): Promise<void> {
-  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
-}
 
 const deletionRow = async (uid: string) => (await h.deps.db.query('SELECT * FROM user_deletions WHERE uid = $1', [uid])).rows[0];
 
@@ -101,7 +97,7 @@ it('finishes a cascade whose worker was stopped mid-way, on a new worker, doing 
   });
   const running = first.run();
   expect((await del(owner.userId, successor.uid)).statusCode).toBe(202);
-  await waitFor(async () => transferStarted);
+  await waitFor('the transfer to start', () => transferStarted);
   const midway = await deletionRow(owner.userId);
   expect(midway).toMatchObject({ status: 'running', keys_revoked: 1, sessions_revoked: 1, commands_cancelled: 1, sites_transferred: null });
   first.shutdown();

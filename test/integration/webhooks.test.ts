@@ -19,6 +19,7 @@ import { relayPass } from '../../activities/events';
 import { deliveryWorkflowId } from '../../domain/webhooks';
 import { nonPublicAddressesOf } from '../../net/webhooks';
 import { recordHistory } from '../../scripts/record-history';
+import { waitFor } from '../support/wait';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
 const HISTORIES = path.join(__dirname, '..', 'replay', 'histories', 'webhooks');
@@ -89,15 +90,7 @@ let relayFirstRun: string;
 const workflows: string[] = [];
 
 /** Polls `fn` every 100 ms until it returns a truthy value (fails after `timeoutMs` with `what`). */
-async function until<T>(what: string, fn: () => Promise<T | undefined | null | false>, timeoutMs = 45_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+const until = <T>(what: string, fn: () => Promise<T>, timeoutMs = 45_000) => waitFor(what, fn, timeoutMs, 100);
 
 const hooks = () => `/api/sites/${h.siteId}/webhooks`;
 

@@ -18,6 +18,7 @@ import { type Harness } from '../support/harness';
 import { parseMetrics, type Exposition } from '../support/metrics';
 import { registry } from '../../telemetry/metrics';
 import { closeRolloutSuite, deployRoute, openRolloutSuite, seedRoost, type TestWorker } from './rollout-fixtures';
+import { waitFor } from '../support/wait';
 
 const TOKEN = 'worker-metrics-token-0123456789';
 let h: Harness;
@@ -37,15 +38,7 @@ async function freePort(): Promise<number> {
   return port;
 }
 
-async function until<T>(what: string, fn: () => Promise<T | undefined | null | false>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+const until = <T>(what: string, fn: () => Promise<T>, timeoutMs = 60_000) => waitFor(what, fn, timeoutMs, 100);
 
 async function scrape(): Promise<Exposition> {
   const res = await h.request({ method: 'GET', url: '/metrics', key: null, headers: { authorization: `Bearer ${TOKEN}` } });

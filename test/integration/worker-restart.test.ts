@@ -12,6 +12,7 @@ import { temporal } from '@temporalio/proto';
 import { startFleet, type Fleet } from '../../agent/fleet';
 import { closeWorkerConnections } from '../../worker/worker';
 import { createHarness, type Harness } from '../support/harness';
+import { waitFor } from '../support/wait';
 import { type TestWorker, deployRoute, machineStatuses, rolloutEvents, seedRoost, startTestWorker, terminateAll } from './rollout-fixtures';
 
 let h: Harness;
@@ -43,11 +44,6 @@ async function rolloutStage(rolloutId: string): Promise<{ stage: string; active:
   return rows[0];
 }
 
-/** Polls `check` every 50 ms until it holds (the test's own timeout bounds the wait). */
-async function waitFor(check: () => Promise<boolean>): Promise<void> {
-  while (!(await check())) await new Promise((r) => setTimeout(r, 50));
-}
-
 it('completes a rollout after its worker is shut down mid-fleet-wave and a new worker starts', async () => {
   const baseUrl = `http://127.0.0.1:${(h.app.server.address() as AddressInfo).port}`;
   const secret = await h.enrolmentSecret();
@@ -70,7 +66,7 @@ it('completes a rollout after its worker is shut down mid-fleet-wave and a new w
   // Wait until the fleet wave's watcher runs on the first worker (stage started), then take the only
   // worker away.
   const handle = h.deps.temporal.workflow.getHandle(r.workflowId);
-  await waitFor(async () => {
+  await waitFor('the fleet wave watched on the first worker', async () => {
     if ((await rolloutStage(r.rolloutId)).stage !== 'started') return false;
     const pending = (await handle.describe()).raw.pendingActivities ?? [];
     return pending.some(

@@ -29,6 +29,7 @@ import { CHUNK_VERIFY_FAILED, type RolloutOutcome } from '../../workflows/rollou
 import { RoostStage } from '../../workflows/search-attributes';
 import { quietRuntime } from '../replay/histories';
 import { testConfig } from '../support/env';
+import { waitFor } from '../support/wait';
 
 jest.setTimeout(60_000);
 
@@ -230,13 +231,7 @@ function outcome(workflowId: string): Promise<RolloutOutcome> {
   return env.client.workflow.getHandle(workflowId).result() as Promise<RolloutOutcome>;
 }
 
-async function until(what: string, check: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+const until = (what: string, check: () => boolean | Promise<boolean>, timeoutMs = 10_000) => waitFor(what, check, timeoutMs);
 
 const called = (rolloutId: string, call: string) => () => of(rolloutId).calls.includes(call);
 
