@@ -13,6 +13,7 @@ import {
   type DeploymentRow,
   type MachineDetailRow,
   type MachineRow,
+  type NewCommand,
   createCommand,
   expirePendingCommands,
   getCommand,
@@ -146,26 +147,33 @@ export interface QueueCommandInput extends MachineRef {
 export async function queueUserCommand(deps: Pick<ServiceDeps, 'db' | 'cfg'>, input: QueueCommandInput): Promise<CommandRow> {
   const params = normaliseCommandParams(input.type, input.params);
   const timeoutSeconds = input.timeoutSeconds ?? DEFAULT_COMMAND_TIMEOUT_SECONDS;
-  const row = await createCommand(
-    deps.db,
-    {
-      siteId: input.siteId,
-      machineId: input.machineId,
-      commandId: newId('cmd'),
-      type: input.type,
-      params,
-      timeoutMs: Math.round(timeoutSeconds * 1000),
-      createdBy: input.createdBy,
-      auditCorrelationId: input.auditCorrelationId ?? null,
-      // The agent's requests for it join this request's trace; its log lines name this request.
-      ...commandOrigin(),
-    },
-    deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS,
-  );
+  return queueForOnlineMachine(deps, {
+    siteId: input.siteId,
+    machineId: input.machineId,
+    commandId: newId('cmd'),
+    type: input.type,
+    params,
+    timeoutMs: Math.round(timeoutSeconds * 1000),
+    createdBy: input.createdBy,
+    auditCorrelationId: input.auditCorrelationId ?? null,
+  });
+}
+
+/**
+ * Queues `cmd` when its machine is online (a fresh heartbeat within ROOST_HEARTBEAT_STALE_SECONDS); the
+ * agent's requests for it join the current request's trace and its log lines name the request.
+ * @returns the new command row (status pending, `expires_at` = now + `cmd.timeoutMs`).
+ * @throws ApiError not_found (no such machine), machine_offline (409; nothing queued).
+ */
+export async function queueForOnlineMachine(
+  deps: Pick<ServiceDeps, 'db' | 'cfg'>,
+  cmd: Omit<NewCommand, 'traceparent' | 'requestId'>,
+): Promise<CommandRow> {
+  const row = await createCommand(deps.db, { ...cmd, ...commandOrigin() }, deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS);
   if (row === 'not_found') throw new ApiError('not_found', 'machine not found');
   if (row === 'offline') {
-    throw new ApiError('machine_offline', `machine ${input.machineId} is offline (no fresh heartbeat); the command was not queued`, {
-      extras: { machineId: input.machineId },
+    throw new ApiError('machine_offline', `machine ${cmd.machineId} is offline (no fresh heartbeat); the command was not queued`, {
+      extras: { machineId: cmd.machineId },
     });
   }
   return row;

@@ -9,7 +9,7 @@ import { newId } from '../domain/hex';
 import { absolutePathProblem } from '../domain/paths';
 import { PROCESS_COMMANDS, type ProcessAction, type ScheduleBlock, scheduleProblems } from '../domain/processes';
 import { isTimeZone } from '../domain/rollout-policy';
-import { type CommandRow, createCommand, machineExists } from '../db/machines';
+import { type CommandRow, machineExists } from '../db/machines';
 import {
   agentProcessView,
   type ProcessFields,
@@ -22,7 +22,7 @@ import {
   updateProcess,
 } from '../db/processes';
 import type { ServiceDeps } from './deps';
-import { commandOrigin } from '../telemetry/tracing';
+import { queueForOnlineMachine } from './machines';
 
 export type { ProcessFields, ProcessRow };
 
@@ -225,27 +225,15 @@ export async function queueProcessCommand(
   await requireMachine(deps, input);
   const p = await getProcess(deps.db, input.siteId, input.machineId, input.processId);
   if (!p || p.deleted_at) throw processNotFound(input.processId);
-  const row = await createCommand(
-    deps.db,
-    {
-      siteId: input.siteId,
-      machineId: input.machineId,
-      commandId: newId('cmd'),
-      type: PROCESS_COMMANDS[input.action],
-      params: { processId: p.process_id, name: p.name },
-      timeoutMs: PROCESS_COMMAND_TIMEOUT_SECONDS * 1000,
-      createdBy: input.userId,
-      ...commandOrigin(),
-    },
-    deps.cfg.ROOST_HEARTBEAT_STALE_SECONDS,
-  );
-  if (row === 'not_found') throw new ApiError('not_found', 'machine not found');
-  if (row === 'offline') {
-    throw new ApiError('machine_offline', `machine ${input.machineId} is offline (no fresh heartbeat); the command was not queued`, {
-      extras: { machineId: input.machineId },
-    });
-  }
-  return row;
+  return queueForOnlineMachine(deps, {
+    siteId: input.siteId,
+    machineId: input.machineId,
+    commandId: newId('cmd'),
+    type: PROCESS_COMMANDS[input.action],
+    params: { processId: p.process_id, name: p.name },
+    timeoutMs: PROCESS_COMMAND_TIMEOUT_SECONDS * 1000,
+    createdBy: input.userId,
+  });
 }
 
 /** The agent's view: its machine's process configs and the site's time zone (schedules are in it). */
