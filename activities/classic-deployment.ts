@@ -115,10 +115,10 @@ export function createClassicDeploymentActivities({ db, cfg }: ActivityDeps) {
       if (action === 'retry') r = await requeueFailedTargets(db, siteId, deploymentId);
       else if (action === 'cancel') r = await cancelPendingTargets(db, siteId, deploymentId);
       else {
-        const d = await getDeployment(db, siteId, deploymentId);
-        if (d && !TERMINAL_DEPLOYMENT_STATUSES.includes(d.status))
-          return { refused: 'the deployment is in flight; uninstall it once it ended' };
-        r = d ? await queueUninstall(db, siteId, deploymentId) : null;
+        const u = await queueUninstall(db, siteId, deploymentId, TERMINAL_DEPLOYMENT_STATUSES);
+        if (u === 'in_flight')
+          return { refused: 'the deployment is in flight; uninstall it once it has ended', code: 'deployment_in_flight' };
+        r = u;
       }
       if (!r) return { refused: 'the deployment no longer exists' };
       if (r.affected === 0) {

@@ -288,10 +288,22 @@ export async function cancelPendingTargets(pool: Pool, siteId: string, deploymen
   });
 }
 
-/** uninstall: every target back to pending with action `uninstall` (the deployment must be terminal). */
-export async function queueUninstall(pool: Pool, siteId: string, deploymentId: string): Promise<ActionResult | null> {
+/**
+ * uninstall: every target back to pending with action `uninstall`, only when the deployment's status is one
+ * of `terminal` (checked under the deployment's row lock, so of two uninstalls at once the second finds the
+ * first's deployment in flight).
+ * @returns null when the deployment is gone, 'in_flight' (nothing changed) when it has not ended.
+ */
+export async function queueUninstall(
+  pool: Pool,
+  siteId: string,
+  deploymentId: string,
+  terminal: readonly DeploymentStatus[],
+): Promise<ActionResult | null | 'in_flight'> {
   return withTx(pool, async (tx) => {
-    if (!(await lockDeployment(tx, siteId, deploymentId))) return null;
+    const locked = await lockDeployment(tx, siteId, deploymentId);
+    if (!locked) return null;
+    if (!terminal.includes(locked.status)) return 'in_flight' as const;
     const r = await tx.query(
       `UPDATE classic_deployment_targets SET action = 'uninstall', status = 'pending', error = NULL, progress = NULL, command_id = NULL,
               dispatched_at = NULL, deadline_at = NULL, finished_at = NULL, updated_at = now()
@@ -307,12 +319,13 @@ export async function queueUninstall(pool: Pool, siteId: string, deploymentId: s
   });
 }
 
-async function lockDeployment(tx: Queryable, siteId: string, deploymentId: string): Promise<boolean> {
-  const { rows } = await tx.query('SELECT 1 FROM classic_deployments WHERE site_id = $1 AND deployment_id = $2 FOR UPDATE', [
-    siteId,
-    deploymentId,
-  ]);
-  return rows.length > 0;
+/** Locks the deployment's row for the transaction; its stored status, or undefined when it is gone. */
+async function lockDeployment(tx: Queryable, siteId: string, deploymentId: string): Promise<{ status: DeploymentStatus } | undefined> {
+  const { rows } = await tx.query<{ status: DeploymentStatus }>(
+    'SELECT status FROM classic_deployments WHERE site_id = $1 AND deployment_id = $2 FOR UPDATE',
+    [siteId, deploymentId],
+  );
+  return rows[0];
 }
 
 // ---------------------------------------------------------------------------------------------------

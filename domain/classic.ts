@@ -143,5 +143,10 @@ export interface ClassicRef {
 /** A control action of `POST /api/sites/{siteId}/deployments/{deploymentId}/{retry|cancel|uninstall}`. */
 export type ClassicAction = 'retry' | 'cancel' | 'uninstall';
 
-/** What a control action did (`affected` targets, the status after it), or why it was refused (nothing changed). */
-export type ClassicActionResult = { action: ClassicAction; affected: number; status: DeploymentStatus } | { refused: string };
+/**
+ * What a control action did (`affected` targets, the status after it), or why it was refused (nothing
+ * changed); `code` 'deployment_in_flight' when an uninstall met a deployment that has not ended (absent on
+ * every other refusal, and in histories recorded before it existed).
+ */
+export type ClassicActionResult =
+  { action: ClassicAction; affected: number; status: DeploymentStatus } | { refused: string; code?: 'deployment_in_flight' };

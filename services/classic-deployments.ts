@@ -259,7 +259,7 @@ export async function controlDeployment(
     const r = await controlClassicDeployment(deps.temporal, deps.cfg, { siteId, deploymentId }, action, { by: input.userId });
     return { deploymentId, action, affected: r.affected, status: r.status };
   } catch (err) {
-    if (err instanceof ClassicControlRefused) throw new ApiError('conflict', err.message);
+    if (err instanceof ClassicControlRefused) throw new ApiError(err.code ?? 'conflict', err.message);
     throw err;
   }
 }

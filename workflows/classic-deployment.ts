@@ -50,6 +50,8 @@ export interface ClassicOutcome {
 
 /** `type` of the ApplicationFailure an update's validator or handler rejects with (the client maps it to 409). */
 export const CLASSIC_CONFLICT = 'conflict';
+/** `type` of the ApplicationFailure an uninstall is rejected with when the deployment has not ended (409 deployment_in_flight). */
+export const CLASSIC_IN_FLIGHT = 'deployment_in_flight';
 
 /** Control updates (`POST …/deployments/{deploymentId}/retry|cancel|uninstall`) and the `progress` query. */
 export const retryUpdate = defineUpdate<ClassicActionResult, [ClassicControlArgs]>('retry');
@@ -72,7 +74,10 @@ export async function classicDeploymentWorkflow(input: ClassicRef): Promise<Clas
 
   const act = async (action: ClassicAction, a: ClassicControlArgs): Promise<ClassicActionResult> => {
     const r = await applyClassicAction({ ...input, action, by: a.by });
-    if ('refused' in r) throw ApplicationFailure.create({ type: CLASSIC_CONFLICT, message: r.refused, nonRetryable: true });
+    if ('refused' in r) {
+      const type = r.code === 'deployment_in_flight' ? CLASSIC_IN_FLIGHT : CLASSIC_CONFLICT;
+      throw ApplicationFailure.create({ type, message: r.refused, nonRetryable: true });
+    }
     status = r.status;
     upsertSearchAttributes([{ key: RoostDeploymentStatus, value: r.status }]);
     return r;

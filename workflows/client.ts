@@ -24,6 +24,7 @@ import { rollbackWorkflowId, rolloutWorkflowId } from '../domain/rollout';
 import { type ClassicAction, type ClassicActionResult, classicDeploymentWorkflowId } from '../domain/classic';
 import {
   CLASSIC_CONFLICT,
+  CLASSIC_IN_FLIGHT,
   type ClassicControlArgs,
   cancelUpdate,
   classicDeploymentWorkflow,
@@ -280,9 +281,15 @@ function classicStartOptions(cfg: Pick<Config, 'ROOST_TASK_QUEUE'>, r: { siteId:
   };
 }
 
-/** Why a classic deployment control action was refused (the workflow's handler said so; nothing changed). */
+/**
+ * Why a classic deployment control action was refused (the workflow's handler said so; nothing changed);
+ * `code` 'deployment_in_flight' when an uninstall met a deployment that has not ended.
+ */
 export class ClassicControlRefused extends Error {
-  constructor(message: string) {
+  constructor(
+    message: string,
+    readonly code?: 'deployment_in_flight',
+  ) {
     super(message);
     this.name = 'ClassicControlRefused';
   }
@@ -308,12 +315,15 @@ export async function controlClassicDeployment(
     const op = new WithStartWorkflowOperation(classicDeploymentWorkflow, classicStartOptions(cfg, r, workflowId));
     try {
       const out = await client.workflow.executeUpdateWithStart(CLASSIC_UPDATES[action], { args: [args], startWorkflowOperation: op });
-      if ('refused' in out) throw new ClassicControlRefused(out.refused);
+      if ('refused' in out) throw new ClassicControlRefused(out.refused, out.code);
       return out;
     } catch (err) {
       if (err instanceof WorkflowUpdateFailedError) {
         const cause = err.cause;
         if (cause instanceof ApplicationFailure && cause.type === CLASSIC_CONFLICT) throw new ClassicControlRefused(cause.message);
+        if (cause instanceof ApplicationFailure && cause.type === CLASSIC_IN_FLIGHT) {
+          throw new ClassicControlRefused(cause.message, 'deployment_in_flight');
+        }
         // The run completed between admission and handling: the next attempt starts a new run.
         if (attempt < 2) continue;
         throw new ClassicControlRefused(cause?.message ?? 'the update failed');

@@ -154,10 +154,16 @@ describe('classic deployment fan-out to reference agents', () => {
         path.join(HISTORIES, 'classic-retry.json'),
       );
 
-    // Uninstall with the admin key: every target runs the installer with --uninstall.
-    const un = await h.request({ method: 'POST', url: `${base()}/${created.deploymentId}/uninstall`, idempotencyKey: true });
-    expect(un.statusCode).toBe(200);
+    // Uninstall with the admin key: every target runs the installer with --uninstall. Two uninstalls sent at
+    // once: one queues it, the other finds the deployment in flight (checked under the deployment's row lock)
+    // and changes nothing, so one audit record below.
+    const both = await Promise.all(
+      [1, 2].map(() => h.request({ method: 'POST', url: `${base()}/${created.deploymentId}/uninstall`, idempotencyKey: true })),
+    );
+    expect(both.map((r) => r.statusCode).sort()).toEqual([200, 409]);
+    const un = both.find((r) => r.statusCode === 200)!;
     expect(un.json()).toMatchObject({ affected: 10 });
+    expect(both.find((r) => r.statusCode === 409)!.json()).toMatchObject({ code: 'deployment_in_flight' });
     expect(await finished(created.deploymentId)).toMatchObject({
       status: 'uninstalled',
       counts: expect.objectContaining({ uninstalled: 10 }),
