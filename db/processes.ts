@@ -108,6 +108,19 @@ export async function getProcess(q: Queryable, siteId: string, machineId: string
   return rows[0] ?? null;
 }
 
+/**
+ * The live (not deleted) process, locked for the rest of transaction `tx` (read, check and write of a
+ * change as one step: two concurrent changes of `launch_mode` and `schedules` are checked one after the
+ * other); null when absent or deleted.
+ */
+export async function lockProcess(tx: Queryable, siteId: string, machineId: string, processId: string): Promise<ProcessRow | null> {
+  const { rows } = await tx.query<ProcessRow>(
+    `SELECT ${COLUMNS} FROM managed_processes WHERE site_id = $1 AND machine_id = $2 AND process_id = $3 AND deleted_at IS NULL FOR UPDATE`,
+    [siteId, machineId, processId],
+  );
+  return rows[0] ?? null;
+}
+
 /** The live (not deleted) processes of a machine, by name. */
 export async function listProcesses(q: Queryable, siteId: string, machineId: string): Promise<ProcessRow[]> {
   const { rows } = await q.query<ProcessRow>(

@@ -10,6 +10,7 @@ import { absolutePathProblem } from '../domain/paths';
 import { PROCESS_COMMANDS, type ProcessAction, type ScheduleBlock, scheduleProblems } from '../domain/processes';
 import { isTimeZone } from '../domain/rollout-policy';
 import { type CommandRow, machineExists } from '../db/machines';
+import { withTx } from '../db/pool';
 import {
   agentProcessView,
   type ProcessFields,
@@ -18,6 +19,7 @@ import {
   getProcess,
   insertProcess,
   listProcesses,
+  lockProcess,
   reportedProcesses,
   updateProcess,
 } from '../db/processes';
@@ -169,10 +171,13 @@ export async function patchProcess(
   const f = stripUndefined(input.fields);
   if (Object.keys(f).length === 0) throw invalid({ body: ['must change at least one field'] });
   await requireMachine(deps, input);
-  const current = await getProcess(deps.db, input.siteId, input.machineId, input.processId);
-  if (!current || current.deleted_at) throw processNotFound(input.processId);
-  checkFields(f, f.launch_mode ?? current.launch_mode, f.schedules ?? current.schedules);
-  const row = await updateProcess(deps.db, input.siteId, input.machineId, input.processId, f);
+  // Checked against the row as it is when written: a concurrent change is seen, not overwritten.
+  const row = await withTx(deps.db, async (tx) => {
+    const current = await lockProcess(tx, input.siteId, input.machineId, input.processId);
+    if (!current) throw processNotFound(input.processId);
+    checkFields(f, f.launch_mode ?? current.launch_mode, f.schedules ?? current.schedules);
+    return updateProcess(tx, input.siteId, input.machineId, input.processId, f);
+  });
   if (row === null) throw processNotFound(input.processId);
   if (row === 'duplicate') {
     throw new ApiError('duplicate_process_name', `a process named "${f.name}" already exists on this machine`, {
@@ -191,14 +196,18 @@ export async function setSchedule(
   input: MachineRef & { processId: string; mode: string; blocks?: ScheduleBlock[] },
 ): Promise<ProcessRow> {
   await requireMachine(deps, input);
-  const current = await getProcess(deps.db, input.siteId, input.machineId, input.processId);
-  if (!current || current.deleted_at) throw processNotFound(input.processId);
-  const blocks = input.blocks ?? current.schedules;
-  const errors = input.blocks !== undefined ? scheduleProblems(input.blocks, 'blocks') : {};
-  if (input.mode === 'scheduled' && blocks.length === 0 && !errors.blocks)
-    errors.blocks = ['must be a non-empty array when mode is scheduled'];
-  if (Object.keys(errors).length > 0) throw invalid(errors);
-  const row = await updateProcess(deps.db, input.siteId, input.machineId, input.processId, { launch_mode: input.mode, schedules: blocks });
+  // As patchProcess: the blocks kept when none are given are the ones stored when this writes.
+  const row = await withTx(deps.db, async (tx) => {
+    const current = await lockProcess(tx, input.siteId, input.machineId, input.processId);
+    if (!current) throw processNotFound(input.processId);
+    const errors = input.blocks !== undefined ? scheduleProblems(input.blocks, 'blocks') : {};
+    const blocks = input.blocks ?? current.schedules;
+    if (input.mode === 'scheduled' && blocks.length === 0 && !errors.blocks)
+      errors.blocks = ['must be a non-empty array when mode is scheduled'];
+    if (Object.keys(errors).length > 0) throw invalid(errors);
+    const changes = input.blocks !== undefined ? { launch_mode: input.mode, schedules: blocks } : { launch_mode: input.mode };
+    return updateProcess(tx, input.siteId, input.machineId, input.processId, changes);
+  });
   if (!row || row === 'duplicate') throw processNotFound(input.processId);
   return row;
 }

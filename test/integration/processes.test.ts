@@ -163,6 +163,36 @@ describe('process config routes', () => {
     expect((await h.request({ method: 'GET', url: `${base(M2)}/bad%20id` })).statusCode).toBe(400);
   });
 
+  it('checks launch_mode against schedules as one step: of two concurrent changes that are each valid, the second is refused and nothing is lost', async () => {
+    const block = { days: ['mon'], start: '08:00', end: '09:00' };
+    const p = (await post(base(M2), { name: 'raced', exe_path: '/bin/true', schedules: [block] })).json();
+    const url = `${base(M2)}/${p.processId}`;
+    const patch = (body: unknown) => h.request({ method: 'PATCH', url, body, idempotencyKey: true });
+    const stored = async () => (await h.request({ method: 'GET', url })).json();
+    // Each round from launch_mode off with one block: emptying the blocks and switching to scheduled are each
+    // valid alone and invalid together, in either order. Both by PATCH, then by POST …/schedule beside PATCH.
+    const races: [string, () => ReturnType<typeof patch>][] = [
+      ['PATCH launch_mode', () => patch({ launch_mode: 'scheduled' })],
+      ['POST schedule', () => post(`${url}/schedule`, { mode: 'scheduled' })],
+    ];
+    for (const [label, toScheduled] of races) {
+      for (let round = 0; round < 5; round++) {
+        expect((await patch({ launch_mode: 'off', schedules: [block] })).statusCode).toBe(200);
+        const [emptied, scheduled] = await Promise.all([patch({ schedules: [] }), toScheduled()]);
+        const codes = [emptied, scheduled].map((r) => r.statusCode);
+        expect([label, codes.sort()]).toEqual([label, [200, 400]]);
+        const refused = emptied.statusCode === 400 ? emptied : scheduled;
+        expect(refused.json()).toMatchObject({ code: 'validation_failed' });
+        // The stored config is the one the accepted change answered with.
+        const after = await stored();
+        const accepted = emptied.statusCode === 200 ? emptied : scheduled;
+        expect([label, after.launch_mode, after.schedules]).toEqual([label, accepted.json().launch_mode, accepted.json().schedules]);
+        expect(after.launch_mode === 'scheduled' && after.schedules.length === 0).toBe(false);
+      }
+    }
+    await h.request({ method: 'DELETE', url, idempotencyKey: true });
+  });
+
   it('needs machine or site write for mutations and hides other sites', async () => {
     const readOnly = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
     const r = await post(base(M2), { name: 'ro', exe_path: '/bin/true' }, readOnly);
