@@ -171,20 +171,21 @@ export async function patchProcess(
   const f = stripUndefined(input.fields);
   if (Object.keys(f).length === 0) throw invalid({ body: ['must change at least one field'] });
   await requireMachine(deps, input);
-  // Checked against the row as it is when written: a concurrent change is seen, not overwritten.
-  const row = await withTx(deps.db, async (tx) => {
+  // Checked against the row as it is when written: a concurrent change is seen, not overwritten. Every
+  // refusal is thrown inside the transaction, so it rolls back (a name clash has already aborted it).
+  return withTx(deps.db, async (tx) => {
     const current = await lockProcess(tx, input.siteId, input.machineId, input.processId);
     if (!current) throw processNotFound(input.processId);
     checkFields(f, f.launch_mode ?? current.launch_mode, f.schedules ?? current.schedules);
-    return updateProcess(tx, input.siteId, input.machineId, input.processId, f);
+    const row = await updateProcess(tx, input.siteId, input.machineId, input.processId, f);
+    if (row === null) throw processNotFound(input.processId);
+    if (row === 'duplicate') {
+      throw new ApiError('duplicate_process_name', `a process named "${f.name}" already exists on this machine`, {
+        extras: { param: 'name' },
+      });
+    }
+    return row;
   });
-  if (row === null) throw processNotFound(input.processId);
-  if (row === 'duplicate') {
-    throw new ApiError('duplicate_process_name', `a process named "${f.name}" already exists on this machine`, {
-      extras: { param: 'name' },
-    });
-  }
-  return row;
 }
 
 /**
@@ -197,7 +198,7 @@ export async function setSchedule(
 ): Promise<ProcessRow> {
   await requireMachine(deps, input);
   // As patchProcess: the blocks kept when none are given are the ones stored when this writes.
-  const row = await withTx(deps.db, async (tx) => {
+  return withTx(deps.db, async (tx) => {
     const current = await lockProcess(tx, input.siteId, input.machineId, input.processId);
     if (!current) throw processNotFound(input.processId);
     const errors = input.blocks !== undefined ? scheduleProblems(input.blocks, 'blocks') : {};
@@ -206,10 +207,10 @@ export async function setSchedule(
       errors.blocks = ['must be a non-empty array when mode is scheduled'];
     if (Object.keys(errors).length > 0) throw invalid(errors);
     const changes = input.blocks !== undefined ? { launch_mode: input.mode, schedules: blocks } : { launch_mode: input.mode };
-    return updateProcess(tx, input.siteId, input.machineId, input.processId, changes);
+    const row = await updateProcess(tx, input.siteId, input.machineId, input.processId, changes);
+    if (!row || row === 'duplicate') throw processNotFound(input.processId);
+    return row;
   });
-  if (!row || row === 'duplicate') throw processNotFound(input.processId);
-  return row;
 }
 
 /** Deletes a process config; a repeat answers alreadyDeleted true. @throws ApiError not_found (machine), process_not_found. */
