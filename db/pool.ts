@@ -156,6 +156,7 @@ export interface TxOptions {
  * Runs `fn` inside BEGIN ISOLATION LEVEL SERIALIZABLE … COMMIT. Retries the whole callback on 40001/40P01
  * (the callback must be safe to re-run: no side effects outside the transaction), emitting
  * `txRetry` `{ code, attempt }` on the pool before each retry. Rethrows anything else after ROLLBACK.
+ * @throws Error when COMMIT rolled back (a statement failed and `fn` caught it and returned).
  * Under an active `TxObserver`, a transaction that wrote runs its `beforeCommit` just before COMMIT and its
  * `afterCommit` after.
  */
@@ -186,7 +187,10 @@ export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, 
       const result = await fn(client);
       const observed = observer !== undefined && wrote && observer.active;
       if (observed) await observer.beforeCommit(client);
-      await client.query('COMMIT');
+      // PostgreSQL answers COMMIT of a transaction an error aborted with ROLLBACK, not an error: a callback
+      // that caught a failed statement and returned must not pass for committed.
+      const commit = await client.query('COMMIT');
+      if (commit.command === 'ROLLBACK') throw new Error('the transaction was rolled back at COMMIT: a statement in it failed');
       if (observed) observer.afterCommit();
       return result;
     } catch (err) {

@@ -144,6 +144,21 @@ describe('database pool', () => {
   });
 });
 
+describe('withTx (db/pool.ts)', () => {
+  it('rejects, with nothing written, a transaction whose callback caught a failed statement and returned', async () => {
+    const zone = async () => (await h.deps.db.query('SELECT timezone FROM sites WHERE site_id = $1', [h.siteId])).rows[0].timezone;
+    const before = await zone();
+    const out = withTx(h.deps.db, async (tx) => {
+      await tx.query(`UPDATE sites SET timezone = 'Pacific/Chatham' WHERE site_id = $1`, [h.siteId]);
+      // A unique violation or any other error aborts the transaction; catching it does not un-abort it.
+      await tx.query('SELECT 1 / 0').catch(() => undefined);
+      return 'returned normally';
+    });
+    await expect(out).rejects.toThrow('the transaction was rolled back at COMMIT');
+    expect(await zone()).toBe(before);
+  });
+});
+
 describe('event stream', () => {
   it('reports connected stream clients', async () => {
     const base = await h.listen();
