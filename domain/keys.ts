@@ -115,3 +115,26 @@ export function isRotatable(status: KeyStatus): boolean {
 export function keyMayActOnSiteEnvironment(keyEnvironment: KeyEnvironment, siteEnvironment: KeyEnvironment): boolean {
   return keyEnvironment === siteEnvironment;
 }
+
+/**
+ * Whether a key's environment may change platform-wide state (users and their site memberships, the agent
+ * installer catalog): the platform has no sandbox copy, so only `svk_live_` keys may (docs/decisions/test-keys.md).
+ * Reads are open to both; a `svk_test_` key may still create sandbox sites (`siteEnvironmentFor`).
+ */
+export function keyMayChangePlatform(keyEnvironment: KeyEnvironment): boolean {
+  return keyEnvironment === 'live';
+}
+
+/**
+ * The environment of a site created with `requested` (undefined when the body names none) by a credential
+ * whose key environment is `keyEnvironment` (undefined for sessions and ID tokens): the request's, else the
+ * key's, else live. Null when a `svk_test_` key asks for a live site (refused: a test key never creates live
+ * data). A live key may create sandbox sites, as `roost admin bootstrap --sandbox` does.
+ */
+export function siteEnvironmentFor(
+  keyEnvironment: KeyEnvironment | undefined,
+  requested: KeyEnvironment | undefined,
+): KeyEnvironment | null {
+  const env = requested ?? keyEnvironment ?? 'live';
+  return keyEnvironment === 'test' && env !== 'test' ? null : env;
+}

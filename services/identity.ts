@@ -25,7 +25,7 @@ import { createSignInUser, linkIdentity, userForIdTokenClaims } from '../db/user
 import { ApiError } from '../domain/errors';
 import { hexEqual, sha256Hex } from '../domain/hex';
 import { EMAIL_RE } from '../domain/users';
-import { API_KEY_RE, keyMayActOnSiteEnvironment, keyRejection } from '../domain/keys';
+import { API_KEY_RE, keyMayActOnSiteEnvironment, keyMayChangePlatform, keyRejection } from '../domain/keys';
 import type { AgentPrincipal, Principal, UserPrincipal, UserRole } from '../domain/principal';
 import { pingTemporal } from '../workflows/client';
 import type { ServiceDeps } from './deps';
@@ -287,6 +287,19 @@ export function checkKeyEnvironment(user: UserPrincipal, siteId: string, env: 'l
     env === 'test'
       ? `site ${siteId} is a sandbox site: use a svk_test_ key (this is a svk_live_ key)`
       : `svk_test_ keys act on sandbox sites only; site ${siteId} is live: use a svk_live_ key`,
+  );
+}
+
+/**
+ * Throws 403 forbidden when `user` authenticated with a `svk_test_` key and the request changes platform-wide
+ * state (users, memberships, the installer catalog; docs/decisions/test-keys.md). Sessions, ID tokens and
+ * live keys pass.
+ */
+export function checkPlatformChange(user: UserPrincipal): void {
+  if (!user.key || keyMayChangePlatform(user.key.environment)) return;
+  throw new ApiError(
+    'forbidden',
+    'svk_test_ keys change nothing platform-wide (users, site memberships, the installer catalog have no sandbox); use a svk_live_ key',
   );
 }
 

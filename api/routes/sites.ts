@@ -16,6 +16,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { ApiError } from '../../domain/errors';
 import { DateTime, pagingQuery, PageTokens, problems, SITE_ID_RE, SiteId, UserId, NON_BLANK_TEXT } from '../../domain/schemas';
 import { SITE_TIERS } from '../../domain/users';
+import { siteEnvironmentFor } from '../../domain/keys';
 import { createSite, getSite, listSites, patchSite, requireSiteAdmin, siteMembers, type SiteRow } from '../../services/sites';
 import { parsePaging } from '../pagination';
 import { authorizeSite, requireScopes, requireSuperadmin, requireUser } from '../plugins/auth';
@@ -59,7 +60,12 @@ const CreateBody = Type.Object(
     tier: Type.Optional(Tier),
     roostEnabled: Type.Optional(Type.Boolean()),
     deployQuota: Type.Optional(DeployQuota),
-    environment: Type.Optional(Type.Union([Type.Literal('live'), Type.Literal('test')])),
+    environment: Type.Optional(
+      Type.Union([Type.Literal('live'), Type.Literal('test')], {
+        description:
+          "test: a sandbox site. Default: the API key's environment (live for sessions); a svk_test_ key creates test sites only",
+      }),
+    ),
   },
   { additionalProperties: false },
 );
@@ -116,8 +122,14 @@ const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request, reply) => {
       const user = requireSuperadmin(requireUser(request));
       requireScopes(user, site('*', 'admin'));
+      // A svk_test_ key creates sandbox sites only (its default); docs/decisions/test-keys.md.
+      const environment = siteEnvironmentFor(user.key?.environment, request.body.environment);
+      if (environment === null) {
+        throw new ApiError('forbidden', 'svk_test_ keys create sandbox sites only (environment test); use a svk_live_ key for a live site');
+      }
       const row = await createSite(app.deps, {
         ...request.body,
+        environment,
         ownerUid: request.body.ownerUid ?? user.userId,
         beforeChange: manage(request, 'platform'),
       });

@@ -11,7 +11,8 @@
  *
  * Who: a superadmin (else 403 forbidden), and an API key also needs `user=*` (or the uid) read for the
  * reads and admin for the mutations (403 scope_insufficient). The role is read on every request, so a
- * demoted superadmin's keys stop working here at once (docs/contract.md Authentication 5).
+ * demoted superadmin's keys stop working here at once (docs/contract.md Authentication 5). A `svk_test_` key
+ * may read but changes nothing here (403 forbidden; docs/decisions/test-keys.md).
  * Mutations count in the USER_ROLE_MANAGE, SITE_MEMBER_MANAGE or USER_DELETE capability buckets.
  */
 import type { FastifyRequest } from 'fastify';
@@ -35,6 +36,7 @@ import {
 import type { UserPrincipal } from '../context';
 import { parsePaging } from '../pagination';
 import { requireScopes, requireSuperadmin, requireUser } from '../plugins/auth';
+import { checkPlatformChange } from '../../services/identity';
 import { enforceCapability } from '../ratelimit/limits';
 import type { Capability } from '../ratelimit/buckets';
 
@@ -140,7 +142,10 @@ function userView(u: UserRow, deletion: DeletionRow | null = null): UserView {
 // ---------------------------------------------------------------------------------------------------
 // Authorisation
 
-/** The superadmin making a platform request whose key (if any) grants `user=<id>:<permission>`. */
+/**
+ * The superadmin making a platform request whose key (if any) grants `<resource>=<id>:<permission>`. A
+ * change (any permission but read) with a `svk_test_` key is 403 forbidden (docs/decisions/test-keys.md).
+ */
 export function authorizePlatform(
   request: FastifyRequest,
   resource: 'user' | 'installer',
@@ -148,6 +153,7 @@ export function authorizePlatform(
   permission: Permission,
 ): UserPrincipal {
   const user = requireSuperadmin(requireUser(request));
+  if (permission !== 'read') checkPlatformChange(user);
   requireScopes(user, [{ resource, id, permission }]);
   return user;
 }

@@ -853,6 +853,64 @@ describe('svk_test_ keys act on sandbox sites only; svk_live_ keys on live sites
     }
   });
 
+  it('a svk_test_ key reads platform routes but changes nothing platform-wide, and creates sandbox sites only', async () => {
+    const other = await h.other(); // a live site and its owner
+    const memberships = async () =>
+      (await h.deps.db.query('SELECT site_id FROM site_members WHERE uid = $1 ORDER BY site_id', [other.userId])).rows;
+    const role = async () => (await h.deps.db.query('SELECT role FROM users WHERE uid = $1', [other.userId])).rows[0].role;
+    const before = {
+      members: await memberships(),
+      sites: (await h.deps.db.query('SELECT count(*)::int AS n FROM sites')).rows[0].n,
+      role: await role(),
+    };
+    for (const url of ['/api/users', `/api/users/${other.userId}`, '/api/installer']) {
+      const r = await h.request({ method: 'GET', url, key: sandbox.apiKey });
+      expect([url, r.statusCode]).toEqual([url, 200]);
+    }
+    const changes = [
+      { method: 'POST', url: `/api/users/${other.userId}/assign-sites`, body: { siteIds: [h.siteId] } },
+      { method: 'POST', url: `/api/users/${other.userId}/remove-sites`, body: { siteIds: [other.siteId] } },
+      { method: 'POST', url: `/api/users/${other.userId}/promote`, body: { role: 'superadmin' } },
+      { method: 'POST', url: `/api/users/${other.userId}/demote` },
+      { method: 'POST', url: '/api/installer/9.9.9/set-latest' },
+      { method: 'DELETE', url: '/api/installer/9.9.9' },
+      { method: 'POST', url: '/api/sites', body: { name: `live-from-test-${tag}`, environment: 'live' } },
+    ];
+    for (const req of changes) {
+      const res = await h.request({ ...req, key: sandbox.apiKey, idempotencyKey: true });
+      expect([req.url, res.statusCode, res.json().code]).toEqual([req.url, 403, 'forbidden']);
+      expect(res.json().detail).toContain('svk_test_');
+    }
+    expect(await memberships()).toEqual(before.members);
+    expect((await h.deps.db.query('SELECT count(*)::int AS n FROM sites')).rows[0].n).toBe(before.sites);
+    expect(await role()).toBe(before.role);
+    // With no environment named, a test key's site is a sandbox site, which the key then acts on.
+    const made = await h.request({
+      method: 'POST',
+      url: '/api/sites',
+      key: sandbox.apiKey,
+      idempotencyKey: true,
+      body: { name: `sandbox-made-${tag}` },
+    });
+    expect([made.statusCode, made.json().environment]).toEqual([201, 'test']);
+    const patched = await h.request({
+      method: 'PATCH',
+      url: `/api/sites/${made.json().siteId}`,
+      key: sandbox.apiKey,
+      idempotencyKey: true,
+      body: { timezone: 'Europe/Oslo' },
+    });
+    expect([patched.statusCode, patched.json().timezone]).toEqual([200, 'Europe/Oslo']);
+    // A live key still provisions sandbox sites, as `roost admin bootstrap --sandbox` does.
+    const byLive = await h.request({
+      method: 'POST',
+      url: '/api/sites',
+      idempotencyKey: true,
+      body: { name: `sandbox-by-live-${tag}`, environment: 'test' },
+    });
+    expect([byLive.statusCode, byLive.json().environment]).toEqual([201, 'test']);
+  });
+
   it('bootstrap refuses to turn an existing live site into a sandbox one (and back)', async () => {
     const { rows } = await h.deps.db.query<{ name: string }>('SELECT name FROM sites WHERE site_id = $1', [h.siteId]);
     await expect(
