@@ -9,7 +9,7 @@ import { createHmac } from 'node:crypto';
 import type { Pool } from 'pg';
 import { withTx } from './pool';
 import { addSiteMember, insertSite } from './sites';
-import { DEFAULT_DEPLOY_QUOTA } from '../domain/users';
+import { DEFAULT_DEPLOY_QUOTA } from '../domain/classic';
 import { newId, sha256Hex } from '../domain/hex';
 import { PERMISSIONS, RESOURCES, type Scope } from '../domain/scopes';
 import type { KeyEnvironment } from '../domain/keys';

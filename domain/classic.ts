@@ -120,8 +120,14 @@ export const TARGET_DEADLINE_MARGIN_MS = 10 * 60 * 1000;
 /** Default and ceiling of concurrent installs of a `parallel_install` deployment. */
 export const DEFAULT_PARALLELISM = 50;
 
-/** Default site deployQuota: most targets one classic deployment may have (sites.deploy_quota). */
+/** Default site deployQuota: most targets one classic deployment may have (sites.deploy_quota; docs/contract.md "Site"). */
 export const DEFAULT_DEPLOY_QUOTA = 100;
+/**
+ * The largest deployQuota a site may be given (`POST|PATCH /api/sites`): every target list a site may send
+ * then fits the 1 MiB request body (10,000 machine ids of up to 64 characters). A longer list than the
+ * site's quota is 413 over_quota however long it is.
+ */
+export const MAX_DEPLOY_QUOTA = 10_000;
 
 /** A 64-hex SHA-256 digest (either case on input; stored lowercase). */
 export const SHA256_RE = /^[0-9a-fA-F]{64}$/;

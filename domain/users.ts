@@ -12,9 +12,6 @@ export const EMAIL_RE = /^(?=.{3,254}$)[^\s@]+@[^\s@]+\.[^\s@]+$/;
 /** Site tiers (the quota tiers of db/quota.ts). */
 export const SITE_TIERS = ['free', 'standard', 'pro', 'enterprise'] as const;
 
-/** Default classic deployment target ceiling of a site (docs/contract.md "Site"). */
-export const DEFAULT_DEPLOY_QUOTA = 100;
-
 let zones: Set<string> | undefined;
 
 /**

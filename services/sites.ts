@@ -20,7 +20,8 @@ import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
 import type { UserPrincipal } from '../domain/principal';
 import { scopesAllow } from '../domain/scopes';
-import { DEFAULT_DEPLOY_QUOTA, isIanaTimeZone } from '../domain/users';
+import { isIanaTimeZone } from '../domain/users';
+import { DEFAULT_DEPLOY_QUOTA } from '../domain/classic';
 import type { ServiceDeps } from './deps';
 
 export type { SiteMemberRow, SiteRow } from '../db/sites';

@@ -52,9 +52,6 @@ import { authorizeSite, siteRequirement } from '../plugins/auth';
 import { parsePaging } from '../pagination';
 import { enforceCapability } from '../ratelimit/limits';
 
-/** The create body's most machines: the largest deployQuota a site may have (the site's own quota is checked after). */
-export const MAX_DEPLOYMENT_MACHINES = 10_000;
-
 const DeploymentId = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'deployment id (dep_…)' });
 const SiteParams = Type.Object({ siteId: SiteId });
 const DeploymentParams = Type.Object({ siteId: SiteId, deploymentId: DeploymentId });
@@ -68,10 +65,11 @@ const createFields = {
   installer_url: Type.Optional(HttpsUrl('HTTPS URL of the installer')),
   installer_name: Type.Optional(FileName('installer file name (e.g. setup.msi)')),
   silent_flags: Type.Optional(Type.String({ maxLength: 2000, description: 'flags passed to the installer (may be empty)' })),
+  // No maxItems: a list longer than the site's deployQuota is 413 over_quota whatever its length (docs/contract.md
+  // "Classic installer deployments"); the 1 MiB body limit bounds it.
   machines: Type.Array(MachineId, {
     minItems: 1,
-    maxItems: MAX_DEPLOYMENT_MACHINES,
-    description: "machine ids of the site; at most the site's deployQuota (default 100)",
+    description: "machine ids of the site; at most the site's deployQuota (default 100; 413 over_quota above it)",
   }),
   verify_path: Type.Optional(Nullable(MachinePath('absolute path that must exist after install'))),
   sha256: Type.Optional(Type.String({ pattern: SHA256_RE.source, description: '64 hex: the installer is verified before anything runs' })),

@@ -17,6 +17,7 @@ import { ApiError } from '../../domain/errors';
 import { DateTime, pagingQuery, PageTokens, problems, SITE_ID_RE, SiteId, UserId, NON_BLANK_TEXT } from '../../domain/schemas';
 import { SITE_TIERS } from '../../domain/users';
 import { siteEnvironmentFor } from '../../domain/keys';
+import { DEFAULT_DEPLOY_QUOTA, MAX_DEPLOY_QUOTA } from '../../domain/classic';
 import { createSite, getSite, listSites, patchSite, requireSiteAdmin, siteMembers, type SiteRow } from '../../services/sites';
 import { parsePaging } from '../pagination';
 import { authorizeSite, requireScopes, requireSuperadmin, requireUser } from '../plugins/auth';
@@ -37,7 +38,11 @@ const TimeZone = Type.String({
   'x-roost-enum': ['UTC', ...Intl.supportedValuesOf('timeZone')],
   description: 'IANA time zone (e.g. Europe/Berlin); other IANA names this runtime resolves to themselves (Etc/GMT+5) are accepted too',
 });
-const DeployQuota = Type.Integer({ minimum: 1, maximum: 100000, description: 'classic deployment target ceiling (default 100)' });
+const DeployQuota = Type.Integer({
+  minimum: 1,
+  maximum: MAX_DEPLOY_QUOTA,
+  description: `classic deployment target ceiling (default ${DEFAULT_DEPLOY_QUOTA}, at most ${MAX_DEPLOY_QUOTA})`,
+});
 
 const SiteView = Type.Object({
   siteId: Type.String(),

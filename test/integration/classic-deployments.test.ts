@@ -356,6 +356,9 @@ describe('classic deployment requests', () => {
     const res = await create({ ...valid(), machines });
     expect(res.statusCode).toBe(413);
     expect(res.json()).toMatchObject({ code: 'over_quota', quota: { max_targets: 100, requested: 101 } });
+    // However long the list: 20,000 distinct ids (past the largest quota a site may have) are over_quota too.
+    const many = await create({ ...valid(), machines: Array.from({ length: 20_000 }, (_, i) => `q-${i}`) });
+    expect([many.statusCode, many.json().code, many.json().quota]).toEqual([413, 'over_quota', { max_targets: 100, requested: 20_000 }]);
     await h.deps.db.query('UPDATE sites SET deploy_quota = 3 WHERE site_id = $1', [h.siteId]);
     try {
       const small = await create({ ...valid(), machines: fleet.machineIds.slice(0, 4) });

@@ -60,6 +60,7 @@ describe('POST /api/sites', () => {
       { name: n, timezone: '+02:00' },
       { name: n, tier: 'gold' },
       { name: n, deployQuota: 0 },
+      { name: n, deployQuota: 10_001 }, // past MAX_DEPLOY_QUOTA: a list that long would not fit a request body
       { name: '' },
       { name: n, extra: true },
     ]) {
