@@ -16,7 +16,7 @@ import { derivedKeyOf } from '../config/secrets';
 import { ApiError } from '../domain/errors';
 import { badPageToken, openPageToken, type PageBinding, signPageToken } from '../domain/paging';
 
-export { PagingQuery, pagingQuery } from '../domain/schemas';
+export { pagingQuery } from '../domain/schemas';
 export { badPageToken } from '../domain/paging';
 
 /** The HKDF purpose of the page-token key (a new purpose retires every token issued before). */

@@ -179,9 +179,6 @@ export function pagingQuery(limits: { defaultSize: number; maxSize: number }) {
   };
 }
 
-/** Paging query properties without stated limits. Prefer `pagingQuery(limits)`, which documents the route's bounds. */
-export const PagingQuery = pagingQuery({ defaultSize: 20, maxSize: 100 });
-
 /** The page-token fields of every paged response: `next_page_token` ('' at the end) and its alias `nextPageToken`. */
 export const PageTokens = {
   next_page_token: Type.String({ description: "opaque token of the next page; '' at the end" }),

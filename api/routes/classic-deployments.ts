@@ -33,7 +33,7 @@ import {
   MachineId,
   Nullable,
   PageTokens,
-  PagingQuery,
+  pagingQuery,
   Problem,
   SiteId,
   isCreatedAtPosition,
@@ -51,6 +51,9 @@ import {
 import { authorizeSite, siteRequirement } from '../plugins/auth';
 import { parsePaging } from '../pagination';
 import { enforceCapability } from '../ratelimit/limits';
+
+/** `GET /api/sites/{siteId}/deployments` page size (docs/contract.md Limits: 1..100, default 25). */
+const DEPLOYMENT_PAGE = { defaultSize: 25, maxSize: 100 };
 
 const DeploymentId = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'deployment id (dep_…)' });
 const SiteParams = Type.Object({ siteId: SiteId });
@@ -236,7 +239,7 @@ const classicDeploymentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'List classic deployments, newest first',
         params: SiteParams,
         querystring: Type.Object({
-          ...PagingQuery,
+          ...pagingQuery(DEPLOYMENT_PAGE),
           status: Type.Optional(
             Type.Union(
               DEPLOYMENT_STATUSES.map((s) => Type.Literal(s)),
@@ -249,7 +252,7 @@ const classicDeploymentRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const { siteId } = request.params;
-      const paging = parsePaging(request, { defaultSize: 25, maxSize: 100, accept: isCreatedAtPosition });
+      const paging = parsePaging(request, { ...DEPLOYMENT_PAGE, accept: isCreatedAtPosition });
       await authorizeSite(request, siteId, read(siteId));
       const page = await listSiteDeployments(app.deps, {
         siteId,

@@ -30,7 +30,7 @@ import {
   MAX_TITLE_LENGTH,
   type ReplyFrame,
 } from '../../domain/cortex';
-import { DateTime, MachineId, NullableDateTime, PagingQuery, PageTokens, problems, SiteId, NON_BLANK_TEXT } from '../../domain/schemas';
+import { DateTime, MachineId, NullableDateTime, pagingQuery, PageTokens, problems, SiteId, NON_BLANK_TEXT } from '../../domain/schemas';
 import type { Permission, Requirement } from '../../domain/scopes';
 import {
   type Caller,
@@ -97,16 +97,21 @@ const RenameBody = Type.Object(
   { 'x-roost-closed': true, 'x-roost-required': ['title'] },
 );
 
+const clampedSize = (what: string) =>
+  Type.Optional(
+    Type.String({
+      description: `${what}: 1..${CONVERSATION_PAGE.maxSize} (default ${CONVERSATION_PAGE.defaultSize}); out-of-range values are clamped and unreadable ones defaulted`,
+    }),
+  );
+
 const ListQuery = Type.Object({
   siteId: SiteId,
   machineId: Type.Optional(MachineId),
   includeDeleted: Type.Optional(Type.Boolean({ description: 'also list deleted conversations that can still be restored' })),
-  ...PagingQuery,
-  page_size: Type.Optional(
-    Type.String({
-      description: `page size 1..${CONVERSATION_PAGE.maxSize} (default ${CONVERSATION_PAGE.defaultSize}); out-of-range values are clamped and unreadable ones defaulted`,
-    }),
-  ),
+  ...pagingQuery(CONVERSATION_PAGE),
+  // Conversation lists clamp or default a bad size instead of refusing it (docs/contract.md Conventions).
+  page_size: clampedSize('page size'),
+  limit: clampedSize('legacy alias of page_size (page_size wins when both are sent)'),
 });
 
 const Usage = Type.Object(

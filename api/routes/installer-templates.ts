@@ -19,7 +19,7 @@ import {
   MachinePath,
   Nullable,
   PageTokens,
-  PagingQuery,
+  pagingQuery,
   SiteId,
   isCreatedAtPosition,
   problems,
@@ -35,6 +35,9 @@ import {
 import { authorizeSite, siteRequirement } from '../plugins/auth';
 import { parsePaging } from '../pagination';
 import { enforceCapability } from '../ratelimit/limits';
+
+/** `GET /api/sites/{siteId}/installer-templates` page size (as the deployment list: 1..100, default 25). */
+const TEMPLATE_PAGE = { defaultSize: 25, maxSize: 100 };
 
 const TemplateId = Type.String({ pattern: DEPLOYMENT_ID_RE.source, description: 'template id (itp_…)' });
 const SiteParams = Type.Object({ siteId: SiteId });
@@ -144,13 +147,13 @@ const installerTemplateRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags,
         summary: 'List installer templates, newest first',
         params: SiteParams,
-        querystring: Type.Object(PagingQuery),
+        querystring: Type.Object(pagingQuery(TEMPLATE_PAGE)),
         response: { 200: Type.Object({ templates: Type.Array(TemplateRecord), ...PageTokens }), ...problems() },
       },
     },
     async (request) => {
       const { siteId } = request.params;
-      const paging = parsePaging(request, { defaultSize: 25, maxSize: 100, accept: isCreatedAtPosition });
+      const paging = parsePaging(request, { ...TEMPLATE_PAGE, accept: isCreatedAtPosition });
       await authorizeSite(request, siteId, read(siteId));
       const page = await listSiteTemplates(app.deps, { siteId, pageSize: paging.pageSize, after: paging.after });
       return { templates: page.templates.map(record), ...paging.tokens(page.next) };

@@ -345,6 +345,12 @@ describe('the document says what the server enforces', () => {
     }
     expect(param('/api/roosts/{roostId}/versions/{versionRef}/files', 'get', 'page_size')).toMatchObject({ maximum: 500, default: 100 });
     expect(param('/api/sites/{siteId}/audit-log', 'get', 'limit')).toMatchObject({ maximum: 200, default: 50 });
+    // The limits the handler pages with, not a shared default (docs/contract.md Limits: deployments 1..100, default 25).
+    for (const path of ['/api/sites/{siteId}/deployments', '/api/sites/{siteId}/installer-templates']) {
+      for (const name of ['page_size', 'limit'])
+        expect([path, name, param(path, 'get', name)]).toMatchObject([path, name, { maximum: 100, default: 25 }]);
+    }
+    for (const name of ['page_size', 'limit']) expect(param('/api/cortex/conversations', 'get', name)).toMatchObject({ type: 'string' });
   });
 
   it('states the input rule: no U+0000 in request strings and object keys; free-form JSON is JsonValue', () => {
