@@ -169,6 +169,12 @@ describe('classic deployment fan-out to reference agents', () => {
       counts: expect.objectContaining({ uninstalled: 10 }),
     });
     expect(await fs.readdir(installs)).toEqual([]);
+    if (RECORD)
+      await recordHistory(
+        h.deps.temporal,
+        classicDeploymentWorkflowId(h.siteId, created.deploymentId),
+        path.join(HISTORIES, 'classic-uninstall.json'),
+      );
     const final = await detail(created.deploymentId);
     expect(
       final.targets.every(
