@@ -947,10 +947,11 @@ export async function listRolloutMachines(
 export type RollbackRefusal =
   'not_found' | 'not_terminal' | 'completed' | 'already_rolled_back' | 'is_rollback' | 'nothing_to_roll_back' | 'version_busy';
 
-/** A rollback rollout that was created. */
+/** A rollback rollout: created by this call (`created` true) or found, made by an earlier one (false). */
 export interface RollbackCreated {
   rollout: Rollout;
   machines: number;
+  created: boolean;
 }
 
 /** Deterministic id of the rollback rollout of `rolloutId` (so a retried activity creates it once). */
@@ -965,7 +966,8 @@ export function rollbackRolloutId(rolloutId: string): string {
  * `rollback` (no canary; stage `started`; retries and timeout of the original; no thresholds, gates or
  * windows). The new rollout's version is the most common previous version; `target_version_id` carries
  * each machine's own. The original gets `rolled_back_by`. Idempotent: the rollback's id is derived from
- * the original's, and an existing one is returned.
+ * the original's, and an existing one is returned with `created` false. The original's row is locked
+ * first, so of concurrent calls one creates and the others find its rollback.
  */
 export async function createRollbackRollout(
   pool: Pool,
@@ -974,6 +976,7 @@ export async function createRollbackRollout(
   createdBy: string,
 ): Promise<RollbackCreated | RollbackRefusal> {
   return withTx(pool, async (tx) => {
+    await tx.query('SELECT 1 FROM rollouts WHERE site_id = $1 AND rollout_id = $2 FOR UPDATE', [siteId, rolloutId]);
     const r = await getRollout(tx, siteId, rolloutId);
     if (!r) return 'not_found';
     const id = rollbackRolloutId(rolloutId);
@@ -984,7 +987,7 @@ export async function createRollbackRollout(
           'SELECT CAST(count(*) AS INT) AS n FROM rollout_machines WHERE site_id = $1 AND rollout_id = $2',
           [siteId, id],
         );
-        return { rollout: existing, machines: Number(rows[0].n) };
+        return { rollout: existing, machines: Number(rows[0].n), created: false };
       }
       return 'already_rolled_back';
     }
@@ -1034,7 +1037,7 @@ export async function createRollbackRollout(
       id,
     ]);
     const created = await getRollout(tx, siteId, id);
-    return { rollout: created as Rollout, machines: machines.length };
+    return { rollout: created as Rollout, machines: machines.length, created: true };
   });
 }
 

@@ -458,6 +458,10 @@ export async function rollbackRollout(
     if (out === 'not_found') throw new ApiError('not_found', ROLLBACK_REFUSED[out], { extras: { param: 'rolloutId' } });
     throw new ApiError('conflict', ROLLBACK_REFUSED[out], { extras: { reason: out } });
   }
+  // A concurrent request (or the workflow's automatic rollback) created it first: the same answer as
+  // when it is found above.
+  if (!out.created)
+    throw new ApiError('conflict', 'the rollout was already rolled back', { extras: { rollbackRolloutId: out.rollout.rolloutId } });
   const rb = out.rollout;
   let runUrl: string;
   try {

@@ -399,8 +399,22 @@ describe('control while running', () => {
       await maybeRecord(r.workflowId, 'rollout-abort');
 
       hold = new Set();
-      const rb = await control(roost.roostId, r.rolloutId, 'rollback');
-      expect(rb.statusCode).toBe(202);
+      // Three rollbacks at once: one creates the rollback rollout, the others answer as a later one would.
+      const auditCount = async () =>
+        (
+          await h.deps.db.query(
+            `SELECT count(*)::int AS n FROM audit_records WHERE site_id = $1 AND kind LIKE '%rollback%' AND attributes::text LIKE $2`,
+            [h.siteId, `%${r.rolloutId}%`],
+          )
+        ).rows[0].n;
+      const auditBefore = await auditCount();
+      const all = await Promise.all([1, 2, 3].map(() => control(roost.roostId, r.rolloutId, 'rollback')));
+      expect(all.map((x) => x.statusCode).sort()).toEqual([202, 409, 409]);
+      const rb = all.find((x) => x.statusCode === 202)!;
+      for (const x of all.filter((y) => y.statusCode === 409)) {
+        expect(x.json()).toMatchObject({ code: 'conflict', rollbackRolloutId: rb.json().rolloutId });
+      }
+      expect(await auditCount()).toBe(auditBefore + 1);
       const rbBody = rb.json();
       expect(rbBody).toMatchObject({ rollbackOf: r.rolloutId, versionId: v1, stage: 'started', waveCount: 1, counts: { total: 2 } });
       workflows.push(rbBody.workflowId);
