@@ -214,11 +214,26 @@ export class RolloutControlRefused extends Error {
 const NO_RUNNING_WORKFLOW = 'the rollout has no running workflow';
 
 /**
+ * How long (ms) a control update waits for a rollout whose workflow has just started: it registers its
+ * control handlers once its plan is loaded (workflows/rollout.ts `controlledRollout`), and an update that
+ * reaches it before is rejected as having no handler, not as a refusal.
+ */
+export const CONTROL_HANDLERS_WAIT_MS = 15_000;
+
+/** The rejection of an update that reached the workflow before it registered a handler for it. */
+function beforeHandlers(err: unknown): boolean {
+  return err instanceof WorkflowUpdateFailedError && /No registered handler for update/.test(err.cause?.message ?? '');
+}
+
+/**
  * Sends control update `action` to the running rollout workflow `workflowId` (the run whose memo names
  * `rolloutId`) and returns its answer.
+ * An update that arrives before the workflow registered its handlers (right after the deploy) is sent
+ * again, backing off from 50 ms to 1 s, for up to CONTROL_HANDLERS_WAIT_MS.
  * @throws RolloutControlRefused (`conflict` when the validator refused, with its message, or the update
  *   failed otherwise; `closed` when the workflow is not running or belongs to another rollout); Temporal
- *   client errors otherwise (service unavailable, update call timed out).
+ *   client errors otherwise (service unavailable, update call timed out), and an Error when the handlers
+ *   were still not registered at the end of the wait (the caller answers it as unavailable: retry later).
  */
 export async function controlRollout(
   client: Client,
@@ -228,22 +243,32 @@ export async function controlRollout(
   args: ControlArgs,
 ): Promise<ControlResult> {
   const handle = client.workflow.getHandle(workflowId);
-  try {
-    const d = await handle.describe();
-    if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
-    return await handle.executeUpdate(CONTROL_UPDATES[action], { args: [args] });
-  } catch (err) {
-    if (err instanceof RolloutControlRefused) throw err;
-    // The workflow closed before the update was admitted: the service answers NOT_FOUND.
-    if (err instanceof WorkflowNotFoundError) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
-    if (err instanceof WorkflowUpdateFailedError) {
-      const cause = err.cause;
-      if (cause instanceof ApplicationFailure && cause.type === CONTROL_CONFLICT)
-        throw new RolloutControlRefused(cause.message, 'conflict');
-      throw new RolloutControlRefused(cause?.message ?? 'the update failed', 'conflict');
+  const deadline = Date.now() + CONTROL_HANDLERS_WAIT_MS;
+  for (let backoff = 50; ; backoff = Math.min(backoff * 2, 1000)) {
+    try {
+      const d = await handle.describe();
+      if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
+      return await handle.executeUpdate(CONTROL_UPDATES[action], { args: [args] });
+    } catch (err) {
+      if (!beforeHandlers(err)) throw controlFailure(err);
+      if (Date.now() + backoff > deadline)
+        throw new Error(`the rollout's workflow did not take control updates within ${CONTROL_HANDLERS_WAIT_MS} ms`);
+      await new Promise((r) => setTimeout(r, backoff));
     }
-    throw err;
   }
+}
+
+/** What a failed control update means for the caller (controlRollout). */
+function controlFailure(err: unknown): unknown {
+  if (err instanceof RolloutControlRefused) return err;
+  // The workflow closed before the update was admitted: the service answers NOT_FOUND.
+  if (err instanceof WorkflowNotFoundError) return new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
+  if (err instanceof WorkflowUpdateFailedError) {
+    const cause = err.cause;
+    if (cause instanceof ApplicationFailure && cause.type === CONTROL_CONFLICT) return new RolloutControlRefused(cause.message, 'conflict');
+    return new RolloutControlRefused(cause?.message ?? 'the update failed', 'conflict');
+  }
+  return err;
 }
 
 /** The `status` query of a running rollout workflow: its control state and what it waits for. */

@@ -7,7 +7,8 @@
  *
  * 1. `loadRollout` (plan: ids, policy, delay until scheduleAt); search attributes RoostSiteId,
  *    RoostRoostId, RoostVersionId, RoostStage (workflows/search-attributes.ts).
- * 2. Durable timer until scheduleAt (the delay is measured by the activity, so no clock here).
+ * 2. Durable timer until scheduleAt (the delay is measured by the activity, so no clock here); an abort
+ *    meanwhile ends the rollout at once (SCHEDULE_ABORT_PATCH).
  * 3. `markRolloutStarted` → `deployment.started` (stage canary); then (behind
  *    `patched('rollout-verify-chunks-v1')`) `verifyVersionChunks`: the server re-hashes every chunk of the
  *    version not verified yet, and a chunk whose bytes are wrong ends the rollout as failed
@@ -106,6 +107,12 @@ export const CONTROL_PATCH = 'rollout-control-v1';
  * replay without it). Never rename it: recorded histories carry it.
  */
 export const VERIFY_PATCH = 'rollout-verify-chunks-v1';
+
+/**
+ * Patch id of the scheduled start an abort ends at once (before it, an aborted scheduled rollout stayed
+ * active, holding its version, until scheduleAt). Never rename it: recorded histories carry it.
+ */
+export const SCHEDULE_ABORT_PATCH = 'rollout-schedule-abort-v1';
 
 /** abortReason of a rollout whose version references chunks whose stored bytes do not hash to their digest. */
 export const CHUNK_VERIFY_FAILED = 'chunk_verify_failed';
@@ -324,6 +331,11 @@ async function controlledRollout(
     await condition(allHandlersFinished);
     return finish(st, reason);
   };
+  const endAborted = async (): Promise<RolloutOutcome> => {
+    const out = await end('failed', 'aborted');
+    upsertSearchAttributes([{ key: RoostStage, value: 'aborted' }]);
+    return out;
+  };
 
   /** Waits while paused (true when aborted meanwhile). */
   const holdWhilePaused = async (): Promise<boolean> => {
@@ -381,7 +393,15 @@ async function controlledRollout(
   try {
     if (plan.delayMs > 0) {
       waiting = 'schedule';
-      await sleep(plan.delayMs);
+      if (patched(SCHEDULE_ABORT_PATCH)) {
+        // An abort while waiting for scheduleAt ends the rollout now: it is terminal, its machines
+        // cancelled, and its version free for another deploy (docs/decisions/rollout-control.md).
+        await condition(() => aborted, plan.delayMs);
+        waiting = null;
+        if (aborted) return endAborted();
+      } else {
+        await sleep(plan.delayMs);
+      }
       waiting = null;
     }
     if (!(await markRolloutStarted(input))) return end('failed', 'ended');
@@ -453,11 +473,7 @@ async function controlledRollout(
         if (r.outcome === 'tripped') return tripped(i, r);
       }
     }
-    if (aborted) {
-      const out = await end('failed', 'aborted');
-      upsertSearchAttributes([{ key: RoostStage, value: 'aborted' }]);
-      return out;
-    }
+    if (aborted) return endAborted();
     return end('completed');
   } catch (err) {
     if (isCancellation(err)) {

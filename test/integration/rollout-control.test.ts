@@ -321,6 +321,39 @@ describe('control while running', () => {
     }
   });
 
+  it('takes an abort sent right after the deploy; an aborted scheduled rollout ends at once and frees its version', async () => {
+    const ids = machineIds(2);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      // Sent at once: the workflow may not have registered its control handlers yet (it loads its plan
+      // first); the API waits for them instead of answering 409.
+      const r = await deploy(roost.roostId, { scheduleAt: new Date(Date.now() + 10 * 60_000).toISOString() });
+      const aborted = await control(roost.roostId, r.rolloutId, 'abort', { body: { siteId: h.siteId, reason: 'wrong build' } });
+      expect([aborted.statusCode, aborted.json().state]).toEqual([200, 'aborted']);
+      // Ten minutes before its schedule, the rollout has ended: failed / aborted, machines cancelled.
+      expect(await result(r.workflowId)).toMatchObject({ rolloutId: r.rolloutId, stage: 'failed', abortReason: 'aborted' });
+      const d = await detail(roost.roostId, r.rolloutId);
+      expect(d).toMatchObject({ state: 'aborted', stage: 'failed', active: false });
+      expect(await machineStatuses(h, r.rolloutId)).toEqual({ cancelled: 2 });
+      const { rows } = await h.deps.db.query('SELECT count(*)::int AS n FROM commands WHERE site_id = $1 AND rollout_id = $2', [
+        h.siteId,
+        r.rolloutId,
+      ]);
+      expect(rows[0].n).toBe(0); // nothing was ever dispatched
+      // The version is free: a new deploy makes a new rollout.
+      const again = await deploy(roost.roostId, { scheduleAt: new Date(Date.now() + 10 * 60_000).toISOString() });
+      expect([again.alreadyRunning, again.rolloutId === r.rolloutId]).toEqual([false, false]);
+      const second = await control(roost.roostId, again.rolloutId, 'abort');
+      expect(second.statusCode).toBe(200);
+      await result(again.workflowId);
+      await maybeRecord(again.workflowId, 'rollout-schedule-abort');
+    } finally {
+      await fleet.stop();
+    }
+  });
+
   it('defers a wave until the maintenance window opens, in the site timezone', async () => {
     const ids = machineIds(3);
     await enrolMachineRows(h, ids);

@@ -41,12 +41,18 @@ const CONTROL = [
  */
 const VERIFY = ['rollout-chunk-verify-failed.json'];
 
+/**
+ * A scheduled rollout aborted before its scheduleAt, ending at once (`rollout-schedule-abort-v1`;
+ * test/integration/rollout-control.test.ts with ROOST_RECORD_HISTORIES=1).
+ */
+const SCHEDULE_ABORT = ['rollout-schedule-abort.json'];
+
 const load = (file: string) => loadHistory(HISTORIES, file);
 
 beforeAll(quietRuntime);
 
 it('has recorded histories of a completed, a failed and a scheduled rollout, and of every control path', () => {
-  expect(files).toEqual(expect.arrayContaining([...PRE_CONTROL, ...CONTROL, ...VERIFY]));
+  expect(files).toEqual(expect.arrayContaining([...PRE_CONTROL, ...CONTROL, ...VERIFY, ...SCHEDULE_ABORT]));
   for (const f of files) {
     const first = load(f).events![0];
     expect(first.workflowExecutionStartedEventAttributes?.workflowType?.name).toBe('rolloutWorkflow');
@@ -66,6 +72,13 @@ it('recorded the pre-control histories without the control patch marker, the con
   for (const f of CONTROL.filter((x) => files.includes(x))) expect(hasMarker(f, 'rollout-control-v1')).toBe(true);
   for (const f of CONTROL) expect(hasMarker(f, 'rollout-verify-chunks-v1')).toBe(false);
   for (const f of VERIFY) expect(hasMarker(f, 'rollout-verify-chunks-v1')).toBe(true);
+  for (const f of files.filter((x) => !SCHEDULE_ABORT.includes(x))) expect(hasMarker(f, 'rollout-schedule-abort-v1')).toBe(false);
+  for (const f of SCHEDULE_ABORT) expect(hasMarker(f, 'rollout-schedule-abort-v1')).toBe(true);
+  // It ended before its first wave: no wave was dispatched.
+  const activities = (load('rollout-schedule-abort.json').events ?? []).map(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name,
+  );
+  expect(activities).not.toContain('dispatchWave');
 });
 
 it.each(files)('replays %s against the current workflow code', async (file) => {
