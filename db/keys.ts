@@ -292,6 +292,22 @@ function withSite(row: SiteReadRow): AuthKeyRow & { site?: SiteAccess } {
   return site_environment === null ? key : { ...key, site: { environment: site_environment, roost_enabled: site_roost_enabled === true } };
 }
 
+/**
+ * The state of the keys `keyIds` and whether their users are deleted, one statement (the event stream
+ * checks every streaming key before it delivers: api/events/hub.ts). Keys not found are absent.
+ */
+export async function keyStates(
+  db: Queryable,
+  keyIds: string[],
+): Promise<Pick<AuthKeyRow, 'key_id' | 'status' | 'expires_at' | 'grace_until' | 'deleted'>[]> {
+  const { rows } = await db.query<Pick<AuthKeyRow, 'key_id' | 'status' | 'expires_at' | 'grace_until' | 'deleted'>>(
+    `SELECT k.key_id, k.status, k.expires_at, k.grace_until, u.deleted FROM api_keys k JOIN users u ON u.uid = k.uid
+      WHERE k.key_id = ANY($1::text[])`,
+    [keyIds],
+  );
+  return rows;
+}
+
 /** Sets a key's `last_used_at` to `at` (epoch ms). */
 export async function touchKey(db: Queryable, keyId: string, at: number): Promise<void> {
   await db.query('UPDATE api_keys SET last_used_at = $2 WHERE key_id = $1', [keyId, at]);

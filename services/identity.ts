@@ -16,7 +16,7 @@ import { createLocalJWKSet, createRemoteJWKSet, errors as joseErrors, jwtVerify,
 import type { Config } from '../config/env';
 import { localJwks, oidcSettings } from '../config/oidc';
 import { machineForAgentToken } from '../db/agent-tokens';
-import { keyForAuth, touchKey } from '../db/keys';
+import { keyForAuth, keyStates, touchKey } from '../db/keys';
 import { sessionForAuth, touchSession } from '../db/sessions';
 import { accessibleSiteIds, canActOnSite, type SiteAccess, siteAccess, siteEnvironment } from '../db/sites';
 import { pendingMigrations } from '../db/migrate';
@@ -288,6 +288,22 @@ export function checkKeyEnvironment(user: UserPrincipal, siteId: string, env: 'l
       ? `site ${siteId} is a sandbox site: use a svk_test_ key (this is a svk_live_ key)`
       : `svk_test_ keys act on sandbox sites only; site ${siteId} is live: use a svk_live_ key`,
   );
+}
+
+/**
+ * Of `keyIds`, the keys that would still authenticate now: not revoked, retired or expired, and whose user
+ * is not deleted (the rules of `resolveApiKey`), in one database read. The event stream uses it to end the
+ * streams of a revoked key before it writes them another event ("Revocation is permanent and immediate").
+ */
+export async function usableKeyIds(deps: Pick<ServiceDeps, 'db'>, keyIds: string[]): Promise<Set<string>> {
+  if (keyIds.length === 0) return new Set();
+  const now = Date.now();
+  const usable = new Set<string>();
+  for (const row of await keyStates(deps.db, keyIds)) {
+    const rejection = keyRejection({ status: row.status, expiresAt: ms(row.expires_at), graceUntil: ms(row.grace_until) }, now);
+    if (!row.deleted && !rejection) usable.add(row.key_id);
+  }
+  return usable;
 }
 
 /**

@@ -20,6 +20,7 @@
 import type { FastifyBaseLogger } from 'fastify';
 import type { ServiceDeps } from '../../services/deps';
 import { lastSiteEventSeq, type SequencedEvent, sequenceSiteEvents, siteEventsAfter } from '../../services/events';
+import { usableKeyIds } from '../../services/identity';
 import type { SseConnection } from './sse';
 import { sseFrame } from './sse';
 
@@ -98,13 +99,23 @@ class SiteFeed {
     // The live feed starts at the current end; clients with an older cursor catch up page by page.
     if (this.cursor === null) this.cursor = await lastSiteEventSeq(deps, this.siteId);
     const feedCursor = this.cursor;
+    // Keys are checked once per tick, before the first event of the tick is written.
+    let keysChecked = false;
+    const checkKeys = async () => {
+      if (!keysChecked) await this.endRevoked();
+      keysChecked = true;
+    };
     for (const client of [...this.clients]) {
-      if (client.cursor < feedCursor) await this.catchUp(client, feedCursor);
+      if (client.cursor < feedCursor) {
+        await checkKeys();
+        if (client.open) await this.catchUp(client, feedCursor);
+      }
     }
     for (;;) {
       const from = this.cursor;
       const batch = await siteEventsAfter(deps, this.siteId, from, { limit: HUB_PAGE });
       if (batch.length === 0) return;
+      await checkKeys();
       const last = batch[batch.length - 1].seq;
       for (const client of this.clients) {
         // Clients behind (catching up, or over their buffer) get these rows by catching up later.
@@ -114,6 +125,20 @@ class SiteFeed {
       this.cursor = last;
       if (batch.length < HUB_PAGE || this.hub.closed) return;
     }
+  }
+
+  /**
+   * Ends the streams whose API key no longer authenticates (revoked, retired, expired, or its user
+   * deleted), one database read for all of this site's clients: a revoked key gets no further event
+   * ("Revocation is permanent and immediate", docs/contract.md Authentication 8). Membership and scope
+   * changes are re-checked at the keepalive (SseConnectionOptions.recheck).
+   */
+  private async endRevoked(): Promise<void> {
+    const keyIds = new Set<string>();
+    for (const c of this.clients) if (c.open && c.keyId) keyIds.add(c.keyId);
+    if (keyIds.size === 0) return;
+    const usable = await usableKeyIds(this.hub.deps, [...keyIds]);
+    for (const c of [...this.clients]) if (c.keyId && !usable.has(c.keyId)) c.revoke();
   }
 
   /**

@@ -35,12 +35,19 @@ export interface SseConnectionOptions {
    * lost membership) ends the stream.
    */
   recheck?: () => Promise<boolean>;
+  /**
+   * The API key the stream was opened with, if any: the hub checks it before every delivery and ends the
+   * stream once it no longer authenticates (api/events/hub.ts), without waiting for the keepalive.
+   */
+  keyId?: string;
 }
 
 /** A client of the stream, over a hijacked Fastify reply's raw response. */
 export class SseConnection {
   readonly siteId: string;
   readonly types: ReadonlySet<string> | null;
+  /** The API key the stream was opened with (undefined for sessions and ID tokens). */
+  readonly keyId: string | undefined;
   /** Last seq delivered or skipped (filtered) for this client; only the hub moves it. */
   cursor: number;
   /** Why the connection ended; null while open. */
@@ -56,6 +63,7 @@ export class SseConnection {
   ) {
     this.siteId = opts.siteId;
     this.types = opts.types;
+    this.keyId = opts.keyId;
     this.cursor = opts.cursor;
     res.on('close', () => this.finish('client'));
     res.on('error', () => this.finish('client'));
@@ -125,6 +133,13 @@ export class SseConnection {
   /** Writes one frame (no-op once closed). */
   write(frame: string): void {
     if (this.open) this.res.write(frame);
+  }
+
+  /** Ends the stream because its credential no longer authenticates (the client's reconnect gets the 401). */
+  revoke(): void {
+    if (!this.open) return;
+    this.finish('revoked');
+    this.res.end();
   }
 
   /** Ends the response (server shutdown). */

@@ -171,6 +171,7 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
         stallMs: cfg.ROOST_STREAM_STALL_MS,
         onClose: (c) => hub.unsubscribe(c),
         onDrain: (c) => hub.drained(c),
+        keyId: request.principal?.kind === 'user' ? request.principal.key?.keyId : undefined,
         // The credential and the access are re-checked at every keepalive: a revoked or expired key or a
         // lost membership ends the stream (the client's reconnect then gets the 401/403/404).
         recheck: async () => {

@@ -419,6 +419,26 @@ describe('the stream', () => {
     c.close();
   });
 
+  it('writes a revoked key no further event: its stream ends before the next delivery, not at the keepalive', async () => {
+    const { raw, keyId } = await insertKey(h.deps.db, {
+      uid: h.userId,
+      scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
+    });
+    const revokedKey = new Client(streamUrl(base1, { siteId: h.siteId, api_key: raw }));
+    const witness = new Client(streamUrl(base1, { siteId: h.siteId }), auth(h.apiKey));
+    await Promise.all([revokedKey.connected(), witness.connected()]);
+    // Revoked, then events at once (well inside the 300 ms keepalive of this file, with polls every 40 ms).
+    await h.deps.db.query(`UPDATE api_keys SET status = 'revoked' WHERE key_id = $1`, [keyId]);
+    const after = await seedRoost(h);
+    const seq = await seqOf('version.published', { versionId: after.versionId });
+    await witness.eventWithId(seq);
+    expect(revokedKey.events.map((f) => Number(f.id)).filter((id) => id >= seq)).toEqual([]);
+    await until('the refused reconnect', () => revokedKey.es.readyState === EventSource.CLOSED);
+    expect(revokedKey.events.map((f) => Number(f.id)).filter((id) => id >= seq)).toEqual([]);
+    revokedKey.close();
+    witness.close();
+  });
+
   it('samples the use of a key that only ever opens streams: api_key.used once, an api_key_used audit record', async () => {
     const { raw, keyId } = await insertKey(h.deps.db, {
       uid: h.userId,
