@@ -10,8 +10,11 @@ import {
   isValidLifetime,
   keyEnvironmentOf,
   keyPrefix,
+  type KeyEnvironment,
+  keyMayChangePlatform,
   keyRejection,
   ROTATION_GRACE_MS,
+  siteEnvironmentFor,
 } from '../../domain/keys';
 
 describe('key format', () => {
@@ -78,5 +81,26 @@ describe('status derivation and rejection', () => {
 
   it('only active and expired keys can be rotated', () => {
     expect((['active', 'expired', 'rotated', 'retired', 'revoked'] as const).map(isRotatable)).toEqual([true, true, false, false, false]);
+  });
+});
+
+describe('what a key environment may change (docs/decisions/test-keys.md)', () => {
+  it('lets only svk_live_ keys change platform-wide state', () => {
+    expect(keyMayChangePlatform('live')).toBe(true);
+    expect(keyMayChangePlatform('test')).toBe(false);
+  });
+
+  it("gives a new site the request's environment, else the key's, else live; a test key never gets a live site", () => {
+    const cases: [KeyEnvironment | undefined, KeyEnvironment | undefined, KeyEnvironment | null][] = [
+      [undefined, undefined, 'live'], // a session or ID token
+      [undefined, 'test', 'test'],
+      ['live', undefined, 'live'],
+      ['live', 'test', 'test'], // a live key provisions sandbox sites, as bootstrap --sandbox does
+      ['test', undefined, 'test'],
+      ['test', 'test', 'test'],
+      ['test', 'live', null],
+    ];
+    for (const [key, requested, want] of cases)
+      expect([key, requested, siteEnvironmentFor(key, requested)]).toEqual([key, requested, want]);
   });
 });
