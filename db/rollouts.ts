@@ -118,12 +118,12 @@ export function rolloutEventId(rolloutId: string, type: string): string {
   return `evt_${createHash('sha256').update(`${type}:${rolloutId}`).digest('hex').slice(0, 24)}`;
 }
 
-/** One rollout by id, or null. */
-export async function getRollout(q: Queryable, siteId: string, rolloutId: string): Promise<Rollout | null> {
-  const { rows } = await q.query<RolloutRow>(`SELECT ${ROLLOUT_COLUMNS} FROM rollouts WHERE site_id = $1 AND rollout_id = $2`, [
-    siteId,
-    rolloutId,
-  ]);
+/** One rollout by id, or null; `lock`: locked for the rest of transaction `q` (SELECT … FOR UPDATE). */
+export async function getRollout(q: Queryable, siteId: string, rolloutId: string, opts: { lock?: boolean } = {}): Promise<Rollout | null> {
+  const { rows } = await q.query<RolloutRow>(
+    `SELECT ${ROLLOUT_COLUMNS} FROM rollouts WHERE site_id = $1 AND rollout_id = $2${opts.lock ? ' FOR UPDATE' : ''}`,
+    [siteId, rolloutId],
+  );
   return rows[0] ? toRollout(rows[0]) : null;
 }
 
@@ -976,8 +976,7 @@ export async function createRollbackRollout(
   createdBy: string,
 ): Promise<RollbackCreated | RollbackRefusal> {
   return withTx(pool, async (tx) => {
-    await tx.query('SELECT 1 FROM rollouts WHERE site_id = $1 AND rollout_id = $2 FOR UPDATE', [siteId, rolloutId]);
-    const r = await getRollout(tx, siteId, rolloutId);
+    const r = await getRollout(tx, siteId, rolloutId, { lock: true });
     if (!r) return 'not_found';
     const id = rollbackRolloutId(rolloutId);
     if (r.rolledBackBy) {
