@@ -72,16 +72,27 @@ export interface SiteAccessRead {
   roost?: RoostRow;
 }
 
+/**
+ * Why a stored key no longer authenticates at `now` (epoch ms): its user deleted, or revoked, retired or
+ * expired (domain/keys.ts `keyRejection`); null while it does. The one rule of `resolveApiKey` and `usableKeyIds`.
+ */
+function keyRowRejection(
+  row: { deleted: boolean; status: string; expires_at: string | number | null; grace_until: string | number | null },
+  now: number,
+): { code: 'unauthorized' | 'token_expired'; detail: string } | null {
+  if (row.deleted) return { code: 'unauthorized', detail: "this API key's user was deleted" };
+  return keyRejection({ status: row.status, expiresAt: ms(row.expires_at), graceUntil: ms(row.grace_until) }, now);
+}
+
 async function resolveApiKey(deps: IdentityDeps, raw: string, site?: SiteHint): Promise<UserPrincipal> {
   const digest = sha256Hex(raw);
   const row = await keyForAuth(deps.db, digest, site?.siteId, site?.roostId);
   if (row && site) site.read = { siteId: site.siteId, access: row.site, ...(row.roost ? { roost: row.roost } : {}) };
   if (!row || !hexEqual(row.key_hash, digest)) throw new ApiError('unauthorized', 'unknown API key');
-  if (row.deleted) throw new ApiError('unauthorized', "this API key's user was deleted");
   const now = Date.now();
-  const expiresAt = ms(row.expires_at);
-  const rejection = keyRejection({ status: row.status, expiresAt, graceUntil: ms(row.grace_until) }, now);
+  const rejection = keyRowRejection(row, now);
   if (rejection) throw new ApiError(rejection.code, rejection.detail);
+  const expiresAt = ms(row.expires_at);
   let lastUsedAt = ms(row.last_used_at);
   if (lastUsedAt === null || now - lastUsedAt > LAST_USED_RESOLUTION_MS) {
     await touchKey(deps.db, row.key_id, now);
@@ -299,10 +310,7 @@ export async function usableKeyIds(deps: Pick<ServiceDeps, 'db'>, keyIds: string
   if (keyIds.length === 0) return new Set();
   const now = Date.now();
   const usable = new Set<string>();
-  for (const row of await keyStates(deps.db, keyIds)) {
-    const rejection = keyRejection({ status: row.status, expiresAt: ms(row.expires_at), graceUntil: ms(row.grace_until) }, now);
-    if (!row.deleted && !rejection) usable.add(row.key_id);
-  }
+  for (const row of await keyStates(deps.db, keyIds)) if (!keyRowRejection(row, now)) usable.add(row.key_id);
   return usable;
 }
 
