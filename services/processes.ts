@@ -61,6 +61,10 @@ function processNotFound(processId: string): ApiError {
   return new ApiError('process_not_found', `no process ${processId} on this machine`, { extras: { param: 'processId' } });
 }
 
+function duplicateName(name: string | undefined): ApiError {
+  return new ApiError('duplicate_process_name', `a process named "${name}" already exists on this machine`, { extras: { param: 'name' } });
+}
+
 /**
  * Checks the path fields and the schedule of a (partial) config against the launch mode it will have.
  * @throws ApiError validation_failed keyed by field.
@@ -149,9 +153,7 @@ export async function createProcess(
     f,
   );
   if (row === 'duplicate') {
-    throw new ApiError('duplicate_process_name', `a process named "${f.name}" already exists on this machine`, {
-      extras: { param: 'name' },
-    });
+    throw duplicateName(f.name);
   }
   return row;
 }
@@ -180,9 +182,7 @@ export async function patchProcess(
     const row = await updateProcess(tx, input.siteId, input.machineId, input.processId, f);
     if (row === null) throw processNotFound(input.processId);
     if (row === 'duplicate') {
-      throw new ApiError('duplicate_process_name', `a process named "${f.name}" already exists on this machine`, {
-        extras: { param: 'name' },
-      });
+      throw duplicateName(f.name);
     }
     return row;
   });
