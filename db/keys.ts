@@ -293,20 +293,24 @@ function withSite(row: SiteReadRow): AuthKeyRow & { site?: SiteAccess } {
 }
 
 /**
- * The state of the keys `keyIds` and whether their users are deleted, one statement (the event stream
- * checks every streaming key before it delivers: api/events/hub.ts). Keys not found are absent.
+ * The state of the keys `keyIds`, whether their users are deleted, and whether each key's user may still act
+ * on `siteId` (`may_act`: owner, member or superadmin, the rule of db/sites.ts `mayActCondition`; false when
+ * the site is gone), one statement (the event stream checks every streaming key before it delivers:
+ * api/events/hub.ts). Keys not found are absent.
  */
-export async function keyStates(
-  db: Queryable,
-  keyIds: string[],
-): Promise<Pick<AuthKeyRow, 'key_id' | 'status' | 'expires_at' | 'grace_until' | 'deleted'>[]> {
-  const { rows } = await db.query<Pick<AuthKeyRow, 'key_id' | 'status' | 'expires_at' | 'grace_until' | 'deleted'>>(
-    `SELECT k.key_id, k.status, k.expires_at, k.grace_until, u.deleted FROM api_keys k JOIN users u ON u.uid = k.uid
+export async function keyStates(db: Queryable, keyIds: string[], siteId: string): Promise<KeyState[]> {
+  const { rows } = await db.query<KeyState>(
+    `SELECT k.key_id, k.status, k.expires_at, k.grace_until, u.deleted,
+            EXISTS (SELECT 1 FROM sites s WHERE s.site_id = $2 AND ${mayActCondition('s', 'u.uid', "u.role = 'superadmin'")}) AS may_act
+       FROM api_keys k JOIN users u ON u.uid = k.uid
       WHERE k.key_id = ANY($1::text[])`,
-    [keyIds],
+    [keyIds, siteId],
   );
   return rows;
 }
+
+/** One row of `keyStates`. */
+export type KeyState = Pick<AuthKeyRow, 'key_id' | 'status' | 'expires_at' | 'grace_until' | 'deleted'> & { may_act: boolean };
 
 /** Sets a key's `last_used_at` to `at` (epoch ms). */
 export async function touchKey(db: Queryable, keyId: string, at: number): Promise<void> {

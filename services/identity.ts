@@ -302,15 +302,17 @@ export function checkKeyEnvironment(user: UserPrincipal, siteId: string, env: 'l
 }
 
 /**
- * Of `keyIds`, the keys that would still authenticate now: not revoked, retired or expired, and whose user
- * is not deleted (the rules of `resolveApiKey`), in one database read. The event stream uses it to end the
- * streams of a revoked key before it writes them another event ("Revocation is permanent and immediate").
+ * Of `keyIds`, the keys that would still authenticate now and still reach `siteId`: not revoked, retired or
+ * expired, their user not deleted (the rules of `resolveApiKey`), and that user still owner, member or
+ * superadmin of the site (the rule of `authorizeSite`), in one database read. The event stream uses it to end
+ * a stream before it writes it another event once its key is revoked ("Revocation is permanent and
+ * immediate") or its user has lost the site.
  */
-export async function usableKeyIds(deps: Pick<ServiceDeps, 'db'>, keyIds: string[]): Promise<Set<string>> {
+export async function usableKeyIds(deps: Pick<ServiceDeps, 'db'>, keyIds: string[], siteId: string): Promise<Set<string>> {
   if (keyIds.length === 0) return new Set();
   const now = Date.now();
   const usable = new Set<string>();
-  for (const row of await keyStates(deps.db, keyIds)) if (!keyRowRejection(row, now)) usable.add(row.key_id);
+  for (const row of await keyStates(deps.db, keyIds, siteId)) if (row.may_act && !keyRowRejection(row, now)) usable.add(row.key_id);
   return usable;
 }
 

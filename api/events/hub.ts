@@ -129,15 +129,16 @@ class SiteFeed {
 
   /**
    * Ends the streams whose API key no longer authenticates (revoked, retired, expired, or its user
-   * deleted), one database read for all of this site's clients: a revoked key gets no further event
-   * ("Revocation is permanent and immediate", docs/contract.md Authentication 8). Membership and scope
-   * changes are re-checked at the keepalive (SseConnectionOptions.recheck).
+   * deleted) or whose user may no longer act on this site (removed from it, or no longer superadmin), one
+   * database read for all of this site's clients: such a key gets no further event ("Revocation is
+   * permanent and immediate", docs/contract.md Authentication 8). A key's scopes never change; streams
+   * opened with a session or an ID token are re-checked at the keepalive (SseConnectionOptions.recheck).
    */
   private async endRevoked(): Promise<void> {
     const keyIds = new Set<string>();
     for (const c of this.clients) if (c.open && c.keyId) keyIds.add(c.keyId);
     if (keyIds.size === 0) return;
-    const usable = await usableKeyIds(this.hub.deps, [...keyIds]);
+    const usable = await usableKeyIds(this.hub.deps, [...keyIds], this.siteId);
     for (const c of [...this.clients]) if (c.keyId && !usable.has(c.keyId)) c.revoke();
   }
 

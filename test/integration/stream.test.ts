@@ -17,7 +17,7 @@ import { eventHubOf } from '../../api/routes/events';
 import { EVENT_TYPES } from '../../domain/events';
 import { sequenceEvents } from '../../db/events';
 import { createHarness, type Harness } from '../support/harness';
-import { insertKey } from '../support/identity';
+import { addMember, insertKey, makeUser } from '../support/identity';
 import { publishFiles, seedRoost } from './rollout-fixtures';
 import { testLogger } from '../support/test-log';
 import { waitFor } from '../support/wait';
@@ -436,6 +436,28 @@ describe('the stream', () => {
     await until('the refused reconnect', () => revokedKey.es.readyState === EventSource.CLOSED);
     expect(revokedKey.events.map((f) => Number(f.id)).filter((id) => id >= seq)).toEqual([]);
     revokedKey.close();
+    witness.close();
+  });
+
+  it('writes no further event to a key whose user has lost the site: its stream ends before the next delivery', async () => {
+    const member = await makeUser(h.deps.db);
+    await addMember(h.deps.db, h.siteId, member.uid);
+    const { raw } = await insertKey(h.deps.db, {
+      uid: member.uid,
+      scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
+    });
+    const removed = new Client(streamUrl(base1, { siteId: h.siteId, api_key: raw }));
+    const witness = new Client(streamUrl(base1, { siteId: h.siteId }), auth(h.apiKey));
+    await Promise.all([removed.connected(), witness.connected()]);
+    // Removed from the site, then events at once (well inside the 300 ms keepalive of this file).
+    await h.deps.db.query('DELETE FROM site_members WHERE site_id = $1 AND uid = $2', [h.siteId, member.uid]);
+    const after = await seedRoost(h);
+    const seq = await seqOf('version.published', { versionId: after.versionId });
+    await witness.eventWithId(seq);
+    expect(removed.events.map((f) => Number(f.id)).filter((id) => id >= seq)).toEqual([]);
+    await until('the refused reconnect', () => removed.es.readyState === EventSource.CLOSED);
+    expect(removed.events.map((f) => Number(f.id)).filter((id) => id >= seq)).toEqual([]);
+    removed.close();
     witness.close();
   });
 
