@@ -42,6 +42,13 @@ export interface SseConnectionOptions {
   keyId?: string;
 }
 
+/** The headers of a stream's 200 answer (also a HEAD's: api/routes/events.ts), besides the reply's own. */
+export const SSE_HEADERS = {
+  'content-type': 'text/event-stream; charset=utf-8',
+  'cache-control': 'no-cache, no-transform',
+  'x-accel-buffering': 'no',
+} as const;
+
 /** A client of the stream, over a hijacked Fastify reply's raw response. */
 export class SseConnection {
   readonly siteId: string;
@@ -86,13 +93,7 @@ export class SseConnection {
       this.finish('client');
       return;
     }
-    this.res.writeHead(200, {
-      ...headers,
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache, no-transform',
-      connection: 'keep-alive',
-      'x-accel-buffering': 'no',
-    });
+    this.res.writeHead(200, { ...headers, ...SSE_HEADERS, connection: 'keep-alive' });
     this.res.write(`retry: ${SSE_RETRY_MS}\n\n`);
     this.res.write(sseFrame('connected', connected, this.cursor));
     this.keepalive = setInterval(() => {

@@ -20,7 +20,7 @@ import { siteEventHead } from '../../services/events';
 import type { AppDeps } from '../context';
 import { authenticate, authorizeSite } from '../plugins/auth';
 import { EventHub } from '../events/hub';
-import { SseConnection } from '../events/sse';
+import { SSE_HEADERS, SseConnection } from '../events/sse';
 import { problems, SiteId } from '../../domain/schemas';
 
 /** A stream cursor: a per-site seq as a decimal string (0 = before the first event). */
@@ -160,6 +160,9 @@ const eventRoutes: FastifyPluginAsyncTypebox = async (app) => {
           'Last-Event-ID',
         );
       }
+
+      // HEAD: the GET's status and headers, no stream (RFC 9110 9.3.2).
+      if (request.method === 'HEAD') return reply.code(200).headers(SSE_HEADERS).send('');
 
       reply.hijack();
       const conn = new SseConnection(reply.raw, {

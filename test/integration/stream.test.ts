@@ -157,6 +157,35 @@ describe('before the stream starts: problem+json', () => {
     }
   });
 
+  it('answers HEAD with the headers of the stream and ends it (no stream held open); HEAD is refused like GET', async () => {
+    const head = (key?: string) =>
+      new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }>((resolve, reject) => {
+        const req = http.request(
+          `${base1}/api/events/stream?siteId=${h.siteId}`,
+          { method: 'HEAD', headers: key ? auth(key) : {}, timeout: 5_000 },
+          (res) => {
+            let body = '';
+            res.on('data', (d: Buffer) => (body += d.toString()));
+            res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body }));
+          },
+        );
+        req.on('timeout', () => req.destroy(new Error('HEAD /api/events/stream: no complete answer within 5 s')));
+        req.on('error', reject);
+        req.end();
+      });
+    const hub = eventHubOf(h.deps)!;
+    const clientsBefore = hub.clientCount;
+    const ok = await head(h.apiKey);
+    expect(ok.status).toBe(200);
+    expect(ok.headers['content-type']).toBe('text/event-stream; charset=utf-8');
+    expect(ok.headers['cache-control']).toBe('no-cache, no-transform');
+    expect(ok.body).toBe('');
+    expect(hub.clientCount).toBe(clientsBefore);
+    const refused = await head();
+    expect(refused.status).toBe(401);
+    expect(refused.headers['content-type']).toMatch(/^application\/problem\+json/);
+  });
+
   it('a real client gets the refusal and does not retry', async () => {
     const c = new Client(streamUrl(base1, { siteId: h.siteId }));
     await until('error event', () => c.errors.length > 0);
