@@ -6,10 +6,11 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, LogController } 
 import type { Logger } from 'pino';
 import { type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { randomFillSync } from 'node:crypto';
+import { type IncomingMessage, type ServerResponse, STATUS_CODES } from 'node:http';
 import AjvCompiler, { type BuildCompilerFromPool } from '@fastify/ajv-compiler';
 import type { AppDeps } from './context';
-import problem, { sendProblem, toApiError } from './plugins/problem';
-import { ApiError, titleFor } from '../domain/errors';
+import problem, { problemBody, sendProblem, toApiError } from './plugins/problem';
+import { ApiError } from '../domain/errors';
 import input from './plugins/input';
 import apiVersion from './plugins/api-version';
 import auth from './plugins/auth';
@@ -26,19 +27,10 @@ import openapi from './openapi';
 const ajvCompilers = AjvCompiler() as BuildCompilerFromPool;
 
 /** A whole HTTP/1.1 response carrying the problem document of `err`, for answers written straight to a socket. */
-function rawProblem(err: ApiError, requestId: string): string {
-  const body = JSON.stringify({
-    type: `/problems/${err.code.replace(/_/g, '-')}`,
-    title: titleFor(err.code),
-    status: err.status,
-    detail: err.detail,
-    code: err.code,
-    docsUrl: `/docs#error-${err.code}`,
-    requestId,
-  });
-  const reason = err.status === 431 ? 'Request Header Fields Too Large' : 'Bad Request';
+function rawProblem(err: ApiError, requestId: string, base: string): string {
+  const body = JSON.stringify(problemBody(err, requestId, base));
   return (
-    `HTTP/1.1 ${err.status} ${reason}\r\nContent-Type: application/problem+json; charset=utf-8\r\n` +
+    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status]}\r\nContent-Type: application/problem+json; charset=utf-8\r\n` +
     `Content-Length: ${Buffer.byteLength(body)}\r\nX-Request-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`
   );
 }
@@ -95,7 +87,9 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     bodyLimit: 1024 * 1024,
     // GET /api/chunks/download-urls takes up to 1,000 repeated `hash` parameters (about 70 KB of URL), which
     // Node's default 16 KB header limit would refuse with 431.
-    http: { maxHeaderSize: MAX_HEADER_BYTES },
+    // Node answers a HTTP/1.1 request without Host with a bare 400 of its own; the onRequest hook below
+    // answers it with a problem document instead.
+    http: { maxHeaderSize: MAX_HEADER_BYTES, requireHostHeader: false },
     // Agents hold keep-alive connections and long-polls; closing the app must not wait for them.
     forceCloseConnections: true,
     // Building the OpenAPI document and the docs UI at start takes seconds on a busy 2-core machine; Fastify's
@@ -152,7 +146,7 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
         code === 'request_header_too_large'
           ? `the request line and headers are over ${MAX_HEADER_BYTES} bytes`
           : 'the request is not valid HTTP (a malformed request line or a header with a forbidden character)';
-      socket.end(rawProblem(new ApiError(code, detail), newRequestId()));
+      socket.end(rawProblem(new ApiError(code, detail), newRequestId(), deps.cfg.publicUrl));
     },
     // A path that is not valid percent-encoded UTF-8 is a client error like any other (problem+json).
     frameworkErrors: (error, request, reply) => {
@@ -169,7 +163,26 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
   // workflows it starts (services/deps.ts), carry it.
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('X-Request-Id', request.id);
+    // HTTP/1.1 requires Host (RFC 9112 3.2).
+    if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
+      return done(new ApiError('validation_failed', 'an HTTP/1.1 request must send a Host header', { extras: { param: 'Host' } }));
+    }
     logContext.run({ requestId: request.id }, done);
+  });
+  // An Expect other than 100-continue (RFC 9110 10.1.1): Node would answer a bare 417 without calling the app.
+  app.server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
+    const requestId = newRequestId();
+    const err = new ApiError('expectation_failed', 'this Expect cannot be met; the only expectation the API meets is 100-continue', {
+      extras: { param: 'Expect' },
+    });
+    const body = JSON.stringify(problemBody(err, requestId, deps.cfg.publicUrl));
+    res.writeHead(err.status, {
+      'content-type': 'application/problem+json; charset=utf-8',
+      'content-length': Buffer.byteLength(body),
+      'x-request-id': requestId,
+      connection: 'close',
+    });
+    res.end(body);
   });
   const wanted = (name: OptionalPlugin) => !opts.without?.includes(name);
   await app.register(problem);

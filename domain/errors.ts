@@ -47,6 +47,8 @@ export const ERROR_STATUS = {
   request_header_too_large: 431,
   /** A known path with a method it does not have; the answer carries `Allow`. */
   method_not_allowed: 405,
+  /** An `Expect` header other than 100-continue (RFC 9110 10.1.1). */
+  expectation_failed: 417,
   /** Webhooks: a delivery URL pointing at a loopback, private or link-local address (docs/decisions/webhook-urls.md). */
   url_not_allowed: 400,
   /** A roost route on a site whose roostEnabled is false (docs/decisions/sites.md). */

@@ -70,19 +70,26 @@ export function toApiError(err: unknown): ApiError {
   return new ApiError('internal_error', 'an unexpected error occurred', { status: 500 });
 }
 
-/** Sends a problem document for `err` on `reply`. */
-export function sendProblem(request: FastifyRequest, reply: FastifyReply, err: ApiError): FastifyReply {
-  const base = request.server.deps?.cfg.publicUrl ?? '';
-  const body: Record<string, unknown> = {
+/**
+ * The problem document of `err` (docs/contract.md "Errors"): `type` and `docsUrl` absolute under `base`
+ * (the API's public URL, cfg.publicUrl), `requestId`, and the error's extras.
+ */
+export function problemBody(err: ApiError, requestId: string, base: string): Record<string, unknown> {
+  return {
     type: `${base}/problems/${err.code.replace(/_/g, '-')}`,
     title: titleFor(err.code),
     status: err.status,
     detail: err.detail,
     code: err.code,
     docsUrl: `${base}/docs#error-${err.code}`,
-    requestId: request.id,
+    requestId,
     ...err.extras,
   };
+}
+
+/** Sends a problem document for `err` on `reply`. */
+export function sendProblem(request: FastifyRequest, reply: FastifyReply, err: ApiError): FastifyReply {
+  const body = problemBody(err, request.id, request.server.deps?.cfg.publicUrl ?? '');
   for (const [k, v] of Object.entries(err.headers)) reply.header(k, v);
   return reply.code(err.status).type('application/problem+json').send(body);
 }

@@ -391,7 +391,7 @@ describe('framework-level refusals are problem+json with the right status', () =
     expect([badJson.statusCode, badJson.json().code]).toEqual([404, 'not_found']);
   });
 
-  test('over real HTTP: oversized headers, a control character in a header, an empty Idempotency-Key', async () => {
+  test('over real HTTP: oversized headers, a control character in a header, no Host, an unknown Expect, an empty Idempotency-Key', async () => {
     const base = await h.listen();
     const { port } = new URL(base);
     const raw = (text: string) =>
@@ -409,6 +409,39 @@ describe('framework-level refusals are problem+json with the right status', () =
     const ctl = await raw(`GET /api/version HTTP/1.1\r\nHost: x\r\nX-Bad: a\u0001b\r\n\r\n`);
     expect(ctl).toMatch(/^HTTP\/1.1 400 /);
     expect(JSON.parse(ctl.slice(ctl.indexOf('\r\n\r\n') + 4)).code).toBe('validation_failed');
+    // Answers written straight to the socket name their type and docs under the public URL, like every other.
+    const publicUrl = h.deps.cfg.publicUrl;
+    for (const answer of [big, ctl, await raw('GARBAGE\r\n\r\n')]) {
+      const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+      expect(body.type).toBe(`${publicUrl}/problems/${body.code.replace(/_/g, '-')}`);
+      expect(body.docsUrl).toBe(`${publicUrl}/docs#error-${body.code}`);
+      expect(answer).toMatch(new RegExp(`X-Request-Id: ${body.requestId}\r\n`, 'i'));
+    }
+    // HTTP/1.1 without Host: a problem document naming the header; HTTP/1.0 needs none.
+    const noHost = await raw('GET /api/version HTTP/1.1\r\nConnection: close\r\n\r\n');
+    expect(noHost).toMatch(/^HTTP\/1.1 400 /);
+    expect(noHost).toMatch(/content-type: application\/problem\+json/i);
+    const noHostBody = JSON.parse(noHost.slice(noHost.indexOf('\r\n\r\n') + 4));
+    expect([noHostBody.code, noHostBody.param, noHostBody.type]).toEqual([
+      'validation_failed',
+      'Host',
+      `${publicUrl}/problems/validation-failed`,
+    ]);
+    expect(noHost).toMatch(new RegExp(`x-request-id: ${noHostBody.requestId}\r\n`, 'i'));
+    expect(await raw('GET /api/version HTTP/1.0\r\n\r\n')).toMatch(/^HTTP\/1.1 200 /);
+    // An Expect other than 100-continue: 417 expectation_failed, and the request is not run.
+    const roostsBefore = (await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` })).json().roosts.length;
+    const createBody = JSON.stringify({ siteId: h.siteId, name: 'sent with Expect: bogus' });
+    const expect417 = await raw(
+      `POST /api/roosts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${h.apiKey}\r\nContent-Type: application/json\r\n` +
+        `Expect: bogus\r\nContent-Length: ${Buffer.byteLength(createBody)}\r\nConnection: close\r\n\r\n${createBody}`,
+    );
+    expect(expect417).toMatch(/^HTTP\/1.1 417 /);
+    expect(expect417).toMatch(/content-type: application\/problem\+json/i);
+    const e417 = JSON.parse(expect417.slice(expect417.indexOf('\r\n\r\n') + 4));
+    expect([e417.status, e417.code, e417.param]).toEqual([417, 'expectation_failed', 'Expect']);
+    expect(expect417).toMatch(new RegExp(`x-request-id: ${e417.requestId}\r\n`, 'i'));
+    expect((await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` })).json().roosts.length).toBe(roostsBefore);
     const res = await fetch(`${base}/api/roosts/${roostId}/rollback`, {
       method: 'POST',
       headers: { ...auth(), 'content-type': 'application/json', 'idempotency-key': '' },
