@@ -10,8 +10,8 @@
  *   Within a scope the request fingerprint (query string and body hash) must match: a different one →
  *   422 idempotency_key_mismatch.
  * - The first request reserves the scope (an `in_progress` row). Successful (2xx) non-streaming
- *   responses are stored for 24 h and replayed with `Idempotent-Replayed: true`, same status, body and
- *   content headers. Errors and streams are not stored: the reservation is released, so a corrected
+ *   responses are stored for 24 h and replayed with `Idempotent-Replayed: true`, same status, body,
+ *   content headers and Cache-Control (REPLAYED_HEADERS). Errors and streams are not stored: the reservation is released, so a corrected
  *   request with the same key runs. A request arriving while the first still runs gets 409
  *   idempotency_key_in_use (Retry-After: 1), so the mutation runs once
  *   (docs/decisions/idempotency-concurrency.md).
@@ -47,8 +47,8 @@ export type { IdempotencyScope } from '../../services/idempotency';
 export const IDEMPOTENCY_MAX_LENGTH = 255;
 /** Each API process purges one slice of expired rows at most this often. */
 export const PURGE_INTERVAL_MS = 60 * 1000;
-/** Response headers stored with a response and sent again on replay. */
-const REPLAYED_HEADERS = ['content-type', 'location', 'x-roost-workflow-url'];
+/** Response headers stored with a response and sent again on replay (`cache-control`: a replayed secret stays no-store). */
+const REPLAYED_HEADERS = ['content-type', 'location', 'x-roost-workflow-url', 'cache-control'];
 
 /** The scope of a request: user (or agent), the API key's environment and id (session/ID token: unknown, ''). */
 export function scopeOf(request: FastifyRequest, idempotencyKey: string): IdempotencyScope {

@@ -415,6 +415,34 @@ describe('delivery of real events', () => {
   });
 });
 
+describe('replays of answers that carry a secret', () => {
+  it('replay a created webhook and a rotated secret with Cache-Control: no-store, like the first answer', async () => {
+    const createBody = { url: `${rx.base}/replayed`, name: 'hook replayed', events: ['version.published'] };
+    const create = () => h.request({ method: 'POST', url: hooks(), body: createBody, idempotencyKey: 'replay-create-secret' });
+    const first = await create();
+    const again = await create();
+    expect([first.statusCode, again.statusCode]).toEqual([201, 201]);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(again.json().signingSecret).toBe(first.json().signingSecret);
+    expect([first.headers['cache-control'], again.headers['cache-control']]).toEqual(['no-store', 'no-store']);
+
+    const rotate = () =>
+      h.request({
+        method: 'POST',
+        url: `${hooks()}/${first.json().webhookId}/rotate-secret`,
+        body: { graceHours: 0 },
+        idempotencyKey: 'replay-rotate-secret',
+      });
+    const rot = await rotate();
+    const rotAgain = await rotate();
+    expect([rot.statusCode, rotAgain.statusCode]).toEqual([200, 200]);
+    expect(rotAgain.headers['idempotent-replayed']).toBe('true');
+    expect(rotAgain.json().signingSecret).toBe(rot.json().signingSecret);
+    expect([rot.headers['cache-control'], rotAgain.headers['cache-control']]).toEqual(['no-store', 'no-store']);
+    await remove(first.json().webhookId);
+  });
+});
+
 describe('the probe', () => {
   const probe = (body: Record<string, unknown>, key?: string) =>
     h.request({ method: 'POST', url: `/api/webhooks/probe?siteId=${h.siteId}`, body, key });
