@@ -14,6 +14,7 @@
  */
 import type { Command } from 'commander';
 import { UsageError } from '../context';
+import { readConfig } from '../config';
 import { loadConfig } from '../../config/env';
 import { createPool } from '../../db/pool';
 import { migrate } from '../../db/migrate';
@@ -34,13 +35,13 @@ export function registerToken(admin: Command): void {
     .requiredOption('--email <email>', "the user's email")
     .option('--ttl <minutes>', `lifetime in minutes (1..${MAX_TOKEN_TTL_MINUTES})`, '60')
     .option('--json', 'print {"idToken","expiresAt","userId","email","issuer","subject"}')
-    .action(async (opts: { email: string; ttl: string; json?: boolean }) => {
+    .action(async (opts: { email: string; ttl: string; json?: boolean }, cmd: Command) => {
       const ttl = Number(opts.ttl);
       if (!Number.isInteger(ttl) || ttl < 1 || ttl > MAX_TOKEN_TTL_MINUTES)
         throw new UsageError(`--ttl must be a whole number of minutes from 1 to ${MAX_TOKEN_TTL_MINUTES}`);
       const email = opts.email.trim();
       if (!EMAIL_RE.test(email)) throw new UsageError(`--email ${JSON.stringify(opts.email)} is not an email address`);
-      const cfg = loadConfig();
+      const cfg = loadConfig(issuerEnv(cmd.optsWithGlobals<{ api?: string }>().api ?? readConfig().api));
       const settings = oidcSettings(cfg);
       if (settings.jwks.kind !== 'local') {
         throw new UsageError(
@@ -65,6 +66,17 @@ export function registerToken(admin: Command): void {
         await pool.end();
       }
     });
+}
+
+/**
+ * The environment the token is signed under. The local issuer's `iss` is the API's public URL
+ * (config/oidc.ts `localIssuer`): ROOST_PUBLIC_URL when set, else the API this CLI is pointed at (`api`:
+ * --api, ROOST_API_URL or the config file's), else http://ROOST_API_HOST:ROOST_API_PORT. So a token made
+ * for an API on a port other than the default is one that API accepts without also setting its port here.
+ */
+export function issuerEnv(api: string | undefined, env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
+  if (env.ROOST_PUBLIC_URL || !api) return env;
+  return { ...env, ROOST_PUBLIC_URL: api.replace(/\/+$/, '') };
 }
 
 /** The local issuer's subject for an email that has no user yet (stable, so every token of the email names one identity). */

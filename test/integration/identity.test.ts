@@ -4,6 +4,7 @@
  * compatibility credential forms, and whoami per credential kind.
  */
 import http from 'node:http';
+import os from 'node:os';
 import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import type { AddressInfo } from 'node:net';
@@ -375,6 +376,32 @@ describe('roost admin token', () => {
     expect(out.expiresAt - Date.now()).toBeLessThanOrEqual(5 * 60_000);
     const key = await h.request({ method: 'POST', url: '/api/keys', key: out.idToken, body: { name: 'from-cli', preset: 'readonly' } });
     expect(key.statusCode).toBe(201);
+  });
+
+  it('signs for the API the CLI points at (--api / ROOST_API_URL) when ROOST_PUBLIC_URL is unset: that API accepts it, whatever ROOST_API_PORT here says', async () => {
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      ROOST_PG_DATABASE: process.env.ROOST_TEST_DATABASE ?? 'roost_test',
+      ROOST_LOG_LEVEL: 'silent',
+    };
+    delete env.ROOST_PUBLIC_URL;
+    delete env.ROOST_API_URL;
+    const r = spawnSync(process.execPath, [BIN, '--api', `${h.deps.cfg.publicUrl}/`, 'admin', 'token', '--email', member.email, '--json'], {
+      env: { ...env, ROOST_API_PORT: '1' },
+      encoding: 'utf8',
+    });
+    expect([r.status, r.stderr]).toEqual([0, '']);
+    const out = JSON.parse(r.stdout);
+    expect(out.issuer).toBe(localIssuer(h.deps.cfg));
+    const key = await h.request({ method: 'POST', url: '/api/keys', key: out.idToken, body: { name: 'from-cli-api', preset: 'readonly' } });
+    expect(key.statusCode).toBe(201);
+    // Without --api, the port set here names the issuer (and the API on another port refuses the token).
+    const elsewhere = spawnSync(process.execPath, [BIN, 'admin', 'token', '--email', member.email, '--json'], {
+      env: { ...env, ROOST_API_PORT: '1', ROOST_CONFIG: path.join(os.tmpdir(), `roost-no-config-${Date.now()}.json`) },
+      encoding: 'utf8',
+    });
+    expect(JSON.parse(elsewhere.stdout).issuer).toBe('http://127.0.0.1:1');
+    expect((await h.request({ method: 'GET', url: '/api/whoami', key: JSON.parse(elsewhere.stdout).idToken })).statusCode).toBe(401);
   });
 
   it('prints a token for a new email whose first use signs the person up as a member with no sites', async () => {
