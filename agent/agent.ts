@@ -30,7 +30,7 @@ import { type ApiClient, sleep, withCommandContext } from './http';
 import { MachineRoot, type Manifest } from './machine-root';
 import { recoverActivations } from './assembly';
 import { NOT_STAGED, type SyncContext, reportRecoveredActivation, runActivate, runSyncPull } from './sync';
-import { applySelfUpdate, type SelfUpdateOptions } from './self-update';
+import { applySelfUpdate, SelfUpdateRefused, type SelfUpdateOptions } from './self-update';
 import { AGENT_VERSION, type AgentCommand, type AgentIdentity, AgentTransport, type DownloadUrls } from './transport';
 import { KeyRing, SIGNATURE_INVALID } from './trust';
 import { type AgentOs, hostOs } from './os';
@@ -337,12 +337,17 @@ export class Agent extends EventEmitter {
     const res = await this.transport.heartbeat(signal, { processes: await this.processes.snapshot(), ...this.power });
     this.processes.noteConfigStamp(res.processConfigStamp);
     this.emit('heartbeat', res);
-    if (res.agentUpdate && this.opts.selfUpdate && !this.updating) this.updating = this.selfUpdate(res.agentUpdate, this.opts.selfUpdate);
+    const offer = res.agentUpdate;
+    if (offer && this.opts.selfUpdate && !this.updating && !this.sameBuildOffers.has(offer.sha256)) {
+      this.updating = this.selfUpdate(offer, this.opts.selfUpdate);
+    }
     return res;
   }
 
   /** The self-update in flight, if any (one at a time; agent/self-update.ts). */
   private updating: Promise<void> | undefined;
+  /** Checksums of offers that are this very executable (refused once, never tried again by this process). */
+  private readonly sameBuildOffers = new Set<string>();
 
   /**
    * Upgrades this agent to the offered catalog version (agent/self-update.ts); emits `self-update` with the
@@ -354,6 +359,7 @@ export class Agent extends EventEmitter {
       const done = await applySelfUpdate(download, offer.sha256, opts);
       this.emit('self-update', done);
     } catch (err) {
+      if (err instanceof SelfUpdateRefused && err.sameBuild) this.sameBuildOffers.add(offer.sha256);
       this.warn(`self-update to ${offer.version} failed: ${errMessage(err)}`);
       this.emit('self-update-failed', err);
       this.updating = undefined;

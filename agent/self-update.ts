@@ -12,7 +12,7 @@
  * `onfailure restart`) starts the new binary, which reports its own `agentVersion` in its first heartbeat.
  */
 import { createHash } from 'node:crypto';
-import { createWriteStream } from 'node:fs';
+import { createReadStream, createWriteStream } from 'node:fs';
 import fs from 'node:fs/promises';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -35,12 +35,26 @@ export interface SelfUpdateOptions {
   platform?: NodeJS.Platform;
 }
 
-/** A self-update that was refused (checksum, format); nothing was swapped. */
+/**
+ * A self-update that was refused (checksum, format, or the offer is the executable running now); nothing was
+ * swapped. `sameBuild`: the offered bytes are this very executable, so taking them would restart into the
+ * same build, which reports the same version and is offered the update again, in a loop.
+ */
 export class SelfUpdateRefused extends Error {
-  constructor(message: string) {
+  constructor(
+    message: string,
+    readonly sameBuild = false,
+  ) {
     super(message);
     this.name = 'SelfUpdateRefused';
   }
+}
+
+/** The SHA-256 (hex) of the file at `file`, read as a stream. */
+export async function fileSha256(file: string): Promise<string> {
+  const hash = createHash('sha256');
+  await pipeline(createReadStream(file), hash);
+  return hash.digest('hex');
 }
 
 /** True when `head` (the first bytes of a file) starts an executable for `platform`. */
@@ -54,7 +68,8 @@ export function isExecutableFor(head: Buffer, platform: NodeJS.Platform): boolea
  * `opts.exePath`, then calls `opts.restart`. `offeredSha256` is the heartbeat's checksum: both must agree.
  * @returns the paths of the new executable and of the previous one kept aside
  * @throws SelfUpdateRefused on a checksum or format mismatch (the download is deleted, the current
- *   executable untouched); network and file-system errors as they come
+ *   executable untouched), or with `sameBuild` before any download when the offer is the running executable's
+ *   own bytes; network and file-system errors as they come
  */
 export async function applySelfUpdate(
   download: InstallerDownload,
@@ -63,6 +78,12 @@ export async function applySelfUpdate(
 ): Promise<{ version: string; exePath: string; previousPath: string }> {
   if (download.sha256 !== offeredSha256) {
     throw new SelfUpdateRefused(`the catalog's checksum of ${download.version} differs from the heartbeat's offer`);
+  }
+  if ((await fileSha256(opts.exePath)) === offeredSha256) {
+    throw new SelfUpdateRefused(
+      `agent ${download.version} is the executable running now, which reports another version: build it with that version (npm run build:agent -- --version ${download.version}) or make another version latest`,
+      true,
+    );
   }
   const staged = `${opts.exePath}.new`;
   const previousPath = `${opts.exePath}.old`;

@@ -10,7 +10,9 @@
  *                                        plus WinSW (from the npm package node-windows) as
  *                                        roost-agent-service.exe, its XML and install-service.ps1
  *
- * Flags: `--linux-only` skips Windows (no npm fetch). Prints one JSON summary line (paths, sizes, SHA-256).
+ * Flags: `--linux-only` skips Windows (no npm fetch); `--version X` (semver) is the version the executables
+ * report (`roost --version`, the agent's `agentVersion`; default package.json's): upload the build to the
+ * installer catalog as that same version. Prints one JSON summary line (version, paths, sizes, SHA-256).
  * The blob is made without code cache or snapshot, so one blob serves both platforms.
  */
 import { createHash } from 'node:crypto';
@@ -18,6 +20,8 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { build } from 'esbuild';
+import { version as packageVersion } from '../package.json';
+import { INSTALLER_VERSION_RE } from '../domain/installers';
 
 const ROOT = path.resolve(__dirname, '..');
 const OUT = path.join(ROOT, 'dist', 'agent');
@@ -56,8 +60,22 @@ function inject(base: string, out: string, blob: string, macho = false): void {
   run(process.execPath, [require.resolve('postject/dist/cli.js'), ...args]);
 }
 
+/**
+ * The version the build reports: `--version X` (semver X.Y.Z, the installer catalog's rule), else package.json's.
+ * @throws Error for a malformed or missing value.
+ */
+export function buildVersion(argv: readonly string[]): string {
+  const i = argv.indexOf('--version');
+  if (i < 0) return packageVersion;
+  const v = argv[i + 1];
+  if (v === undefined || !INSTALLER_VERSION_RE.test(v))
+    throw new Error(`--version needs a semver X.Y.Z (the installer catalog's), got ${v ?? 'nothing'}`);
+  return v;
+}
+
 async function main(): Promise<void> {
   const linuxOnly = process.argv.includes('--linux-only');
+  const version = buildVersion(process.argv.slice(2));
   fs.rmSync(OUT, { recursive: true, force: true });
   fs.mkdirSync(OUT, { recursive: true });
   const bundle = path.join(OUT, 'roost.cjs');
@@ -71,6 +89,8 @@ async function main(): Promise<void> {
     minify: false,
     legalComments: 'none',
     logLevel: 'warning',
+    // The version the executable reports (cli/version.ts): what it is uploaded to the installer catalog as.
+    define: { ROOST_BUILD_VERSION: JSON.stringify(version) },
   });
 
   const seaConfig = path.join(OUT, 'sea-config.json');
@@ -81,7 +101,11 @@ async function main(): Promise<void> {
   );
   run(process.execPath, ['--experimental-sea-config', seaConfig]);
 
-  const summary: Record<string, unknown> = { nodeVersion: process.version, bundle: { path: bundle, bytes: fs.statSync(bundle).size } };
+  const summary: Record<string, unknown> = {
+    version,
+    nodeVersion: process.version,
+    bundle: { path: bundle, bytes: fs.statSync(bundle).size },
+  };
   const deploy = path.join(ROOT, 'deploy');
 
   // Linux x64: this very Node binary (the build runs on Linux x64).

@@ -12,8 +12,11 @@ import os from 'node:os';
 import path from 'node:path';
 import { createHarness, type Harness } from '../support/harness';
 import { deployRoute, publishFiles, startTestWorker, terminateAll, type TestWorker } from '../integration/rollout-fixtures';
-import { SEA_FUSE } from '../../scripts/build-agent';
-import { version } from '../../package.json';
+import { buildVersion, SEA_FUSE } from '../../scripts/build-agent';
+import { version as packageVersion } from '../../package.json';
+
+/** The version the build is made as (`--version`), not package.json's: the executable must report it. */
+const BUILD_VERSION = '3.4.5';
 
 const ROOT = path.resolve(__dirname, '..', '..');
 const DIST = path.join(ROOT, 'dist', 'agent');
@@ -50,7 +53,7 @@ beforeAll(async () => {
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'roost-packaged-'));
   const built = await exec(
     process.execPath,
-    [path.join(ROOT, 'node_modules', 'tsx', 'dist', 'cli.mjs'), 'scripts/build-agent.ts'],
+    [path.join(ROOT, 'node_modules', 'tsx', 'dist', 'cli.mjs'), 'scripts/build-agent.ts', '--version', BUILD_VERSION],
     process.env,
   );
   if (built.code !== 0) throw new Error(`build:agent failed: ${built.stderr}`);
@@ -66,10 +69,20 @@ afterAll(async () => {
   fs.rmSync(tmp, { recursive: true, force: true });
 });
 
+describe('the build version', () => {
+  it('is --version X when given (semver only), else package.json version', () => {
+    expect(buildVersion(['--linux-only', '--version', '1.4.0'])).toBe('1.4.0');
+    expect(buildVersion(['--linux-only'])).toBe(packageVersion);
+    for (const bad of [['--version'], ['--version', '1.4'], ['--version', 'v1.4.0'], ['--version', '1.4.0-rc1']]) {
+      expect(() => buildVersion(bad)).toThrow(/semver X\.Y\.Z/);
+    }
+  });
+});
+
 describe('the packaged Linux executable', () => {
   it('runs without Node on the PATH: --version, enrol, and one sync of a real rollout', async () => {
     const v = await exec(LINUX, ['agent', '--version'], bare());
-    expect({ code: v.code, out: v.stdout.trim() }).toEqual({ code: 0, out: version });
+    expect({ code: v.code, out: v.stdout.trim() }).toEqual({ code: 0, out: BUILD_VERSION });
 
     const machineId = `pkg-${randomBytes(3).toString('hex')}`;
     const root = path.join(tmp, 'machine');
@@ -119,7 +132,7 @@ describe('the packaged Linux executable', () => {
       .deployments;
     expect(deployments).toEqual([expect.objectContaining({ roostId, status: 'committed', inSync: true })]);
     const machine = (await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/${machineId}` })).json();
-    expect(machine.agent_version).toBe(version);
+    expect(machine.agent_version).toBe(BUILD_VERSION);
     child.kill('SIGTERM');
     expect(await exited).toBe(0);
   });

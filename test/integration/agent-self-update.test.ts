@@ -15,6 +15,7 @@ import { createHarness, type Harness, idemKey } from '../support/harness';
 import { lockCatalog } from '../support/catalog-lock';
 import { startTestWorker, type TestWorker } from './rollout-fixtures';
 import { closeWorkerConnections } from '../../worker/worker';
+import { waitFor } from '../support/wait';
 
 let h: Harness;
 let w: TestWorker;
@@ -116,5 +117,30 @@ it('refuses bytes that changed in storage after finalise: nothing is swapped, no
   expect(fs.readFileSync(exePath, 'utf8')).toBe('#!/bin/sh\necho current\n');
   expect(fs.existsSync(`${exePath}.new`)).toBe(false);
   expect(fs.existsSync(`${exePath}.old`)).toBe(false);
+  expect(restarts).toEqual([]);
+});
+
+it('refuses an offer that is the running executable itself (a build reporting another version): no swap, no restart, not tried again', async () => {
+  const next = `${major}.3.0`;
+  const sameBytes = Buffer.from(`#!/bin/sh\necho roost agent built as an older version\n`);
+  await publish(next, sameBytes);
+  const exePath = path.join(tmp, 'roost-3');
+  fs.writeFileSync(exePath, sameBytes, { mode: 0o755 });
+  const restarts: string[] = [];
+  const agent = await agentAt('self-update-3', `${major}.2.0`, exePath, restarts);
+  const failures: Error[] = [];
+  agent.on('self-update-failed', (err: Error) => failures.push(err));
+  await agent.heartbeat();
+  await waitFor('the refusal', () => failures.length === 1);
+  expect(failures[0]).toMatchObject({ name: 'SelfUpdateRefused', sameBuild: true });
+  expect(failures[0].message).toContain(`npm run build:agent -- --version ${next}`);
+  // The next heartbeats offer it again; the agent does not take it again (no loop of swaps and restarts).
+  const offered = (await agent.heartbeat()) as { agentUpdate?: { version: string } | null };
+  expect(offered.agentUpdate?.version).toBe(next);
+  await agent.heartbeat();
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  expect(failures).toHaveLength(1);
+  expect(fs.readFileSync(exePath).equals(sameBytes)).toBe(true);
+  expect([fs.existsSync(`${exePath}.new`), fs.existsSync(`${exePath}.old`)]).toEqual([false, false]);
   expect(restarts).toEqual([]);
 });
