@@ -26,6 +26,13 @@ interface Deployment {
 }
 
 const TERMINAL = ['completed', 'failed', 'partial', 'cancelled', 'uninstalled'];
+/** Ends of a followed deployment that are a failure of the command (exit 1, README "exit code"): some target failed. */
+const FAILED = ['failed', 'partial'];
+
+/** Sets exit code 1 when a followed deployment ended failed or partial. */
+function exitOnFailure(d: Deployment): void {
+  if (FAILED.includes(d.status)) process.exitCode = 1;
+}
 
 function base(ctx: CommandContext): string {
   return `/api/sites/${seg(ctx.siteId())}/deployments`;
@@ -115,6 +122,7 @@ export function registerDeployments(program: Command): void {
     ctx.info(`created classic deployment ${d.deploymentId} (${d.targets?.length ?? 0} targets)`);
     if (o.wait) d = await follow(ctx, d.deploymentId, 1000);
     ctx.emit(d, () => printDetail(d));
+    if (o.wait) exitOnFailure(d);
   });
 
   withJson(
@@ -159,6 +167,7 @@ export function registerDeployments(program: Command): void {
     const ctx = commandContext(cmd);
     const d = o.wait ? await follow(ctx, id, 1000) : await ctx.client().get<Deployment>(`${base(ctx)}/${seg(id)}`);
     ctx.emit(d, () => printDetail(d));
+    if (o.wait) exitOnFailure(d);
   });
 
   for (const [action, description] of [
@@ -183,6 +192,7 @@ export function registerDeployments(program: Command): void {
           `${action}: ${r.affected} target(s); deployment ${o.wait ? (out as { deployment: Deployment }).deployment.status : r.status}\n`,
         ),
       );
+      if (o.wait) exitOnFailure((out as { deployment: Deployment }).deployment);
     });
   }
 

@@ -135,6 +135,8 @@ export function registerProcesses(program: Command): void {
           `${action} ${id}: command ${q.commandId} ${String(state.status)}${state.error ? ` (${String(state.error)})` : ''}\n`,
         ),
       );
+      // A command that failed (or was cancelled, or expired) is a failure of this command: exit 1 (README "exit code").
+      if (o.wait && state.status !== 'completed') process.exitCode = 1;
     });
   }
 

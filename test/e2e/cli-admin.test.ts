@@ -421,6 +421,37 @@ describe('roost deployments and roost processes, with real agents', () => {
     expect(stranger.detail).toContain('nobody-here');
   });
 
+  it('exits 1 when what --wait followed failed: a deployment whose installer is missing, a process that cannot start', async () => {
+    const missing = `${server.add(`cli-present-${tag()}.sh`, '#!/bin/sh\n').url}-absent`;
+    const r = await roost([
+      'deployments',
+      'create',
+      `doomed ${tag()}`,
+      '--machines',
+      m1,
+      '--url',
+      missing,
+      '--installer',
+      'setup.sh',
+      '--flags',
+      '',
+      '--wait',
+      '--json',
+    ]);
+    expect(r.code).toBe(1);
+    const d = JSON.parse(r.stdout);
+    expect(d.status).toBe('failed');
+    const shown = await roost(['deployments', 'show', d.deploymentId, '--wait', '--json']);
+    expect([shown.code, JSON.parse(shown.stdout).status]).toEqual([1, 'failed']);
+    expect((await roost(['deployments', 'show', d.deploymentId, '--json'])).code).toBe(0); // not followed: a plain read
+
+    const p = await json(['processes', 'create', m2, `ghost-${tag()}`, '--exe', '/nonexistent/bin']);
+    const started = await roost(['processes', 'start', m2, p.processId, '--wait', '--timeout', '60', '--json']);
+    expect(started.code).toBe(1);
+    expect(JSON.parse(started.stdout)).toMatchObject({ type: 'start_process', status: 'failed' });
+    expect((await roost(['processes', 'delete', m2, p.processId, '--json'])).code).toBe(0);
+  });
+
   it('creates a managed process, starts it on the agent (--wait), stops it, updates, schedules and deletes it', async () => {
     const p = await json(['processes', 'create', m2, 'sleeper', '--exe', '/bin/sh', '--args', '-c "sleep 60"']);
     expect(p).toMatchObject({ name: 'sleeper', exe_path: '/bin/sh', file_path: '-c "sleep 60"' });
