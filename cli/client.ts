@@ -10,7 +10,8 @@
  *   504, network failures and timeouts only for GET/HEAD, for read-only POSTs marked `retrySafe`, and
  *   for mutations that carry an Idempotency-Key. 503 honours Retry-After too. Fallback delay
  *   min(60000, 500 * 2^attempt) ms times a random factor in 0.5..1.0; at most 6 attempts, except that an
- *   outage (503, no answer) is retried for up to 5 minutes from the first attempt (DEFAULT_OUTAGE_WINDOW_MS). Nothing else is retried (400, 401, 403, 404, 409,
+ *   outage (503, or no answer once the API has answered this client) is retried for up to 5 minutes from
+ *   the first attempt (DEFAULT_OUTAGE_WINDOW_MS). Nothing else is retried (400, 401, 403, 404, 409,
  *   412, 422, 402 surface at once). docs/decisions/cli-http-retries.md says why no retry library.
  * - `idempotencyKey: true` generates one key per logical call; every retry of that call reuses it
  *   with the identical method, path, query and body bytes.
@@ -274,6 +275,12 @@ export class RoostClient {
   private readonly apiKey?: string;
   private readonly maxAttempts: number;
   private readonly outageWindowMs: number;
+  /**
+   * Whether the API has answered this client at least once. Until it has, "no answer" is an API that is not
+   * there (a wrong --api, a stack not started), which gets the 6 attempts of an interactive request, not the
+   * outage window: the window is for an outage that starts while a command works (docs/decisions/outages.md).
+   */
+  private reached = false;
   private readonly timeoutMs: number;
   private readonly sleep: (ms: number) => Promise<void>;
   private readonly random: () => number;
@@ -337,7 +344,7 @@ export class RoostClient {
       const spent = attempt + 1 >= this.maxAttempts;
       /** Out of attempts, unless this failure is an outage and the outage window (ms) has room for `delayMs` more. */
       const lastFor = (outage: boolean, delayMs: number) =>
-        spent && !(outage && Math.max(Date.now() - started, waited) + delayMs <= this.outageWindowMs);
+        spent && !(outage && this.reached && Math.max(Date.now() - started, waited) + delayMs <= this.outageWindowMs);
       let res: Answer;
       const sent = Date.now();
       try {
@@ -361,6 +368,7 @@ export class RoostClient {
           cause: err,
         });
       }
+      this.reached = true;
       const body = parseBody(res.text, res.headers.get('content-type'));
       const requestId = res.headers.get('x-request-id') ?? undefined;
       const code = (body as { code?: unknown } | undefined)?.code;
@@ -470,6 +478,7 @@ export class RoostClient {
         cause: err,
       });
     }
+    this.reached = true;
     const requestId = res.headers.get('x-request-id') ?? undefined;
     this.log?.[res.ok ? 'info' : 'warn']({ method: m, path, status: res.status, requestId, stream: true }, 'api request');
     if (res.ok) return { response: res, requestId, idempotencyKey };

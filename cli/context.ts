@@ -99,6 +99,16 @@ export interface CommandContext {
   emit(value: unknown, human: () => void): void;
 }
 
+/** True when `api` is an absolute http or https URL (what `--api` must be). */
+export function isApiUrl(api: string): boolean {
+  try {
+    const u = new URL(api);
+    return (u.protocol === 'http:' || u.protocol === 'https:') && u.host !== '';
+  } catch {
+    return false;
+  }
+}
+
 /** Builds the context of a running command from its merged options. */
 export function commandContext(cmd: Command): CommandContext {
   const opts = cmd.optsWithGlobals<Partial<GlobalOptions> & { json?: boolean }>();
@@ -120,8 +130,9 @@ export function commandContext(cmd: Command): CommandContext {
   const api = (opts.api ?? stored().api ?? DEFAULT_API_URL).replace(/\/+$/, '');
   const key = opts.key ?? stored().key;
   const site = opts.site ?? stored().site;
-  const makeClient = (credential: string | undefined) =>
-    new RoostClient({
+  const makeClient = (credential: string | undefined) => {
+    if (!isApiUrl(api)) throw new UsageError(`--api ${JSON.stringify(api)} is not an http(s) URL (flag, ROOST_API_URL or the config file)`);
+    return new RoostClient({
       baseUrl: api,
       apiKey: credential,
       logger: verbose ? log : undefined,
@@ -129,6 +140,7 @@ export function commandContext(cmd: Command): CommandContext {
       onRetry: (r: RetryInfo) =>
         info(`retrying ${r.method} ${r.url.split('?')[0]} in ${(r.delayMs / 1000).toFixed(1)}s (attempt ${r.attempt} failed: ${r.reason})`),
     });
+  };
   let client: RoostClient | undefined;
   return {
     globals: { api, key, site, quiet, verbose },

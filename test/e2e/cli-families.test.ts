@@ -234,6 +234,17 @@ describe('roost config', () => {
   });
 });
 
+describe('an API that is not there', () => {
+  it('refuses a malformed --api at once (2); an API that never answered gets 6 attempts, not the outage window (1)', async () => {
+    await refused(['whoami'], 2, 'usage_error', { ROOST_API_URL: 'notaurl' });
+    const t0 = Date.now();
+    const err = await refused(['whoami'], 1, 'network_error', { ROOST_API_URL: 'http://127.0.0.1:1' });
+    expect(err.detail).toContain('ECONNREFUSED');
+    // Five backoffs of at most 0.5, 1, 2, 4 and 8 s: well under the 5-minute outage window.
+    expect(Date.now() - t0).toBeLessThan(60_000);
+  });
+});
+
 describe('roost events tail', () => {
   let proxy: TcpProxy;
   beforeAll(async () => {

@@ -151,6 +151,26 @@ describe('retries', () => {
     });
   });
 
+  it('rides out a lost connection past 6 attempts only once the API has answered; an API never reached gets 6', async () => {
+    const delays: number[] = [];
+    const c = new RoostClient({ baseUrl: base, sleep: async (ms) => void delays.push(ms), random: () => 0, outageWindowMs: 300_000 });
+    script = [
+      { status: 200, body: { ok: true } },
+      ...Array.from({ length: 8 }, (): Reply => 'destroy'),
+      { status: 200, body: { ok: true } },
+    ];
+    await c.get('/api/x');
+    const res = await c.request('GET', '/api/x');
+    expect([res.status, res.attempts]).toEqual([200, 9]);
+
+    const spare = http.createServer();
+    await new Promise<void>((r) => spare.listen(0, '127.0.0.1', r));
+    const port = (spare.address() as AddressInfo).port;
+    await new Promise((r) => spare.close(r)); // nothing listens there now
+    const never = new RoostClient({ baseUrl: `http://127.0.0.1:${port}`, sleep: async () => undefined, outageWindowMs: 300_000 });
+    await expect(never.get('/api/x')).rejects.toMatchObject({ code: 'network_error', attempts: 6 });
+  });
+
   it('does not retry a 5xx on a mutation without an Idempotency-Key', async () => {
     script = [problem(503, 'service_unavailable')];
     await expect(client([]).post('/api/x', { a: 1 })).rejects.toMatchObject({ code: 'service_unavailable', attempts: 1 });
