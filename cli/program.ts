@@ -28,6 +28,7 @@ import { registerSites } from './commands/sites';
 import { registerUsers } from './commands/users';
 import { registerConversations } from './commands/conversations';
 import { registerInstaller } from './commands/installer';
+import { registerChunks } from './commands/chunks';
 
 /** Registers one command (or command group) on the program. */
 export type Registrar = (program: Command) => void;
@@ -38,6 +39,7 @@ export const COMMANDS: Registrar[] = [
   registerPush,
   registerVersions,
   registerDiff,
+  registerChunks,
   registerDeploy,
   registerRollback,
   registerDeployments,

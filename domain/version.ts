@@ -12,6 +12,8 @@ import { isSha256Hex, sha256Hex } from './hex';
 export const CHUNK_SIZE = 4194304;
 /** Most chunk hashes (or per-chunk errors) named on a failed publish. */
 export const MAX_MISSING_CHUNKS = 20;
+/** Most characters of a version's description (docs/contract.md Limits). */
+export const DESCRIPTION_MAX = 500;
 export const VERSION_SCHEMA_VERSION = 2;
 export const VERSION_MEDIA_TYPE = 'application/vnd.svc.version.v1+json';
 

@@ -9,7 +9,7 @@ import { type Static, Type } from '@sinclair/typebox';
 import { DiffEntry, DiffModified, DiffSummary } from '../../domain/diff';
 import { ApiError } from '../../domain/errors';
 import { DateTime, Nullable, problems, SiteId, VersionRefString } from '../../domain/schemas';
-import { CHUNK_SIZE, MAX_MISSING_CHUNKS, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION } from '../../domain/version';
+import { CHUNK_SIZE, DESCRIPTION_MAX, MAX_MISSING_CHUNKS, VERSION_MEDIA_TYPE, VERSION_SCHEMA_VERSION } from '../../domain/version';
 import {
   diffVersions,
   getVersion,
@@ -34,7 +34,6 @@ export const PUBLISH_BODY_LIMIT = 64 * 1024 * 1024;
 export { MAX_MISSING_CHUNKS };
 export const VERSION_PAGE = { defaultSize: 20, maxSize: 100 };
 export const FILES_PAGE = { defaultSize: 100, maxSize: 500 };
-export const DESCRIPTION_MAX = 500;
 
 /** Plaintext description: at most 500 characters, no control characters other than tab, CR and LF. */
 const Description = Type.String({ maxLength: DESCRIPTION_MAX, pattern: '^[^\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f]*$' });

@@ -7,7 +7,8 @@
  * GET /api/sites/{siteId}/machines/{machineId}/deployments until each reports the version committed,
  * failed or cancelled (or the machine is unknown: `not_found`), or `--timeout` passes
  * (docs/decisions/cli-deploy-watch.md). Exit code 1 when a watched machine failed or the watch timed out.
- * `--policy <json|@file>` sends a rollout policy (docs/decisions/rollout-control.md).
+ * `--policy <json|@file>` sends a rollout policy (docs/decisions/rollout-control.md); a value that is not a
+ * JSON object, or a file that cannot be read, is a usage error (exit 2, code usage_error) before any request.
  *
  * `roost rollout <list|show|pause|resume|promote|abort|rollback> <roostId> [rolloutId]`: the rollout routes
  * (GET …/rollouts, GET …/rollouts/{id}, POST …/rollouts/{id}/{action} with an Idempotency-Key).
@@ -16,7 +17,7 @@ import fs from 'node:fs';
 import { type Command } from 'commander';
 import pLimit from 'p-limit';
 import { ClientError, type RoostClient, seg } from '../client';
-import { type CommandContext, commandContext, idList, positiveInt, table, withJson } from '../context';
+import { type CommandContext, commandContext, idList, positiveInt, table, UsageError, withJson } from '../context';
 import { createProgress } from '../progress';
 
 /** Rollout record (docs/contract.md "Rollout"). */
@@ -152,6 +153,8 @@ export function registerDeploy(program: Command): void {
       cmd: Command,
     ) => {
       const ctx = commandContext(cmd);
+      // A bad --policy is a usage error before any request (not even the version lookup) is made.
+      const policy = opts.policy === undefined ? undefined : parsePolicyOption(opts.policy);
       const client = ctx.client();
       const siteId = ctx.siteId();
       const body: Record<string, unknown> = { siteId };
@@ -159,7 +162,7 @@ export function registerDeploy(program: Command): void {
       if (opts.machines !== undefined) body.machines = opts.machines;
       if (opts.scheduleAt !== undefined) body.scheduleAt = opts.scheduleAt;
       if (opts.dryRun) body.dryRun = true;
-      if (opts.policy !== undefined) body.policy = parsePolicyOption(opts.policy);
+      if (policy !== undefined) body.policy = policy;
       const rollout = await client.post<Rollout>(`/api/roosts/${seg(roostId)}/deploy`, body, { idempotencyKey: true });
 
       let watched: WatchOutcome | undefined;
@@ -207,14 +210,33 @@ export function registerDeploy(program: Command): void {
   );
 }
 
-/** `--policy` value: JSON text, or `@path` of a file holding it. @throws Error on unreadable or invalid JSON. */
-export function parsePolicyOption(raw: string): unknown {
-  const text = raw.startsWith('@') ? fs.readFileSync(raw.slice(1), 'utf8') : raw;
-  try {
-    return JSON.parse(text);
-  } catch {
-    throw new Error('--policy must be JSON (or @file holding JSON)');
+/**
+ * `--policy` value: a JSON object, or `@path` of a file holding one. Checked before any request: the API
+ * validates the policy's fields (400 validation_failed keyed by dotted path), the CLI only its form.
+ * @throws UsageError (exit 2) on an unreadable file, invalid JSON, or JSON that is not an object
+ */
+export function parsePolicyOption(raw: string): Record<string, unknown> {
+  let text = raw;
+  if (raw.startsWith('@')) {
+    const file = raw.slice(1);
+    if (!file) throw new UsageError('--policy @file needs a file name after the @');
+    try {
+      text = fs.readFileSync(file, 'utf8');
+    } catch (err) {
+      const e = err as NodeJS.ErrnoException;
+      throw new UsageError(`--policy: cannot read ${file}: ${e.code ?? e.message}`);
+    }
   }
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    throw new UsageError(
+      raw.startsWith('@') ? `--policy: ${raw.slice(1)} does not hold JSON` : '--policy must be JSON (or @file holding JSON)',
+    );
+  }
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new UsageError('--policy must be a JSON object');
+  return v as Record<string, unknown>;
 }
 
 const ROLLOUT_ACTIONS = ['list', 'show', 'pause', 'resume', 'promote', 'abort', 'rollback'] as const;

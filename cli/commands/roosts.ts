@@ -1,11 +1,14 @@
 /**
- * `roost roosts create|list|show` (docs/contract.md "Roosts": POST /api/roosts, GET /api/roosts,
- * GET /api/roosts/{roostId}). The create body is not shown by the spec; the API (api/routes/roosts.ts)
- * takes siteId, name, targets and extractPath and assigns the roost id itself.
+ * `roost roosts create|list|show|update|delete` (docs/contract.md "Roosts": POST /api/roosts, GET /api/roosts,
+ * GET, PATCH and DELETE /api/roosts/{roostId}). The create and patch bodies are not shown by the spec; the API
+ * (api/routes/roosts.ts, docs/decisions/roost-create-update-delete.md) takes siteId, name, targets and
+ * extractPath and assigns the roost id itself. Update and delete send one Idempotency-Key per invocation
+ * (optional on those routes, honoured when sent); delete asks nothing (like every other delete command) and
+ * only tombstones the roost: a repeat answers `alreadyDeleted: true`.
  */
 import { type Command } from 'commander';
 import { seg } from '../client';
-import { commandContext, formatBytes, idList, positiveInt, table, withJson } from '../context';
+import { commandContext, formatBytes, idList, positiveInt, table, UsageError, withJson } from '../context';
 import { collectPages } from './versions';
 
 /** Roost record fields the CLI shows (docs/contract.md "Roost record"). */
@@ -22,8 +25,18 @@ interface RoostRecord {
   [extra: string]: unknown;
 }
 
+/** The answer of DELETE /api/roosts/{roostId} (docs/decisions/roost-create-update-delete.md). */
+interface RoostDeleted {
+  roostId: string;
+  siteId: string;
+  deleted: true;
+  deletedAt: string;
+  alreadyDeleted: boolean;
+}
+
+/** Registers `roost roosts create|list|show|update|delete`. */
 export function registerRoosts(program: Command): void {
-  const roosts = program.command('roosts').description('create and list roosts');
+  const roosts = program.command('roosts').description('create, list, update and delete roosts');
 
   withJson(
     roosts
@@ -99,4 +112,46 @@ export function registerRoosts(program: Command): void {
       });
     },
   );
+
+  withJson(
+    roosts
+      .command('update')
+      .description('change the name, targets or extract path of a roost (version pointers move only by publish and rollback)')
+      .argument('<roostId>', 'roost id')
+      .option('--name <name>', 'new display name')
+      .option('--targets <ids>', 'new comma-separated target machine ids (replaces the list; "" empties it)', idList)
+      .option('--extract-path <path>', 'new destination root on the target machines'),
+  ).action(async (roostId: string, opts: { name?: string; targets?: string[]; extractPath?: string }, cmd: Command) => {
+    const ctx = commandContext(cmd);
+    const body: Record<string, unknown> = {};
+    if (opts.name !== undefined) body.name = opts.name;
+    if (opts.targets !== undefined) body.targets = opts.targets;
+    if (opts.extractPath !== undefined) body.extractPath = opts.extractPath;
+    if (Object.keys(body).length === 0) throw new UsageError('nothing to change: give --name, --targets or --extract-path');
+    const r = await ctx
+      .client()
+      .patch<RoostRecord>(`/api/roosts/${seg(roostId)}`, { siteId: ctx.siteId(), ...body }, { idempotencyKey: true });
+    ctx.emit(r, () =>
+      process.stdout.write(
+        `updated roost ${r.roostId} (${r.name}): ${(r.targets ?? []).length} target(s), extract ${r.extractPath || '-'}\n`,
+      ),
+    );
+  });
+
+  withJson(
+    roosts
+      .command('delete')
+      .description('soft-delete (tombstone) a roost; its versions and chunks stay until the purge')
+      .argument('<roostId>', 'roost id'),
+  ).action(async (roostId: string, _opts: unknown, cmd: Command) => {
+    const ctx = commandContext(cmd);
+    const r = await ctx
+      .client()
+      .delete<RoostDeleted>(`/api/roosts/${seg(roostId)}`, { query: { siteId: ctx.siteId() }, idempotencyKey: true });
+    ctx.emit(r, () =>
+      process.stdout.write(
+        r.alreadyDeleted ? `${r.roostId} was deleted already (at ${r.deletedAt})\n` : `deleted roost ${r.roostId} at ${r.deletedAt}\n`,
+      ),
+    );
+  });
 }

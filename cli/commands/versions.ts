@@ -1,12 +1,16 @@
 /**
- * `roost versions list <roostId>` and `roost versions show <roostId> <versionRef>` (docs/contract.md "Roost
- * versions": GET /api/roosts/{roostId}/versions, …/versions/{versionRef}, …/files).
+ * `roost versions list <roostId>`, `roost versions show <roostId> <versionRef>` and `roost versions update
+ * <roostId> <versionRef> --description …` (docs/contract.md "Roost versions": GET /api/roosts/{roostId}/versions,
+ * …/versions/{versionRef}, …/files, PATCH …/versions/{versionRef}).
  * Refs take every form of docs/contract.md "Version id and version refs" (id, 3, #3, v3, current, previous, first).
+ * A version's content is immutable: PATCH takes only `siteId` and `description` (null clears it), so update has
+ * no other flag; it sends one Idempotency-Key per invocation (optional on that route, honoured when sent).
  */
 import { type Command } from 'commander';
 import type { RoostClient } from '../client';
 import { seg } from '../client';
-import { commandContext, formatBytes, positiveInt, table, withJson } from '../context';
+import { commandContext, formatBytes, positiveInt, table, UsageError, withJson } from '../context';
+import { DESCRIPTION_MAX } from '../../domain/version';
 
 /** A version record as listed (docs/contract.md "Version record"). */
 export interface VersionRecord {
@@ -74,6 +78,7 @@ export async function listAllFiles(
 
 const shortId = (id: string | null | undefined) => (id ? id.slice(0, 12) : null);
 
+/** Registers `roost versions list|show|update`. */
 export function registerVersions(program: Command): void {
   const versions = program.command('versions').description('list and inspect the versions of a roost');
 
@@ -145,5 +150,36 @@ export function registerVersions(program: Command): void {
       }
       process.stdout.write(lines.join('\n') + '\n');
     });
+  });
+
+  withJson(
+    versions
+      .command('update')
+      .description("change a version's description (the only mutable field: files and chunks never change)")
+      .argument('<roostId>', 'roost id')
+      .argument('<versionRef>', 'version ref: id, number (3, #3, v3) or alias (current, previous, first)')
+      .option('--description <text>', `new description (at most ${DESCRIPTION_MAX} characters; "" clears it)`)
+      .option('--clear-description', 'remove the description'),
+  ).action(async (roostId: string, ref: string, opts: { description?: string; clearDescription?: boolean }, cmd: Command) => {
+    const ctx = commandContext(cmd);
+    if (opts.description !== undefined && opts.clearDescription)
+      throw new UsageError('--description and --clear-description exclude each other');
+    if (opts.description === undefined && !opts.clearDescription)
+      throw new UsageError('nothing to change: give --description <text> or --clear-description');
+    if (opts.description !== undefined && [...opts.description].length > DESCRIPTION_MAX)
+      throw new UsageError(`--description has at most ${DESCRIPTION_MAX} characters, got ${[...opts.description].length}`);
+    const description = opts.clearDescription || opts.description === '' ? null : (opts.description ?? null);
+    const v = await ctx
+      .client()
+      .patch<VersionRecord & { roostId: string; siteId: string; updatedAt: string }>(
+        `/api/roosts/${seg(roostId)}/versions/${seg(ref)}`,
+        { siteId: ctx.siteId(), description },
+        { idempotencyKey: true },
+      );
+    ctx.emit(v, () =>
+      process.stdout.write(
+        `updated version ${v.versionNumber} of ${roostId} (${shortId(v.versionId)}): ${v.description === null ? 'no description' : `"${v.description}"`}\n`,
+      ),
+    );
   });
 }
