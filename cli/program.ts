@@ -5,7 +5,7 @@
  * cli/commands/ and exports a `register…(program)` function; add new API commands to COMMANDS below.
  */
 import { Command, CommanderError } from 'commander';
-import { addGlobalOptions, isJsonMode, reportError } from './context';
+import { addGlobalOptions, isJsonMode, reportError, UsageError } from './context';
 import { CLI_VERSION } from './version';
 import { registerPush } from './commands/push';
 import { registerDeploy } from './commands/deploy';
@@ -59,12 +59,20 @@ export const COMMANDS: Registrar[] = [
   registerAgent,
 ];
 
+/**
+ * True during a `runProgram` whose arguments include `--json`: commander's own error text (and the help it
+ * shows after an error) is then left unwritten, and the failure is reported as the `{error}` document with
+ * code usage_error (docs/decisions/cli-output.md), like every other failure of a --json run.
+ */
+let jsonRun = false;
+
 /** The program with the global options and every command of COMMANDS registered (does not parse). */
 export function baseProgram(): Command {
   const program = addGlobalOptions(new Command('roost'))
     .description('Roost: content-addressed roosts, canary rollouts and fleet control')
     .version(CLI_VERSION)
     .showHelpAfterError()
+    .configureOutput({ writeErr: (text) => void (jsonRun || process.stderr.write(text)) })
     .exitOverride();
   for (const register of COMMANDS) register(program);
   return program;
@@ -72,13 +80,19 @@ export function baseProgram(): Command {
 
 /** Parses `argv` and runs the command; resolves with the exit code (also set on process.exitCode). */
 export async function runProgram(build: () => Command, argv: string[]): Promise<number> {
+  jsonRun = argv.includes('--json');
   try {
     const program = build();
     await program.parseAsync(argv);
     return Number(process.exitCode ?? 0);
   } catch (err) {
     if (err instanceof CommanderError) {
-      // Help and --version exit through here with code 0; usage errors were already printed by commander.
+      // Help and --version exit through here with code 0; usage errors were already printed by commander,
+      // except in a --json run, which reports them as its one {error} document.
+      if (err.exitCode !== 0 && jsonRun) {
+        const detail = err.message === '(outputHelp)' ? 'a subcommand is needed: see --help' : err.message.replace(/^error: /, '');
+        reportError(new UsageError(detail), true);
+      }
       process.exitCode = err.exitCode === 0 ? 0 : 2;
       return Number(process.exitCode);
     }

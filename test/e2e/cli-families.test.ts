@@ -234,6 +234,18 @@ describe('roost config', () => {
   });
 });
 
+describe('usage errors', () => {
+  it("reports the argument parser's refusals as the --json error document, exit 2", async () => {
+    const missing = await refused(['deployments', 'create', 'x'], 2, 'usage_error');
+    expect(missing.detail).toBe("required option '--machines <ids>' not specified");
+    expect((await refused(['machines', 'list', '--bogus'], 2, 'usage_error')).detail).toBe("unknown option '--bogus'");
+    // Without --json, commander's own text and the command's help, as before.
+    const plain = await roost(['machines', 'list', '--bogus']);
+    expect([plain.code, plain.stdout]).toEqual([2, '']);
+    expect(plain.stderr).toMatch(/^error: unknown option '--bogus'\n\nUsage: roost machines list/);
+  });
+});
+
 describe('an API that is not there', () => {
   it('refuses a malformed --api at once (2); an API that never answered gets 6 attempts, not the outage window (1)', async () => {
     await refused(['whoami'], 2, 'usage_error', { ROOST_API_URL: 'notaurl' });
