@@ -239,6 +239,9 @@ export async function runService(opts: RunOptions): Promise<number> {
     if (err !== undefined) noteError(message, err);
   });
   agent.on('heartbeat', (res: { pendingCommands: number }) => {
+    // The recovery is in the log as the failure was (docs/decisions/agent-service.md): one line when the API answers again.
+    if (!status.connected && status.lastErrorAt !== null)
+      log.info({ lastError: status.lastError, lastErrorAt: status.lastErrorAt }, 'API reachable again');
     status.connected = true;
     status.lastHeartbeatAt = new Date().toISOString();
     status.pendingCommands = res.pendingCommands;

@@ -255,6 +255,11 @@ describe('roost agent as a process', () => {
     await proxy.down();
     await second.waitFor('the outage to be noticed', (l) => l.level === 40 && /failed/.test(l.msg));
     await proxy.up();
+    // The recovery is logged as the failure was.
+    await second.waitFor(
+      'the recovery to be logged',
+      (l) => l.level === 30 && l.msg === 'API reachable again' && typeof l.lastError === 'string',
+    );
     const files2 = { ...randomFiles(400, 'v2'), 'v1/f0000.txt': 'changed\n' };
     await publishFiles(h, roostId, files2);
     const rollout2 = await deployRoute(h, roostId);
