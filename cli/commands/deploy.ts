@@ -258,7 +258,7 @@ export function registerRolloutControl(program: Command): void {
       const client = ctx.client();
       const siteId = ctx.siteId();
       if (!(ROLLOUT_ACTIONS as readonly string[]).includes(action))
-        throw new Error(`unknown action ${action}; use one of ${ROLLOUT_ACTIONS.join(', ')}`);
+        throw new UsageError(`unknown action ${action}; use one of ${ROLLOUT_ACTIONS.join(', ')}`);
       if (action === 'list') {
         const res = await client.get<{ rollouts: Array<Record<string, unknown>> }>(`/api/roosts/${seg(roostId)}/rollouts`, {
           siteId,
@@ -282,7 +282,7 @@ export function registerRolloutControl(program: Command): void {
         );
         return;
       }
-      if (!rolloutId) throw new Error(`${action} needs a rollout id`);
+      if (!rolloutId) throw new UsageError(`${action} needs a rollout id`);
       const base = `/api/roosts/${seg(roostId)}/rollouts/${seg(rolloutId)}`;
       const r =
         action === 'show'

@@ -753,6 +753,14 @@ describe('the roost CLI', () => {
       const again = await roost(['rollout', 'promote', roost0.roostId, rolloutId]);
       expect(again.code).toBe(EXIT.conflict);
       expect(again.stderr).toMatch(/conflict/);
+      // Usage errors: an unknown action, an action without its rollout id.
+      for (const args of [
+        ['rollout', 'explode', roost0.roostId, rolloutId],
+        ['rollout', 'pause', roost0.roostId],
+      ]) {
+        const bad = await roost([...args, '--json']);
+        expect([bad.code, JSON.parse(bad.stdout).error.code]).toEqual([EXIT.usage, 'usage_error']);
+      }
     } finally {
       await fleet.stop();
     }
