@@ -87,7 +87,7 @@ export async function buildApp(deps: AppDeps, opts: BuildOptions = {}): Promise<
     bodyLimit: 1024 * 1024,
     // GET /api/chunks/download-urls takes up to 1,000 repeated `hash` parameters (about 70 KB of URL), which
     // Node's default 16 KB header limit would refuse with 431.
-    // Node answers a HTTP/1.1 request without Host with a bare 400 of its own; the onRequest hook below
+    // Node answers an HTTP/1.1 request without Host with a bare 400 of its own; the onRequest hook below
     // answers it with a problem document instead.
     http: { maxHeaderSize: MAX_HEADER_BYTES, requireHostHeader: false },
     // Agents hold keep-alive connections and long-polls; closing the app must not wait for them.

@@ -11,9 +11,9 @@
  *   422 idempotency_key_mismatch.
  * - The first request reserves the scope (an `in_progress` row). Successful (2xx) non-streaming
  *   responses are stored for 24 h and replayed with `Idempotent-Replayed: true`, same status, body,
- *   content headers and Cache-Control (REPLAYED_HEADERS). Errors and streams are not stored: the reservation is released, so a corrected
- *   request with the same key runs. A request arriving while the first still runs gets 409
- *   idempotency_key_in_use (Retry-After: 1), so the mutation runs once
+ *   content headers and Cache-Control (REPLAYED_HEADERS). Errors and streams are not stored: the
+ *   reservation is released, so a corrected request with the same key runs. A request arriving while the
+ *   first still runs gets 409 idempotency_key_in_use (Retry-After: 1), so the mutation runs once
  *   (docs/decisions/idempotency-concurrency.md).
  * - Stored bodies are sealed (AES-256-GCM) under a key derived from the Idempotency-Key itself, which
  *   the server never stores: only a request presenting the same key can read the replay, so responses
