@@ -16,6 +16,10 @@ export const LEAK_PATTERNS: readonly { kind: string; re: RegExp }[] = [
   { kind: 'agent token', re: /\bsat_(?!\[redacted\])[A-Za-z0-9_-]{16,}/ },
   { kind: 'session token', re: /\bsst_(?!\[redacted\])[A-Za-z0-9_-]{16,}/ },
   { kind: 'webhook secret', re: /\bwhsec_(?!\[redacted\])[A-Za-z0-9_-]{16,}/ },
+  // A key in the stream's `?api_key=` in any encoding, and a secret whose prefix is percent-encoded (the
+  // server decodes query strings, so `svk%5Flive%5F…` authenticates).
+  { kind: 'api_key parameter', re: /[?&]api(?:_|%5F)key=(?!\[redacted\])[^&"'\s\\]{8,}/i },
+  { kind: 'percent-encoded secret', re: /\b(?:svk(?:_|%5F)(?:live|test)|ses|sat|sst|whsec)%5F[A-Za-z0-9_%-]{16,}/i },
   // The signature of a SAS URL (blob upload and download URLs).
   { kind: 'SAS signature', re: /[?&](?:amp;)?sig=(?!\[redacted\])[^&"'\s\\]{8,}/i },
   // A credential in a header, as text or as a JSON field.

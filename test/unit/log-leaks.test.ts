@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { checkLogDir, describeCheck, findLeaks } from '../support/log-leaks';
-import { createLogger } from '../../telemetry/logging';
+import { createLogger, redactSecrets } from '../../telemetry/logging';
 
 const raw = (prefix: string) => `${prefix}${'Ab3_'.repeat(11)}`;
 
@@ -18,6 +18,8 @@ const PLANTED: Record<string, string> = {
   'agent token': `{"msg":"token ${raw('sat_')} refused"}`,
   'session token': `{"session":"${raw('sst_')}"}`,
   'webhook secret': `{"secret_value":"${raw('whsec_')}"}`,
+  'api_key parameter': `{"url":"/api/events/stream?siteId=s&api_key=${raw('svk%5Flive%5F')}"}`,
+  'percent-encoded secret': `{"url":"/x?token=${raw('sat%5F')}"}`,
   'SAS signature': `{"url":"https://acct.blob.core.windows.net/c/b?sv=2024-01-01&se=2026&sr=b&sp=r&sig=AbCdEf%2B123%3D"}`,
   'Authorization header': `GET /api/roosts HTTP/1.1 authorization: Bearer eyJhbGciOiJSUzI1NiJ9.payload.sig`,
   'credential field': `{"req":{"headers":{"x-api-key":"k3y-without-a-prefix-0123"}}}`,
@@ -29,7 +31,30 @@ const CLEAN = [
   `{"msg":"request completed","requestId":"req_0123456789abcdef0123","responseTime":1.2}`,
   `error: unauthorized: send Authorization: Bearer <key>`,
   `{"msg":"session_expired","sat_count":3}`,
+  `{"url":"/api/events/stream?siteId=site_1&api_key=[redacted]&events=version.published%2Croost.deleted"}`,
 ];
+
+it('redacts a query credential whatever its encoding: api_key by name, any parameter whose decoded value is a secret', () => {
+  const key = raw('svk_live_');
+  const encoded = key.replace(/_/g, '%5F');
+  const everyChar = [...key].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, '0')}`).join('');
+  for (const url of [
+    `/s?siteId=a&api_key=${key}`,
+    `/s?siteId=a&api_key=${encoded}`,
+    `/s?siteId=a&api%5Fkey=${everyChar}`,
+    `/s?api_key=${everyChar}&siteId=a`,
+    `/s?x=${encoded}`,
+  ]) {
+    const line = redactSecrets(JSON.stringify({ url }));
+    expect(line).not.toContain(key.slice(9));
+    expect(line).not.toContain(encoded.slice(13));
+    expect(line).not.toContain(everyChar.slice(30));
+    expect(findLeaks(line)).toEqual([]);
+  }
+  expect(redactSecrets('/s?siteId=a&api_key=abc&b=1')).toBe('/s?siteId=a&api_key=[redacted]&b=1');
+  // Ordinary encoded parameters stay as they were.
+  expect(redactSecrets('/s?events=a%2Cb&q=%E2%9C%93&bad=%ZZ')).toBe('/s?events=a%2Cb&q=%E2%9C%93&bad=%ZZ');
+});
 
 let dir: string;
 beforeEach(() => {
