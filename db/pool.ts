@@ -4,7 +4,7 @@
  * CockroachDB's client-side retry protocol (docs/architecture.md "Transactions").
  */
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { Pool, type PoolClient, type QueryResultRow } from 'pg';
+import { Client, type ClientConfig, Pool, type PoolClient, type QueryResultRow } from 'pg';
 
 /**
  * A statement with a name: `pg` prepares it once per connection (Parse) and later only binds and executes it,
@@ -112,14 +112,47 @@ function tagRejections(target: object, method: 'query' | 'connect'): void {
   };
 }
 
+/** Waits the API's pool puts on the database (config ROOST_DB_QUERY_TIMEOUT_MS, ROOST_DB_CONNECT_TIMEOUT_MS). */
+export interface PoolTimeouts {
+  /** Longest wait for one statement's answer (ms; pg `query_timeout`); none when unset. */
+  queryTimeoutMs?: number;
+  /** Longest wait for a new connection to be set up (ms); none when unset. */
+  connectTimeoutMs?: number;
+}
+
+/** The message of pg's `query_timeout` error: the statement may still run, the connection is unusable. */
+const QUERY_TIMEOUT_MESSAGE = 'Query read timeout';
+
+/** True for pg's `query_timeout` error (the client that raised it must be discarded, not reused). */
+export function isQueryTimeout(err: unknown): boolean {
+  return err instanceof Error && err.message === QUERY_TIMEOUT_MESSAGE;
+}
+
 /**
  * Creates the pool. BIGINT columns (epoch ms, byte counts) are parsed as JS numbers (safe below 2^53).
  * Connection-level failures of `pool.query`, `pool.connect` and a checked-out client's `query` are marked by
- * `tagConnectionError`. No `connectionTimeoutMillis`: in pg it also bounds the wait for a free client, so under
- * load (a fleet enrolling at once) it would turn a busy pool into 503s; a stopped server refuses at once.
+ * `tagConnectionError`, and so are the timeouts of `timeouts`, so a database that stops answering is 503 too.
+ * The connect timeout is set on each client, not on the pool: pg's pool-level `connectionTimeoutMillis` also
+ * bounds the wait for a free client, so under load (a fleet enrolling at once) it would turn a busy pool into
+ * 503s. A client whose statement timed out is discarded (pool.query does; `withTx` does).
  */
-export function createPool(connectionString: string, max = 10): Pool {
-  const pool = new Pool({ connectionString, max, idleTimeoutMillis: 10_000 });
+export function createPool(connectionString: string, max = 10, timeouts: PoolTimeouts = {}): Pool {
+  const connectTimeoutMs = timeouts.connectTimeoutMs;
+  const pool = new Pool({
+    connectionString,
+    max,
+    idleTimeoutMillis: 10_000,
+    ...(timeouts.queryTimeoutMs ? { query_timeout: timeouts.queryTimeoutMs } : {}),
+    ...(connectTimeoutMs
+      ? {
+          Client: class extends Client {
+            constructor(config?: ClientConfig) {
+              super({ ...config, connectionTimeoutMillis: connectTimeoutMs });
+            }
+          },
+        }
+      : {}),
+  });
   pool.on('error', () => {
     /* idle client errors are reported on next use; keep the process alive */
   });
@@ -194,11 +227,14 @@ export async function withTx<T>(pool: Pool, fn: (tx: PoolClient) => Promise<T>, 
       if (observed) observer.afterCommit();
       return result;
     } catch (err) {
-      try {
-        await client.query('ROLLBACK');
-      } catch {
-        broken = true;
-      }
+      // A statement that timed out is still the connection's active one: a ROLLBACK would wait behind it.
+      if (isQueryTimeout(err)) broken = true;
+      else
+        try {
+          await client.query('ROLLBACK');
+        } catch {
+          broken = true;
+        }
       const code = (err as { code?: string }).code;
       if (code && RETRYABLE.has(code) && attempt < attempts) {
         // Observers (telemetry/metrics.ts observePool) count retries through this event.

@@ -33,7 +33,10 @@ export interface ServiceDeps {
  * @throws when blob containers cannot be ensured or Temporal cannot be reached.
  */
 export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<ServiceDeps> {
-  const db = createPool(cfg.databaseUrl, poolSize);
+  const db = createPool(cfg.databaseUrl, poolSize, {
+    queryTimeoutMs: cfg.ROOST_DB_QUERY_TIMEOUT_MS,
+    connectTimeoutMs: cfg.ROOST_DB_CONNECT_TIMEOUT_MS,
+  });
   const blob = BlobStore.fromConfig(cfg);
   await blob.ensureContainers();
   // 30 s rather than the SDK's 10 s: a Temporal server that is busy (a loaded machine, a restart in

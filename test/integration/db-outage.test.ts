@@ -7,6 +7,10 @@ import net from 'node:net';
 import { createHarness, type Harness } from '../support/harness';
 import { testConfig } from '../support/env';
 
+/** The API's waits on the database in this file (config ROOST_DB_QUERY_TIMEOUT_MS, ROOST_DB_CONNECT_TIMEOUT_MS). */
+const QUERY_TIMEOUT_MS = 3000;
+const CONNECT_TIMEOUT_MS = 2000;
+
 let h: Harness;
 let proxy: net.Server;
 let port = 0;
@@ -37,7 +41,11 @@ async function closeProxy(): Promise<void> {
 beforeAll(async () => {
   await openProxy();
   const cfg = testConfig();
-  h = await createHarness({ DATABASE_URL: cfg.databaseUrl.replace(`:${cfg.ROOST_PG_PORT}/`, `:${port}/`) });
+  h = await createHarness({
+    DATABASE_URL: cfg.databaseUrl.replace(`:${cfg.ROOST_PG_PORT}/`, `:${port}/`),
+    ROOST_DB_QUERY_TIMEOUT_MS: String(QUERY_TIMEOUT_MS),
+    ROOST_DB_CONNECT_TIMEOUT_MS: String(CONNECT_TIMEOUT_MS),
+  });
 });
 
 afterAll(async () => {
@@ -97,4 +105,38 @@ test('a connection lost in the middle of a query (no SQLSTATE: "Connection termi
   for (let i = 0; i < 20 && again.statusCode !== 200; i++)
     again = await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` });
   expect(again.statusCode).toBe(200);
+});
+
+test('a database that stops answering (frozen: connections open, nothing comes back) is 503 within the timeouts, then works again', async () => {
+  const list = () => h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` });
+  expect((await list()).statusCode).toBe(200);
+  // Everything the API sends from now on is swallowed: pooled connections wait on their statement, new ones on
+  // their start-up, as with a frozen server or a network path that drops packets.
+  frozen = () => undefined;
+  const started = Date.now();
+  const [read, write] = await Promise.all([
+    list(),
+    h.request({ method: 'POST', url: '/api/roosts', body: { siteId: h.siteId, name: 'while frozen' } }),
+  ]);
+  const took = Date.now() - started;
+  for (const res of [read, write]) {
+    expect([res.statusCode, res.json().code]).toEqual([503, 'service_unavailable']);
+    expect(Number(res.headers['retry-after'])).toBeGreaterThan(0);
+  }
+  // One statement's wait, plus a new connection's for a request that found the pool's clients discarded.
+  expect(took).toBeLessThan(QUERY_TIMEOUT_MS + CONNECT_TIMEOUT_MS + 5000);
+  // A new connection started while frozen fails at the connect timeout too (the pool's clients were discarded).
+  const again = await list();
+  expect([again.statusCode, again.json().code]).toEqual([503, 'service_unavailable']);
+
+  frozen = undefined;
+  for (const s of sockets) s.destroy();
+  sockets.clear();
+  let res = await list();
+  for (let i = 0; i < 40 && res.statusCode !== 200; i++) {
+    await new Promise((r) => setTimeout(r, 250));
+    res = await list();
+  }
+  expect(res.statusCode).toBe(200);
+  expect(res.json().roosts.map((r: { name: string }) => r.name)).not.toContain('while frozen');
 });
