@@ -118,7 +118,8 @@ export async function listConversationPage(
 
 /**
  * Finds the conversation, authorises the caller on its site and checks it is theirs.
- * @throws ApiError not_found (missing, another user's, or deleted unless `includeDeleted`), and what `authorize` throws.
+ * @throws ApiError not_found (missing, another user's, in a site the caller cannot see, or deleted unless
+ *   `includeDeleted`), and what else `authorize` throws.
  */
 async function open(
   deps: Pick<ServiceDeps, 'db'>,
@@ -128,7 +129,11 @@ async function open(
 ): Promise<{ target: ConversationTarget; caller: Caller; deleted: boolean }> {
   const loc = await repo.locateConversation(deps.db, conversationId);
   if (!loc) throw notFound();
-  const caller = await authorize({ siteId: loc.siteId, machineId: loc.machineId });
+  // A site the caller cannot see answers as a conversation that does not exist ("absent or hidden"): a
+  // "site not found" here would tell another tenant that the id exists.
+  const caller = await authorize({ siteId: loc.siteId, machineId: loc.machineId }).catch((err: unknown) => {
+    throw err instanceof ApiError && err.code === 'not_found' ? notFound() : err;
+  });
   if (loc.createdBy !== caller.userId || (loc.deleted && !opts.includeDeleted)) throw notFound();
   return { target: { siteId: loc.siteId, machineId: loc.machineId }, caller, deleted: loc.deleted };
 }

@@ -280,6 +280,41 @@ describe('create', () => {
     expect((await create({}, { key: await scopedKey(h, [{ resource: 'chat', id: '*', permissions: ['write'] }]) })).statusCode).toBe(201);
   });
 
+  it("answers another site's member for this site's conversation exactly as for an id that does not exist", async () => {
+    const id = await newConversation();
+    const absent = 'cnv_000000000000000000000000';
+    const shape = (res: { statusCode: number; json: () => Record<string, unknown> }) => {
+      const { requestId: _requestId, ...rest } = res.json();
+      return [res.statusCode, rest];
+    };
+    for (const [method, body] of [
+      ['GET', undefined],
+      ['PATCH', { title: 'taken over' }],
+      ['DELETE', undefined],
+    ] as const) {
+      const theirs = await req({
+        method,
+        url: `${BASE}/${id}`,
+        key: other.apiKey,
+        body,
+        idempotencyKey: method === 'GET' ? undefined : true,
+      });
+      const none = await req({
+        method,
+        url: `${BASE}/${absent}`,
+        key: other.apiKey,
+        body,
+        idempotencyKey: method === 'GET' ? undefined : true,
+      });
+      expect([method, ...shape(theirs)]).toEqual([method, ...shape(none)]);
+      expect(shape(theirs)).toEqual([
+        404,
+        expect.objectContaining({ code: 'not_found', detail: 'conversation not found', param: 'conversationId' }),
+      ]);
+    }
+    expect((await read(id)).statusCode).toBe(200); // untouched
+  });
+
   it('narrows to a machine only when it is enrolled here (400), has the assistant enabled (423) and is online (503)', async () => {
     const cases: [string, number][] = [
       ['cx-never-enrolled', 400],
