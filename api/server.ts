@@ -22,6 +22,9 @@ export interface RunningApi {
   url: string;
   /** URL of the separate metrics listener (ROOST_METRICS_PORT), when one runs. */
   metricsUrl?: string;
+  /** Closes the metrics listener, if one runs (`close` does too; stack/run.ts closes the parts in its own order). */
+  closeMetrics(): Promise<void>;
+  /** Closes the metrics listener, the app and the dependencies. */
   close(): Promise<void>;
 }
 
@@ -49,13 +52,19 @@ export async function startApi(cfg: Config, opts: { logger?: boolean; loggerInst
       );
     }
   }
+  const closeMetrics = async () => {
+    const m = metrics;
+    metrics = undefined;
+    await m?.close();
+  };
   return {
     app,
     deps,
     url,
     metricsUrl: metrics?.url,
+    closeMetrics,
     async close() {
-      await metrics?.close();
+      await closeMetrics();
       await app.close();
       await closeDeps(deps);
     },

@@ -127,6 +127,8 @@ export async function startStack(
       // The API first (no new requests; those in flight finish), then the worker drains (its running activities
       // finish and report to Temporal), then the connections both used, and the services last.
       log('stopping the API');
+      // The metrics listener too: an open server would keep the process alive after the stack stopped.
+      await api.closeMetrics().catch(() => undefined);
       await api.app.close().catch(() => undefined);
       log('stopping the worker (draining running activities)');
       await stopWorker();

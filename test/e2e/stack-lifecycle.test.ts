@@ -119,7 +119,7 @@ afterAll(() => {
 
 it('calls out to nothing outside the loopback range, and stops API, worker, then services on Ctrl-C', async () => {
   dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'roost-stack-'));
-  const [pg, azurite, temporal, ui] = await freePorts(4);
+  const [pg, azurite, temporal, ui, metrics] = await freePorts(5);
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     ROOST_DATA_DIR: dataDir,
@@ -127,6 +127,8 @@ it('calls out to nothing outside the loopback range, and stops API, worker, then
     ROOST_AZURITE_PORT: String(azurite),
     ROOST_TEMPORAL_PORT: String(temporal),
     ROOST_TEMPORAL_UI_PORT: String(ui),
+    // A metrics listener: an open server of its own, which must not keep the process alive after Ctrl-C.
+    ROOST_METRICS_PORT: String(metrics),
     ROOST_API_PORT: '0',
     ROOST_PG_DATABASE: 'roost',
     ROOST_LOG_LEVEL: 'silent',
@@ -166,7 +168,7 @@ it('calls out to nothing outside the loopback range, and stops API, worker, then
     for (const s of peersOf(processTree(roots()))) if (!isLocal(s.peer)) outside.push(s);
   }, 100);
   try {
-    const ready = await new Promise<{ api: string; temporalUi: string }>((resolve, reject) => {
+    const ready = await new Promise<{ api: string; temporalUi: string; metrics?: string }>((resolve, reject) => {
       child!.stdout!.on('data', () => {
         const line = out.split('\n').find((l) => l.includes('"ready"'));
         if (line) resolve(JSON.parse(line));
@@ -181,6 +183,8 @@ it('calls out to nothing outside the loopback range, and stops API, worker, then
       migrations: 'applied',
     });
     expect((await fetch(ready.temporalUi)).status).toBeLessThan(500);
+    expect(ready.metrics).toBe(`http://127.0.0.1:${metrics}/metrics`);
+    expect((await fetch(ready.metrics!)).status).toBe(200);
     const stackProcesses = processTree(roots());
     expect(stackProcesses.length).toBeGreaterThanOrEqual(4); // the CLI, Azurite, Temporal, the postmaster
 
