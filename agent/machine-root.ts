@@ -6,7 +6,7 @@
  *   <rootDir>/state/<roostId>.activation.json        journal of an activation under way (agent/assembly.ts)
  *   <rootDir>/chunks/<hash>                          local chunk store (agent/download.ts)
  *   <rootDir>/staging/<roostId>/<versionId>/         a staged tree, and `<versionId>.json` its manifest
- *   <rootDir>/<extractRoot>/…                        the live trees
+ *   <rootDir>/<extractRoot>/…                        the live trees (`roosts/<roostId>` when the roost names none)
  *
  * Also the path rules that keep every write under the root, and the atomic write (temp file, fsync, rename).
  */
@@ -37,6 +37,14 @@ export interface StagedManifest extends Manifest {
   baseVersionId: string | null;
   /** Counters of the staging run, reported again with `committed` at activation. */
   counters: SyncCounters;
+}
+
+/**
+ * Where a roost whose extract path is '' (the roost names none: "'' = the agent's default", the contract's
+ * roost record) is extracted: `roosts/<roostId>` under the machine root, one folder per roost.
+ */
+export function defaultExtractRoot(roostId: string): string {
+  return `roosts/${roostId}`;
 }
 
 /**

@@ -41,7 +41,7 @@ import { type ChunkStore, type Limiter, downloadChunks } from './download';
 import { SyncCancelled, SyncFailure, TERMINAL_COMMAND_STATUSES, errMessage } from './errors';
 import { type FaultInjector, stagingFault } from './faults';
 import { fetchBytes, sleep } from './http';
-import { type MachineRoot, type Manifest, type StagedManifest, resolveExtractDir } from './machine-root';
+import { defaultExtractRoot, type MachineRoot, type Manifest, type StagedManifest, resolveExtractDir } from './machine-root';
 import type { AgentCommand, CommandReport, DownloadUrls, InlineSync } from './transport';
 import { type KeyRing, verifySignature } from './trust';
 
@@ -383,7 +383,7 @@ export async function runSyncPull(ctx: SyncContext, cmd: AgentCommand): Promise<
 
     // 1. The version: its signature against the pinned site keys, then the body against its id.
     const { body, extractPath } = await fetchVerifiedVersion(ctx, roostId, versionId, inline);
-    const extractDir = resolveExtractDir(ctx.root.dir, p.extractRoot || extractPath || '');
+    const extractDir = resolveExtractDir(ctx.root.dir, p.extractRoot || extractPath || defaultExtractRoot(roostId));
     const extractRel = ctx.root.relative(extractDir);
 
     // 2. Plan: skipped files (unchanged since the last commit), needed chunks, local dedup.

@@ -19,6 +19,7 @@ import { newId } from '../../domain/hex';
 import { recordHistory } from '../../scripts/record-history';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
+import { defaultExtractRoot } from '../../agent/machine-root';
 import { waitFor } from '../support/wait';
 import {
   type TestWorker,
@@ -103,6 +104,33 @@ describe('rolloutWorkflow with reference agents', () => {
       expect(cmds).toHaveLength(6);
       expect(cmds.every((c) => c.status === 'completed' && c.result === 'success')).toBe(true);
       await maybeRecord(deployed.workflowId, 'rollout-completed');
+    } finally {
+      await fleet.stop();
+    }
+  });
+
+  it("extracts a roost that names no extract path to the agent's default, roosts/<roostId>", async () => {
+    const baseUrl = await h.listen();
+    const fleet = await startFleet({
+      baseUrl,
+      siteId: h.siteId,
+      enrolmentSecret: await h.enrolmentSecret(),
+      count: 2,
+      rootDir: path.join(tmpRoot, 'fleet-default-root'),
+      pollWaitSeconds: 5,
+      heartbeatMs: 0,
+    });
+    try {
+      const roost = await seedRoost(h, { targets: fleet.machineIds, extractPath: '' });
+      const deployed = await deployRoute(h, roost.roostId);
+      workflows.push(deployed.workflowId);
+      expect(await result(deployed.workflowId)).toMatchObject({ stage: 'completed', succeeded: 2, failed: 0 });
+      for (const m of fleet.machineIds) {
+        const dir = path.join(tmpRoot, 'fleet-default-root', m, 'roosts', roost.roostId);
+        expect(resolveExtractDir(path.join(tmpRoot, 'fleet-default-root', m), defaultExtractRoot(roost.roostId))).toBe(dir);
+        for (const [file, text] of Object.entries(roost.files))
+          expect(await fs.readFile(path.join(dir, ...file.split('/')), 'utf8')).toBe(text);
+      }
     } finally {
       await fleet.stop();
     }
