@@ -5,6 +5,7 @@
  *   surrogates, nesting deeper than MAX_JSON_DEPTH and prototype keys are 400 `validation_failed` naming the
  *   field (`errors` keyed by the dotted path, as schema errors are). An empty or malformed body is 400 too.
  * - Query and path parameters get the same text rule before schema validation.
+ * - A body in a content coding (`Content-Encoding: gzip`, …) is 415 unsupported_media_type: nothing is decoded.
  *
  * Route body limits still apply first (Fastify reads at most the route's `bodyLimit` bytes).
  */
@@ -71,6 +72,21 @@ export function parameterProblem(request: FastifyRequest): ApiError | null {
   return null;
 }
 
+/**
+ * 415 unsupported_media_type (param Content-Encoding) when a request with a body names a content coding other
+ * than `identity` (RFC 9110 8.4: the API decodes none), else null.
+ */
+export function contentEncodingProblem(headers: FastifyRequest['headers']): ApiError | null {
+  const coding = String(headers['content-encoding'] ?? '')
+    .trim()
+    .toLowerCase();
+  const hasBody = headers['transfer-encoding'] !== undefined || Number(headers['content-length'] ?? 0) > 0;
+  if (!hasBody || coding === '' || coding === 'identity') return null;
+  return new ApiError('unsupported_media_type', `Content-Encoding ${coding} is not accepted: send the body uncompressed`, {
+    extras: { param: 'Content-Encoding' },
+  });
+}
+
 export default fp(
   async function inputPlugin(app: FastifyInstance) {
     app.removeContentTypeParser('application/json');
@@ -82,6 +98,12 @@ export default fp(
       } catch (err) {
         done(err as Error, undefined);
       }
+    });
+    // Request bodies are read as sent: a body in a content coding (gzip, br, …) is 415, not a JSON error.
+    app.addHook('preParsing', async (request, _reply, payload) => {
+      const problem = contentEncodingProblem(request.headers);
+      if (problem) throw problem;
+      return payload;
     });
     app.addHook('preValidation', async (request) => {
       const problem = parameterProblem(request);

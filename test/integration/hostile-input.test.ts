@@ -4,6 +4,7 @@
  * keys. Every refusal is 400 validation_failed naming the field, and nothing changes.
  */
 import net from 'node:net';
+import { gzipSync } from 'node:zlib';
 import { createHarness, type Harness } from '../support/harness';
 import { makeUser, sessionFor } from '../support/identity';
 
@@ -389,6 +390,26 @@ describe('framework-level refusals are problem+json with the right status', () =
       payload: '{',
     });
     expect([badJson.statusCode, badJson.json().code]).toEqual([404, 'not_found']);
+  });
+
+  test('a compressed body (Content-Encoding gzip) is 415 naming the header, and nothing is created; identity is plain', async () => {
+    const body = JSON.stringify({ siteId: h.siteId, name: 'compressed' });
+    const before = (await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` })).json().roosts.length;
+    const gz = await h.app.inject({
+      method: 'POST',
+      url: '/api/roosts',
+      headers: { ...auth(), 'content-type': 'application/json', 'content-encoding': 'gzip' },
+      payload: gzipSync(body),
+    });
+    expect([gz.statusCode, gz.json().code, gz.json().param]).toEqual([415, 'unsupported_media_type', 'Content-Encoding']);
+    expect((await h.request({ method: 'GET', url: `/api/roosts?siteId=${h.siteId}` })).json().roosts.length).toBe(before);
+    const plain = await h.app.inject({
+      method: 'POST',
+      url: '/api/roosts',
+      headers: { ...auth(), 'content-type': 'application/json', 'content-encoding': 'identity' },
+      payload: body,
+    });
+    expect(plain.statusCode).toBe(201);
   });
 
   test('over real HTTP: oversized headers, a control character in a header, no Host, an unknown Expect, an empty Idempotency-Key', async () => {
