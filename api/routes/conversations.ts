@@ -303,7 +303,8 @@ function routesAt(base: (typeof CONVERSATION_BASES)[number]): FastifyPluginAsync
       },
       async (request) => {
         const q = request.query;
-        const caller = await authorizer(request, 'read')({ siteId: q.siteId, machineId: null });
+        // Filtered to one machine, that machine's chat scope is enough (as for reading one of its conversations).
+        const caller = await authorizer(request, 'read')({ siteId: q.siteId, machineId: q.machineId ?? null });
         const paging = conversationPaging(request);
         const page = await listConversationPage(app.deps, {
           siteId: q.siteId,

@@ -333,6 +333,19 @@ describe('create', () => {
     // A key scoped to the machine's chat may create a conversation about it.
     const machineChat = await scopedKey(h, [{ resource: 'chat', id: M.online, permissions: ['write'] }]);
     expect((await create({ machineId: M.online }, { key: machineChat })).statusCode).toBe(201);
+    // … and list the conversations about that machine, though not the whole site's.
+    const machineReader = await scopedKey(h, [{ resource: 'chat', id: M.online, permissions: ['read', 'write'] }]);
+    const mine = await newConversation({ machineId: M.online }, machineReader);
+    const listed = await req({ method: 'GET', url: `${BASE}?siteId=${h.siteId}&machineId=${M.online}`, key: machineReader });
+    expect(listed.statusCode).toBe(200);
+    // The caller's conversations about that machine (the harness user's, made with any of its keys).
+    const about = listed.json().data.conversations as { conversationId: string; machineId: string }[];
+    expect(about.map((c) => c.conversationId)).toContain(mine);
+    expect(new Set(about.map((c) => c.machineId))).toEqual(new Set([M.online]));
+    const whole = await req({ method: 'GET', url: `${BASE}?siteId=${h.siteId}`, key: machineReader });
+    expect([whole.statusCode, whole.json().code]).toEqual([403, 'scope_insufficient']);
+    const elsewhere = await req({ method: 'GET', url: `${BASE}?siteId=${h.siteId}&machineId=${M.disabled}`, key: machineReader });
+    expect([elsewhere.statusCode, elsewhere.json().code]).toEqual([403, 'scope_insufficient']);
     expect((await create({}, { key: machineChat })).statusCode).toBe(403);
   });
 });
