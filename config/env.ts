@@ -26,9 +26,9 @@ export const EnvSchema = Type.Object({
    * answering (frozen, or a network path that drops packets) fails the request with 503 service_unavailable
    * instead of holding it open (docs/decisions/outages.md). The worker and the CLI set none.
    */
-  ROOST_DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 100, maximum: 3_600_000, default: 10_000 }),
+  ROOST_DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 100, maximum: 3_600_000, default: 30_000 }),
   /** The API's longest wait for a new database connection to be set up (ms; pg `connectionTimeoutMillis` of each client). */
-  ROOST_DB_CONNECT_TIMEOUT_MS: Type.Integer({ minimum: 100, maximum: 600_000, default: 5_000 }),
+  ROOST_DB_CONNECT_TIMEOUT_MS: Type.Integer({ minimum: 100, maximum: 600_000, default: 10_000 }),
   /** Port of the embedded PostgreSQL cluster. */
   ROOST_PG_PORT: Port,
   /** Database name on the embedded cluster. */
