@@ -38,6 +38,9 @@ import { type BlobStore, versionUrlOf } from '../storage/blob';
 import {
   type RolloutControl,
   RolloutControlRefused,
+  NoRolloutWorker,
+  CONTROL_UPDATE_WAIT_MS,
+  controlUpdateId,
   controlRollout,
   rolloutWorkflowId,
   startRolloutWorkflow,
@@ -392,13 +395,20 @@ export interface ControlInput {
   by: string;
   reason?: string;
   log?: RolloutLog;
+  /**
+   * The request's Idempotency-Key: the Temporal update id derives from it (workflows/client.ts
+   * `controlUpdateId`), so a retry of a control that timed out waiting for a worker gets that update's
+   * outcome instead of sending a second one.
+   */
+  idempotencyKey?: string;
 }
 
 /**
  * Sends the control update `action` to the rollout's running workflow and answers the rollout as stored
  * after it.
  * @throws ApiError not_found (rollout), conflict (the rollout has ended, or the workflow refused: extras
- *   `state` and `stage`), service_unavailable (workflow service unavailable).
+ *   `state` and `stage`), service_unavailable (workflow service unavailable; no worker polls the task queue,
+ *   so nothing was sent; or no worker accepted the update within CONTROL_UPDATE_WAIT_MS).
  */
 export async function controlRolloutAction(
   deps: Pick<ServiceDeps, 'db' | 'cfg' | 'temporal'>,
@@ -411,11 +421,22 @@ export async function controlRolloutAction(
       extras: { state: r.state, stage: r.stage },
     });
   try {
-    await controlRollout(deps.temporal, r.workflowId, r.rolloutId, action, {
-      by: input.by,
-      ...(input.reason ? { reason: input.reason } : {}),
-    });
+    await controlRollout(
+      deps.temporal,
+      r.workflowId,
+      r.rolloutId,
+      action,
+      { by: input.by, ...(input.reason ? { reason: input.reason } : {}) },
+      input.idempotencyKey ? { updateId: controlUpdateId(input.by, rolloutId, action, input.idempotencyKey) } : {},
+    );
   } catch (err) {
+    if (err instanceof NoRolloutWorker) {
+      throw unavailable(
+        err.reason === 'none'
+          ? `no worker is running for rollouts, so ${action} was not sent; retry once a worker runs`
+          : `no worker took ${action} within ${CONTROL_UPDATE_WAIT_MS / 1000} s; it is applied when a worker takes it: retry with the same Idempotency-Key for its outcome`,
+      );
+    }
     if (err instanceof RolloutControlRefused) {
       const now = await requireRollout(deps, siteId, roostId, rolloutId);
       throw new ApiError('conflict', `${action} refused: ${err.message}`, { extras: { state: now.state, stage: now.stage } });

@@ -18,6 +18,8 @@ import {
   WorkflowUpdateFailedError,
 } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
+import { sha256Hex } from '../domain/hex';
+import { temporal as temporalProto } from '@temporalio/proto';
 import type { Config } from '../config/env';
 import { versionVerifyWorkflowId } from '../domain/chunks';
 import { rollbackWorkflowId, rolloutWorkflowId } from '../domain/rollout';
@@ -220,6 +222,63 @@ const NO_RUNNING_WORKFLOW = 'the rollout has no running workflow';
  */
 export const CONTROL_HANDLERS_WAIT_MS = 15_000;
 
+/**
+ * The Temporal update id of a rollout control request (`POST …/rollouts/{rolloutId}/{action}`): the same user,
+ * rollout, action and Idempotency-Key give the same id, so a retry of a control whose first attempt timed out
+ * waiting for a worker gets that update's outcome rather than a second update (workflows/client.ts
+ * `controlRollout`). `control-` + 32 hex of SHA-256.
+ */
+export function controlUpdateId(userId: string, rolloutId: string, action: string, idempotencyKey: string): string {
+  return `control-${sha256Hex(JSON.stringify([userId, rolloutId, action, idempotencyKey])).slice(0, 32)}`;
+}
+
+/** How long (ms) a control update waits for a worker to accept it before the API answers 503. */
+export const CONTROL_UPDATE_WAIT_MS = 15_000;
+/** A workflow poller seen on the task queue within this many ms counts as a running worker (a long poll lasts ≤ ~70 s). */
+export const WORKER_POLLER_FRESH_MS = 90_000;
+
+/**
+ * No worker takes the rollout's control update. `none`: no worker polled the workflow's task queue within
+ * WORKER_POLLER_FRESH_MS, so nothing was sent. `timeout`: the update was sent and no worker accepted it within
+ * CONTROL_UPDATE_WAIT_MS; it is applied when a worker takes it.
+ */
+export class NoRolloutWorker extends Error {
+  constructor(
+    readonly reason: 'none' | 'timeout',
+    taskQueue: string,
+  ) {
+    super(
+      reason === 'none'
+        ? `no worker polls task queue ${taskQueue}: nothing was sent`
+        : `no worker accepted the update within ${CONTROL_UPDATE_WAIT_MS} ms`,
+    );
+    this.name = 'NoRolloutWorker';
+  }
+}
+
+/** Whether a worker has polled `taskQueue` for workflow tasks within WORKER_POLLER_FRESH_MS (DescribeTaskQueue). */
+async function workerPolling(client: Client, taskQueue: string): Promise<boolean> {
+  const res = await client.workflowService.describeTaskQueue({
+    namespace: client.options.namespace,
+    taskQueue: { name: taskQueue, kind: temporalProto.api.enums.v1.TaskQueueKind.TASK_QUEUE_KIND_NORMAL },
+    taskQueueType: temporalProto.api.enums.v1.TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+  });
+  const now = Date.now();
+  return (res.pollers ?? []).some((p) => {
+    const t = p.lastAccessTime;
+    const ms = t ? Number(t.seconds ?? 0) * 1000 + Math.floor((t.nanos ?? 0) / 1e6) : 0;
+    return now - ms <= WORKER_POLLER_FRESH_MS;
+  });
+}
+
+/** A gRPC DEADLINE_EXCEEDED (code 4) anywhere in `err`'s cause chain: the call's deadline passed. */
+function isDeadlineExceeded(err: unknown): boolean {
+  for (let e = err as { code?: unknown; cause?: unknown } | undefined, i = 0; e && i < 5; e = e.cause as typeof e, i++) {
+    if (e.code === 4 && 'metadata' in e) return true;
+  }
+  return false;
+}
+
 /** The rejection of an update that reached the workflow before it registered a handler for it. */
 function beforeHandlers(err: unknown): boolean {
   return err instanceof WorkflowUpdateFailedError && /No registered handler for update/.test(err.cause?.message ?? '');
@@ -241,6 +300,7 @@ export async function controlRollout(
   rolloutId: string,
   action: RolloutControl,
   args: ControlArgs,
+  opts: { updateId?: string } = {},
 ): Promise<ControlResult> {
   const handle = client.workflow.getHandle(workflowId);
   const deadline = Date.now() + CONTROL_HANDLERS_WAIT_MS;
@@ -248,8 +308,16 @@ export async function controlRollout(
     try {
       const d = await handle.describe();
       if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
-      return await handle.executeUpdate(CONTROL_UPDATES[action], { args: [args] });
+      if (!(await workerPolling(client, d.taskQueue))) throw new NoRolloutWorker('none', d.taskQueue);
+      // Only a worker accepts an update: bound the wait, so a worker lost since the check above is a clear
+      // failure, not a request held open (the update stays with the workflow and is applied when a worker
+      // takes it; a retry with the same updateId gets that one's outcome instead of applying it again).
+      return await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () =>
+        handle.executeUpdate(CONTROL_UPDATES[action], { args: [args], ...(opts.updateId ? { updateId: opts.updateId } : {}) }),
+      );
     } catch (err) {
+      if (err instanceof NoRolloutWorker) throw err;
+      if (isDeadlineExceeded(err)) throw new NoRolloutWorker('timeout', '');
       if (!beforeHandlers(err)) throw controlFailure(err);
       if (Date.now() + backoff > deadline)
         throw new Error(`the rollout's workflow did not take control updates within ${CONTROL_HANDLERS_WAIT_MS} ms`);

@@ -368,6 +368,8 @@ const rolloutRoutes: FastifyPluginAsyncTypebox = async (app) => {
           by: user.userId,
           reason,
           log: request.log,
+          // Required on this route: the same key (same user, rollout, action) is the same Temporal update.
+          idempotencyKey: String(request.headers['idempotency-key']),
         });
         return summary(o);
       },

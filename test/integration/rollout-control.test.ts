@@ -15,7 +15,7 @@ import path from 'node:path';
 import { cliRunner } from '../support/cli';
 import { type Harness, idemKey } from '../support/harness';
 import { recordHistory } from '../../scripts/record-history';
-import { rollbackWorkflowId, rolloutWorkflowId } from '../../workflows/client';
+import { CONTROL_UPDATE_WAIT_MS, controlRollout, rollbackWorkflowId, rolloutWorkflowId } from '../../workflows/client';
 import { startFleet } from '../../agent/fleet';
 import { resolveExtractDir } from '../../agent/agent';
 import { waitFor } from '../support/wait';
@@ -31,6 +31,7 @@ import {
   seedRoost,
   openRolloutSuite,
   closeRolloutSuite,
+  startTestWorker,
 } from './rollout-fixtures';
 
 process.env.ROOST_ROLLOUT_POLL_MS = '100';
@@ -761,6 +762,75 @@ describe('the roost CLI', () => {
         const bad = await roost([...args, '--json']);
         expect([bad.code, JSON.parse(bad.stdout).error.code]).toEqual([EXIT.usage, 'usage_error']);
       }
+    } finally {
+      await fleet.stop();
+    }
+  });
+});
+
+describe('control while no worker runs', () => {
+  it('sends nothing and answers at once when no worker polls the task queue', async () => {
+    // A rollout workflow on a task queue no worker has ever polled: it stays running and takes no update.
+    const workflowId = `control-no-poller-${idemKey()}`;
+    const rolloutId = 'rol_000000000000000000000000';
+    const handle = await h.deps.temporal.workflow.start('rolloutWorkflow', {
+      workflowId,
+      taskQueue: `nobody-polls-${idemKey()}`,
+      args: [],
+      memo: { rolloutId },
+    });
+    try {
+      const started = Date.now();
+      await expect(controlRollout(h.deps.temporal, workflowId, rolloutId, 'pause', { by: h.userId })).rejects.toMatchObject({
+        name: 'NoRolloutWorker',
+        reason: 'none',
+      });
+      expect(Date.now() - started).toBeLessThan(CONTROL_UPDATE_WAIT_MS);
+      const { events } = await handle.fetchHistory();
+      expect(
+        (events ?? []).some((e) => e.workflowExecutionUpdateAcceptedEventAttributes || e.workflowExecutionUpdateAdmittedEventAttributes),
+      ).toBe(false);
+    } finally {
+      await handle.terminate('test over');
+    }
+  });
+
+  it('answers 503 after the bounded wait instead of holding the request; the update applies when a worker is back, and a retry with the same Idempotency-Key gets its outcome', async () => {
+    const ids = machineIds(3);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      const r = await deploy(roost.roostId, { policy: { requirePromotion: 'canary', canary: { count: 1 } } });
+      await waitFor('the workflow waiting for promotion', async () => (await status(r.workflowId)).waiting === 'promotion');
+      // The worker goes away (it polled a moment ago, so the update is sent and waits for one to accept it).
+      await w.stop();
+      const idem = idemKey();
+      const send = () =>
+        h.request({
+          method: 'POST',
+          url: `/api/roosts/${roost.roostId}/rollouts/${r.rolloutId}/pause`,
+          body: { siteId: h.siteId },
+          idempotencyKey: idem,
+        });
+      const started = Date.now();
+      const refused = await send();
+      expect([refused.statusCode, refused.json().code]).toEqual([503, 'service_unavailable']);
+      expect(refused.json().detail).toMatch(/no worker took pause within 15 s; it is applied when a worker takes it/);
+      expect(Number(refused.headers['retry-after'])).toBeGreaterThan(0);
+      expect(Date.now() - started).toBeLessThan(CONTROL_UPDATE_WAIT_MS + 10_000);
+
+      // A worker again: the update that was handed over is applied, once.
+      w = await startTestWorker(h, 'control-worker-back');
+      await waitFor('the pause applied by the new worker', async () => (await detail(roost.roostId, r.rolloutId)).state === 'paused');
+      // The retry with the same key is that update's outcome (200), not a second pause (which is refused).
+      const retried = await send();
+      expect([retried.statusCode, retried.json().state]).toEqual([200, 'paused']);
+      const second = await control(roost.roostId, r.rolloutId, 'pause');
+      expect([second.statusCode, second.json().code]).toEqual([409, 'conflict']);
+      const history = (await detail(roost.roostId, r.rolloutId)).history as { action: string }[];
+      expect(history.filter((e) => e.action === 'pause')).toHaveLength(1);
+      expect((await control(roost.roostId, r.rolloutId, 'abort')).statusCode).toBe(200);
     } finally {
       await fleet.stop();
     }
