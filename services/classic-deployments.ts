@@ -41,6 +41,7 @@ import {
 import {
   type ClassicAction,
   ClassicControlRefused,
+  NoWorker,
   controlClassicDeployment,
   startClassicDeploymentWorkflow,
   workflowUiUrl,
@@ -260,6 +261,16 @@ export async function controlDeployment(
     return { deploymentId, action, affected: r.affected, status: r.status };
   } catch (err) {
     if (err instanceof ClassicControlRefused) throw new ApiError(err.code ?? 'conflict', err.message);
+    if (err instanceof NoWorker) {
+      throw new ApiError(
+        'service_unavailable',
+        `no worker is running for deployments, so ${action} was not sent; retry once a worker runs`,
+        {
+          headers: { 'Retry-After': '5' },
+          extras: { retryAfter: 5 },
+        },
+      );
+    }
     throw err;
   }
 }

@@ -38,7 +38,7 @@ import { type BlobStore, versionUrlOf } from '../storage/blob';
 import {
   type RolloutControl,
   RolloutControlRefused,
-  NoRolloutWorker,
+  NoWorker,
   CONTROL_UPDATE_WAIT_MS,
   controlUpdateId,
   controlRollout,
@@ -66,7 +66,7 @@ export interface RolloutLog {
 const silent: RolloutLog = { warn: () => undefined, error: () => undefined };
 
 function unavailable(detail: string): ApiError {
-  return new ApiError('service_unavailable', detail, { headers: { 'Retry-After': '5' } });
+  return new ApiError('service_unavailable', detail, { headers: { 'Retry-After': '5' }, extras: { retryAfter: 5 } });
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ export async function controlRolloutAction(
       input.idempotencyKey ? { updateId: controlUpdateId(input.by, rolloutId, action, input.idempotencyKey) } : {},
     );
   } catch (err) {
-    if (err instanceof NoRolloutWorker) {
+    if (err instanceof NoWorker) {
       throw unavailable(
         err.reason === 'none'
           ? `no worker is running for rollouts, so ${action} was not sent; retry once a worker runs`

@@ -238,11 +238,11 @@ export const CONTROL_UPDATE_WAIT_MS = 15_000;
 export const WORKER_POLLER_FRESH_MS = 90_000;
 
 /**
- * No worker takes the rollout's control update. `none`: no worker polled the workflow's task queue within
+ * No worker takes a control update (a rollout's or a classic deployment's). `none`: no worker polled the task queue within
  * WORKER_POLLER_FRESH_MS, so nothing was sent. `timeout`: the update was sent and no worker accepted it within
  * CONTROL_UPDATE_WAIT_MS; it is applied when a worker takes it.
  */
-export class NoRolloutWorker extends Error {
+export class NoWorker extends Error {
   constructor(
     readonly reason: 'none' | 'timeout',
     taskQueue: string,
@@ -252,7 +252,7 @@ export class NoRolloutWorker extends Error {
         ? `no worker polls task queue ${taskQueue}: nothing was sent`
         : `no worker accepted the update within ${CONTROL_UPDATE_WAIT_MS} ms`,
     );
-    this.name = 'NoRolloutWorker';
+    this.name = 'NoWorker';
   }
 }
 
@@ -308,7 +308,7 @@ export async function controlRollout(
     try {
       const d = await handle.describe();
       if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
-      if (!(await workerPolling(client, d.taskQueue))) throw new NoRolloutWorker('none', d.taskQueue);
+      if (!(await workerPolling(client, d.taskQueue))) throw new NoWorker('none', d.taskQueue);
       // Only a worker accepts an update: bound the wait, so a worker lost since the check above is a clear
       // failure, not a request held open (the update stays with the workflow and is applied when a worker
       // takes it; a retry with the same updateId gets that one's outcome instead of applying it again).
@@ -316,8 +316,8 @@ export async function controlRollout(
         handle.executeUpdate(CONTROL_UPDATES[action], { args: [args], ...(opts.updateId ? { updateId: opts.updateId } : {}) }),
       );
     } catch (err) {
-      if (err instanceof NoRolloutWorker) throw err;
-      if (isDeadlineExceeded(err)) throw new NoRolloutWorker('timeout', '');
+      if (err instanceof NoWorker) throw err;
+      if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
       if (!beforeHandlers(err)) throw controlFailure(err);
       if (Date.now() + backoff > deadline)
         throw new Error(`the rollout's workflow did not take control updates within ${CONTROL_HANDLERS_WAIT_MS} ms`);
@@ -394,7 +394,8 @@ const CLASSIC_UPDATES = { retry: retryUpdate, cancel: cancelUpdate, uninstall: u
  * Sends control update `action` to the deployment's workflow through update-with-start: the running
  * workflow gets the update; a finished deployment gets a new run (USE_EXISTING, same workflow id) that
  * applies it first. Returns the handler's answer.
- * @throws ClassicControlRefused when the handler refused (nothing changed); Temporal client errors otherwise.
+ * @throws ClassicControlRefused when the handler refused (nothing changed); NoWorker (`none`) when no worker
+ *   polled the task queue within WORKER_POLLER_FRESH_MS (nothing sent); Temporal client errors otherwise.
  */
 export async function controlClassicDeployment(
   client: Client,
@@ -404,6 +405,8 @@ export async function controlClassicDeployment(
   args: ClassicControlArgs,
 ): Promise<Exclude<ClassicActionResult, { refused: string }>> {
   const workflowId = classicDeploymentWorkflowId(r.siteId, r.deploymentId);
+  // With no worker the update would wait for one with the request held open: send nothing then.
+  if (!(await workerPolling(client, cfg.ROOST_TASK_QUEUE))) throw new NoWorker('none', cfg.ROOST_TASK_QUEUE);
   for (let attempt = 0; ; attempt++) {
     const op = new WithStartWorkflowOperation(classicDeploymentWorkflow, classicStartOptions(cfg, r, workflowId));
     try {

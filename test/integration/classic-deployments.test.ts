@@ -10,6 +10,7 @@ import path from 'node:path';
 import { startFleet, type Fleet } from '../../agent/fleet';
 import { classicDeploymentWorkflowId } from '../../domain/classic';
 import { recordHistory } from '../../scripts/record-history';
+import { controlClassicDeployment } from '../../workflows/client';
 import { closeRolloutSuite, openRolloutSuite, scopedKey, enrolMachineRows, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { type Harness, idemKey } from '../support/harness';
 import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
@@ -525,5 +526,21 @@ describe('installer templates', () => {
     expect((await h.request({ method: 'DELETE', url: `${t}/${tpl.templateId}`, idempotencyKey: true })).statusCode).toBe(200);
     expect((await h.request({ method: 'GET', url: `${t}/${tpl.templateId}` })).statusCode).toBe(404);
     expect((await h.request({ method: 'DELETE', url: `${t}/${tpl.templateId}`, idempotencyKey: true })).statusCode).toBe(404);
+  });
+});
+
+describe('control while no worker runs', () => {
+  it('sends nothing and answers at once when no worker polls the task queue: no workflow is started', async () => {
+    const r = { siteId: h.siteId, deploymentId: `dep_${'0'.repeat(24)}` };
+    const started = Date.now();
+    await expect(
+      controlClassicDeployment(h.deps.temporal, { ROOST_TASK_QUEUE: `nobody-polls-${idemKey()}` }, r, 'cancel', { by: h.userId }),
+    ).rejects.toMatchObject({ name: 'NoWorker', reason: 'none' });
+    expect(Date.now() - started).toBeLessThan(5_000);
+    await expect(
+      h.deps.temporal.workflow.getHandle(classicDeploymentWorkflowId(r.siteId, r.deploymentId)).describe(),
+    ).rejects.toMatchObject({
+      name: 'WorkflowNotFoundError',
+    });
   });
 });

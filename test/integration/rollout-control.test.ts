@@ -782,7 +782,7 @@ describe('control while no worker runs', () => {
     try {
       const started = Date.now();
       await expect(controlRollout(h.deps.temporal, workflowId, rolloutId, 'pause', { by: h.userId })).rejects.toMatchObject({
-        name: 'NoRolloutWorker',
+        name: 'NoWorker',
         reason: 'none',
       });
       expect(Date.now() - started).toBeLessThan(CONTROL_UPDATE_WAIT_MS);
@@ -818,6 +818,7 @@ describe('control while no worker runs', () => {
       expect([refused.statusCode, refused.json().code]).toEqual([503, 'service_unavailable']);
       expect(refused.json().detail).toMatch(/no worker took pause within 15 s; it is applied when a worker takes it/);
       expect(Number(refused.headers['retry-after'])).toBeGreaterThan(0);
+      expect(refused.json().retryAfter).toBe(Number(refused.headers['retry-after']));
       expect(Date.now() - started).toBeLessThan(CONTROL_UPDATE_WAIT_MS + 10_000);
 
       // A worker again: the update that was handed over is applied, once.
