@@ -130,3 +130,17 @@ export const errors = {
     return new ApiError('conflict', detail);
   },
 };
+
+/** Seconds a client is told to wait when a dependency is down (503 service_unavailable). */
+export const OUTAGE_RETRY_AFTER_SECONDS = 5;
+
+/**
+ * 503 service_unavailable with `detail`, the `Retry-After` header and the body's `retryAfter` (seconds,
+ * OUTAGE_RETRY_AFTER_SECONDS): the answer to a dependency or a worker that is not there (docs/decisions/outages.md).
+ */
+export function serviceUnavailable(detail: string): ApiError {
+  return new ApiError('service_unavailable', detail, {
+    headers: { 'Retry-After': String(OUTAGE_RETRY_AFTER_SECONDS) },
+    extras: { retryAfter: OUTAGE_RETRY_AFTER_SECONDS },
+  });
+}

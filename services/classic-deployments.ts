@@ -8,7 +8,7 @@
  * retry, cancel and uninstall go to the workflow as updates (update-with-start on a finished deployment);
  * delete removes a terminal deployment's record. SQL: db/classic-deployments.ts.
  */
-import { ApiError } from '../domain/errors';
+import { ApiError, serviceUnavailable } from '../domain/errors';
 import { newId } from '../domain/hex';
 import {
   DEFAULT_INSTALL_TIMEOUT_SECONDS,
@@ -262,14 +262,7 @@ export async function controlDeployment(
   } catch (err) {
     if (err instanceof ClassicControlRefused) throw new ApiError(err.code ?? 'conflict', err.message);
     if (err instanceof NoWorker) {
-      throw new ApiError(
-        'service_unavailable',
-        `no worker is running for deployments, so ${action} was not sent; retry once a worker runs`,
-        {
-          headers: { 'Retry-After': '5' },
-          extras: { retryAfter: 5 },
-        },
-      );
+      throw serviceUnavailable(`no worker is running for deployments, so ${action} was not sent; retry once a worker runs`);
     }
     throw err;
   }

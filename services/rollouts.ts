@@ -9,7 +9,7 @@
  * Functions take `ServiceDeps` (or a Pick of it) and a plain input, never a request; client-caused
  * failures are `ApiError`s. Authorisation and capability limits stay in the routes.
  */
-import { ApiError } from '../domain/errors';
+import { ApiError, serviceUnavailable } from '../domain/errors';
 import { newId } from '../domain/hex';
 import { parseVersionRef, type VersionRef } from '../domain/versionRef';
 import type { Rollout, RolloutMachine, RolloutMachineStatus, RolloutStage, WaveCounts, WavePlan } from '../domain/rollout';
@@ -64,10 +64,6 @@ export interface RolloutLog {
 }
 
 const silent: RolloutLog = { warn: () => undefined, error: () => undefined };
-
-function unavailable(detail: string): ApiError {
-  return new ApiError('service_unavailable', detail, { headers: { 'Retry-After': '5' }, extras: { retryAfter: 5 } });
-}
 
 // ---------------------------------------------------------------------------------------------------
 // Deploy
@@ -157,7 +153,7 @@ async function bodyStored(blob: BlobStore, v: VersionRow, log: RolloutLog): Prom
     return await blob.container('versions').getBlobClient(v.blob_name).exists();
   } catch (err) {
     log.error({ err }, 'version body check failed');
-    throw unavailable('blob storage is unavailable; retry later');
+    throw serviceUnavailable('blob storage is unavailable; retry later');
   }
 }
 
@@ -281,7 +277,7 @@ export async function deployRollout(deps: ServiceDeps, input: DeployInput): Prom
     if (!stored.alreadyRunning) {
       log.error({ err, workflowId }, 'rollout workflow start failed');
       await failUnstartedRollout(db, siteId, rolloutId, 'workflow_start_failed');
-      throw unavailable('the rollout could not be started (workflow service unavailable); retry later');
+      throw serviceUnavailable('the rollout could not be started (workflow service unavailable); retry later');
     }
     // The stored rollout stays authoritative; its workflow is re-attached on the next deploy call.
     log.warn({ err, workflowId }, 'could not re-attach the running rollout workflow');
@@ -431,7 +427,7 @@ export async function controlRolloutAction(
     );
   } catch (err) {
     if (err instanceof NoWorker) {
-      throw unavailable(
+      throw serviceUnavailable(
         err.reason === 'none'
           ? `no worker is running for rollouts, so ${action} was not sent; retry once a worker runs`
           : `no worker took ${action} within ${CONTROL_UPDATE_WAIT_MS / 1000} s; it is applied when a worker takes it: retry with the same Idempotency-Key for its outcome`,
@@ -442,7 +438,7 @@ export async function controlRolloutAction(
       throw new ApiError('conflict', `${action} refused: ${err.message}`, { extras: { state: now.state, stage: now.stage } });
     }
     (input.log ?? silent).error({ err }, 'rollout control failed');
-    throw unavailable('the workflow service is unavailable; retry later');
+    throw serviceUnavailable('the workflow service is unavailable; retry later');
   }
   return overviewOf(deps, await requireRollout(deps, siteId, roostId, rolloutId));
 }
@@ -497,7 +493,7 @@ export async function rollbackRollout(
   } catch (err) {
     (input.log ?? silent).error({ err }, 'rollback workflow start failed');
     await failUnstartedRollout(deps.db, siteId, rb.rolloutId, 'workflow_start_failed');
-    throw unavailable('the rollback could not be started (workflow service unavailable); retry later');
+    throw serviceUnavailable('the rollback could not be started (workflow service unavailable); retry later');
   }
   return { ...(await overviewOf(deps, rb)), runUrl };
 }

@@ -8,11 +8,10 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 import Router, { type HTTPMethod } from 'find-my-way';
 import { KindGuard } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
-import { ApiError, titleFor } from '../../domain/errors';
+import { ApiError, OUTAGE_RETRY_AFTER_SECONDS, serviceUnavailable, titleFor } from '../../domain/errors';
 import { unavailableDependency } from '../../domain/outage';
 
-/** Seconds a client is told to wait when a dependency is down (503 service_unavailable). */
-export const OUTAGE_RETRY_AFTER_SECONDS = 5;
+export { OUTAGE_RETRY_AFTER_SECONDS };
 
 /** Methods a route of this API can have. */
 const ROUTER_METHODS: HTTPMethod[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
@@ -55,13 +54,8 @@ export function toApiError(err: unknown): ApiError {
   }
   const down = unavailableDependency(err);
   if (down) {
-    return new ApiError(
-      'service_unavailable',
+    return serviceUnavailable(
       down === 'network' ? 'a dependency is unavailable; retry shortly' : `the ${down} is unavailable; retry shortly`,
-      {
-        headers: { 'Retry-After': String(OUTAGE_RETRY_AFTER_SECONDS) },
-        extras: { retryAfter: OUTAGE_RETRY_AFTER_SECONDS },
-      },
     );
   }
   if (fe instanceof SyntaxError || (fe as { statusCode?: number })?.statusCode === 400) {
