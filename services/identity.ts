@@ -22,7 +22,7 @@ import { accessibleSiteIds, canActOnSite, type SiteAccess, siteAccess, siteEnvir
 import { pendingMigrations } from '../db/migrate';
 import type { RoostRow } from '../db/roosts';
 import { createSignInUser, linkIdentity, userForIdTokenClaims } from '../db/users';
-import { ApiError } from '../domain/errors';
+import { ApiError, serviceUnavailable } from '../domain/errors';
 import { hexEqual, sha256Hex } from '../domain/hex';
 import { EMAIL_RE } from '../domain/users';
 import { API_KEY_RE, keyMayActOnSiteEnvironment, keyMayChangePlatform, keyRejection } from '../domain/keys';
@@ -219,11 +219,10 @@ export async function verifyIdToken(cfg: Config, raw: string): Promise<JWTPayloa
     return await verifierOf(cfg)(raw);
   } catch (err) {
     if (err instanceof joseErrors.JWTExpired) throw new ApiError('token_expired', 'this ID token has expired');
-    if (err instanceof joseErrors.JWKSTimeout)
-      throw new ApiError('service_unavailable', 'the identity provider did not answer in time', { headers: { 'Retry-After': '5' } });
+    if (err instanceof joseErrors.JWKSTimeout) throw serviceUnavailable('the identity provider did not answer in time');
     if (err instanceof joseErrors.JOSEError) throw new ApiError('unauthorized', `ID token rejected (${err.code})`);
     if (err instanceof ApiError) throw err;
-    throw new ApiError('service_unavailable', 'the identity provider could not be reached', { headers: { 'Retry-After': '5' } });
+    throw serviceUnavailable('the identity provider could not be reached');
   }
 }
 

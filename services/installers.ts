@@ -18,7 +18,7 @@ import {
   setLatestPointer,
 } from '../db/installers';
 import { withTx } from '../db/pool';
-import { ApiError } from '../domain/errors';
+import { ApiError, serviceUnavailable } from '../domain/errors';
 import { isNewerInstaller, MIN_ACTIVE_INSTALLER_VERSIONS, parseInstallerVersion } from '../domain/installers';
 import { installerBlobName, type SignedUrl } from '../storage/blob';
 import { runInstallerFinalize } from '../workflows/client';
@@ -163,9 +163,7 @@ export async function finalizeInstallerUpload(
     FINALIZE_WAIT_MS,
   );
   if (!outcome) {
-    throw new ApiError('service_unavailable', 'the finalise workflow is still running; repeat this request', {
-      headers: { 'retry-after': '5' },
-    });
+    throw serviceUnavailable('the finalise workflow is still running; repeat this request');
   }
   if (outcome.outcome === 'missing') {
     throw new ApiError(

@@ -229,7 +229,8 @@ describe('an external issuer configured by URL (production path)', () => {
         headers: { authorization: `Bearer ${await sign({ sub: member.uid })}` },
       });
       expect(res.statusCode).toBe(503);
-      expect(res.json().code).toBe('service_unavailable');
+      expect(res.headers['retry-after']).toBe('5');
+      expect(res.json()).toMatchObject({ code: 'service_unavailable', retryAfter: 5 });
     } finally {
       await down.close();
     }
