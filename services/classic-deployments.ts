@@ -40,9 +40,12 @@ import {
 } from '../db/classic-deployments';
 import {
   type ClassicAction,
+  CONTROL_UPDATE_WAIT_MS,
   ClassicControlRefused,
   NoWorker,
+  classicControlOutcome,
   controlClassicDeployment,
+  controlUpdateId,
   startClassicDeploymentWorkflow,
   workflowUiUrl,
 } from '../workflows/client';
@@ -240,32 +243,62 @@ export interface ControlOutcome {
 /**
  * retry | cancel | uninstall through the deployment's workflow (update, or update-with-start on a
  * finished deployment). Checked first against the stored targets, so a refused action starts nothing.
+ * `idempotencyKey` (the request's) names the Temporal update (workflows/client.ts `controlUpdateId`): a
+ * retry after a 503 whose update a worker applied later answers that update's outcome, even though the
+ * targets no longer allow the action.
  * @throws ApiError not_found; conflict (409: nothing to retry or cancel, or the workflow refused);
- *   deployment_in_flight (409: uninstall of a deployment that has not ended).
+ *   deployment_in_flight (409: uninstall of a deployment that has not ended); service_unavailable (503: no
+ *   worker polls the task queue, so nothing was sent; or none accepted the update within CONTROL_UPDATE_WAIT_MS).
  */
 export async function controlDeployment(
   deps: Pick<ServiceDeps, 'db' | 'cfg' | 'temporal'>,
-  input: { siteId: string; deploymentId: string; action: ClassicAction; userId: string },
+  input: { siteId: string; deploymentId: string; action: ClassicAction; userId: string; idempotencyKey?: string },
 ): Promise<ControlOutcome> {
   const { siteId, deploymentId, action } = input;
   const row = await getDeployment(deps.db, siteId, deploymentId);
   if (!row) throw new ApiError('not_found', 'deployment not found');
-  const counts = (await countsByDeployment(deps.db, siteId, [deploymentId])).get(deploymentId)!;
-  if (action === 'retry' && counts.failed === 0) throw new ApiError('conflict', 'the deployment has no failed targets to retry');
-  if (action === 'cancel' && counts.pending === 0) throw new ApiError('conflict', 'the deployment has no pending targets to cancel');
-  if (action === 'uninstall' && !TERMINAL_DEPLOYMENT_STATUSES.includes(row.status)) {
-    throw new ApiError('deployment_in_flight', `the deployment is ${row.status}; uninstall it once it has ended (or cancel it first)`);
-  }
+  const updateId = input.idempotencyKey ? controlUpdateId(input.userId, deploymentId, action, input.idempotencyKey) : undefined;
+  const answer = (r: { affected: number; status: DeploymentStatus }): ControlOutcome => ({
+    deploymentId,
+    action,
+    affected: r.affected,
+    status: r.status,
+  });
   try {
-    const r = await controlClassicDeployment(deps.temporal, deps.cfg, { siteId, deploymentId }, action, { by: input.userId });
-    return { deploymentId, action, affected: r.affected, status: r.status };
+    const refusal = controlRefusal(action, row.status, (await countsByDeployment(deps.db, siteId, [deploymentId])).get(deploymentId)!);
+    if (refusal) {
+      const earlier = updateId ? await classicControlOutcome(deps.temporal, { siteId, deploymentId }, updateId) : undefined;
+      if (earlier) return answer(earlier);
+      throw refusal;
+    }
+    return answer(
+      await controlClassicDeployment(deps.temporal, deps.cfg, { siteId, deploymentId }, action, { by: input.userId }, { updateId }),
+    );
   } catch (err) {
     if (err instanceof ClassicControlRefused) throw new ApiError(err.code ?? 'conflict', err.message);
     if (err instanceof NoWorker) {
-      throw serviceUnavailable(`no worker is running for deployments, so ${action} was not sent; retry once a worker runs`);
+      throw serviceUnavailable(
+        err.reason === 'none'
+          ? `no worker is running for deployments, so ${action} was not sent; retry once a worker runs`
+          : `no worker took ${action} within ${CONTROL_UPDATE_WAIT_MS / 1000} s; it is applied when a worker takes it: retry with the same Idempotency-Key for its outcome`,
+      );
     }
     throw err;
   }
+}
+
+/** Why the stored targets refuse `action` (409 conflict or deployment_in_flight); undefined when they allow it. */
+function controlRefusal(
+  action: ClassicAction,
+  status: DeploymentStatus,
+  counts: { failed: number; pending: number },
+): ApiError | undefined {
+  if (action === 'retry' && counts.failed === 0) return new ApiError('conflict', 'the deployment has no failed targets to retry');
+  if (action === 'cancel' && counts.pending === 0) return new ApiError('conflict', 'the deployment has no pending targets to cancel');
+  if (action === 'uninstall' && !TERMINAL_DEPLOYMENT_STATUSES.includes(status)) {
+    return new ApiError('deployment_in_flight', `the deployment is ${status}; uninstall it once it has ended (or cancel it first)`);
+  }
+  return undefined;
 }
 
 /**

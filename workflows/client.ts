@@ -223,13 +223,14 @@ const NO_RUNNING_WORKFLOW = 'the rollout has no running workflow';
 export const CONTROL_HANDLERS_WAIT_MS = 15_000;
 
 /**
- * The Temporal update id of a rollout control request (`POST …/rollouts/{rolloutId}/{action}`): the same user,
- * rollout, action and Idempotency-Key give the same id, so a retry of a control whose first attempt timed out
- * waiting for a worker gets that update's outcome rather than a second update (workflows/client.ts
- * `controlRollout`). `control-` + 32 hex of SHA-256.
+ * The Temporal update id of a control request: a rollout's (`POST …/rollouts/{rolloutId}/{action}`) or a
+ * classic deployment's (`POST …/deployments/{deploymentId}/{action}`). The same user, subject, action and
+ * Idempotency-Key give the same id, so a retry of a control whose first attempt timed out waiting for a
+ * worker gets that update's outcome rather than a second update (`controlRollout`,
+ * `controlClassicDeployment`, `classicControlOutcome`). `control-` + 32 hex of SHA-256.
  */
-export function controlUpdateId(userId: string, rolloutId: string, action: string, idempotencyKey: string): string {
-  return `control-${sha256Hex(JSON.stringify([userId, rolloutId, action, idempotencyKey])).slice(0, 32)}`;
+export function controlUpdateId(userId: string, subjectId: string, action: string, idempotencyKey: string): string {
+  return `control-${sha256Hex(JSON.stringify([userId, subjectId, action, idempotencyKey])).slice(0, 32)}`;
 }
 
 /** How long (ms) a control update waits for a worker to accept it before the API answers 503. */
@@ -271,12 +272,21 @@ async function workerPolling(client: Client, taskQueue: string): Promise<boolean
   });
 }
 
-/** A gRPC DEADLINE_EXCEEDED (code 4) anywhere in `err`'s cause chain: the call's deadline passed. */
-function isDeadlineExceeded(err: unknown): boolean {
+/** gRPC status codes read from Temporal's service errors. */
+const GRPC_DEADLINE_EXCEEDED = 4;
+const GRPC_NOT_FOUND = 5;
+
+/** The gRPC status code anywhere in `err`'s cause chain (a service error carries `code` and `metadata`); undefined when none. */
+function grpcCode(err: unknown): number | undefined {
   for (let e = err as { code?: unknown; cause?: unknown } | undefined, i = 0; e && i < 5; e = e.cause as typeof e, i++) {
-    if (e.code === 4 && 'metadata' in e) return true;
+    if (typeof e.code === 'number' && 'metadata' in e) return e.code;
   }
-  return false;
+  return undefined;
+}
+
+/** A gRPC DEADLINE_EXCEEDED anywhere in `err`'s cause chain: the call's deadline passed. */
+function isDeadlineExceeded(err: unknown): boolean {
+  return grpcCode(err) === GRPC_DEADLINE_EXCEEDED;
 }
 
 /** The rejection of an update that reached the workflow before it registered a handler for it. */
@@ -393,9 +403,12 @@ const CLASSIC_UPDATES = { retry: retryUpdate, cancel: cancelUpdate, uninstall: u
 /**
  * Sends control update `action` to the deployment's workflow through update-with-start: the running
  * workflow gets the update; a finished deployment gets a new run (USE_EXISTING, same workflow id) that
- * applies it first. Returns the handler's answer.
- * @throws ClassicControlRefused when the handler refused (nothing changed); NoWorker (`none`) when no worker
- *   polled the task queue within WORKER_POLLER_FRESH_MS (nothing sent); Temporal client errors otherwise.
+ * applies it first. Returns the handler's answer. With `updateId` (workflows/client.ts `controlUpdateId`)
+ * a second call with the same id gets the first one's outcome from the running workflow.
+ * @throws ClassicControlRefused when the handler refused (nothing changed); NoWorker `none` when no worker
+ *   polled the task queue within WORKER_POLLER_FRESH_MS (nothing sent), `timeout` when the update was sent
+ *   and no worker accepted it within CONTROL_UPDATE_WAIT_MS (it is applied when a worker takes it);
+ *   Temporal client errors otherwise.
  */
 export async function controlClassicDeployment(
   client: Client,
@@ -403,6 +416,7 @@ export async function controlClassicDeployment(
   r: { siteId: string; deploymentId: string },
   action: ClassicAction,
   args: ClassicControlArgs,
+  opts: { updateId?: string } = {},
 ): Promise<Exclude<ClassicActionResult, { refused: string }>> {
   const workflowId = classicDeploymentWorkflowId(r.siteId, r.deploymentId);
   // With no worker the update would wait for one with the request held open: send nothing then.
@@ -410,23 +424,70 @@ export async function controlClassicDeployment(
   for (let attempt = 0; ; attempt++) {
     const op = new WithStartWorkflowOperation(classicDeploymentWorkflow, classicStartOptions(cfg, r, workflowId));
     try {
-      const out = await client.workflow.executeUpdateWithStart(CLASSIC_UPDATES[action], { args: [args], startWorkflowOperation: op });
-      if ('refused' in out) throw new ClassicControlRefused(out.refused, out.code);
-      return out;
+      // Bounded like a rollout's control (`controlRollout`): a worker lost since the check above is a clear
+      // failure, not a request held open.
+      const out = await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () =>
+        client.workflow.executeUpdateWithStart(CLASSIC_UPDATES[action], {
+          args: [args],
+          startWorkflowOperation: op,
+          ...(opts.updateId ? { updateId: opts.updateId } : {}),
+        }),
+      );
+      return classicAnswer(out);
     } catch (err) {
+      if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
       if (err instanceof WorkflowUpdateFailedError) {
-        const cause = err.cause;
-        if (cause instanceof ApplicationFailure && cause.type === CLASSIC_CONFLICT) throw new ClassicControlRefused(cause.message);
-        if (cause instanceof ApplicationFailure && cause.type === CLASSIC_IN_FLIGHT) {
-          throw new ClassicControlRefused(cause.message, 'deployment_in_flight');
-        }
+        const refused = classicRefusal(err);
+        if (refused) throw refused;
         // The run completed between admission and handling: the next attempt starts a new run.
         if (attempt < 2) continue;
-        throw new ClassicControlRefused(cause?.message ?? 'the update failed');
+        throw new ClassicControlRefused(err.cause?.message ?? 'the update failed');
       }
       throw err;
     }
   }
+}
+
+/**
+ * The outcome of the classic control update `updateId` sent earlier to the deployment's current run, when
+ * that run knows it (a retry whose first attempt answered 503 after CONTROL_UPDATE_WAIT_MS: the update was
+ * applied once a worker took it); undefined when it does not (no such update, no such workflow).
+ * @throws ClassicControlRefused when that update was refused; NoWorker `timeout` when it is still waiting
+ *   for a worker after CONTROL_UPDATE_WAIT_MS; Temporal client errors otherwise.
+ */
+export async function classicControlOutcome(
+  client: Client,
+  r: { siteId: string; deploymentId: string },
+  updateId: string,
+): Promise<Exclude<ClassicActionResult, { refused: string }> | undefined> {
+  const handle = client.workflow.getHandle(classicDeploymentWorkflowId(r.siteId, r.deploymentId));
+  try {
+    const out = await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () =>
+      handle.getUpdateHandle<ClassicActionResult>(updateId).result(),
+    );
+    return classicAnswer(out);
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError || grpcCode(err) === GRPC_NOT_FOUND) return undefined;
+    if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
+    if (err instanceof WorkflowUpdateFailedError)
+      throw classicRefusal(err) ?? new ClassicControlRefused(err.cause?.message ?? 'the update failed');
+    throw err;
+  }
+}
+
+/** The handler's answer, or ClassicControlRefused when it refused. */
+function classicAnswer(out: ClassicActionResult): Exclude<ClassicActionResult, { refused: string }> {
+  if ('refused' in out) throw new ClassicControlRefused(out.refused, out.code);
+  return out;
+}
+
+/** The refusal a failed classic update carries (its validator's conflict or in-flight failure); undefined for other failures. */
+function classicRefusal(err: WorkflowUpdateFailedError): ClassicControlRefused | undefined {
+  const cause = err.cause;
+  if (cause instanceof ApplicationFailure && cause.type === CLASSIC_CONFLICT) return new ClassicControlRefused(cause.message);
+  if (cause instanceof ApplicationFailure && cause.type === CLASSIC_IN_FLIGHT)
+    return new ClassicControlRefused(cause.message, 'deployment_in_flight');
+  return undefined;
 }
 
 /**

@@ -293,7 +293,14 @@ const classicDeploymentRoutes: FastifyPluginAsyncTypebox = async (app) => {
         const { siteId, deploymentId } = request.params;
         const user = await authorizeSite(request, siteId, action === 'uninstall' ? admin(siteId) : write(siteId));
         await enforceCapability(request, action === 'uninstall' ? 'UNINSTALL_TRIGGER' : 'DEPLOYMENT_MANAGE', siteId);
-        return controlDeployment(app.deps, { siteId, deploymentId, action, userId: user.userId });
+        return controlDeployment(app.deps, {
+          siteId,
+          deploymentId,
+          action,
+          userId: user.userId,
+          // Required on this route: the same key (same user, deployment, action) is the same Temporal update.
+          idempotencyKey: String(request.headers['idempotency-key']),
+        });
       },
     );
   control('retry', 'Requeue the failed targets (succeeded and in-flight targets are untouched)');

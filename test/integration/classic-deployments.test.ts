@@ -10,7 +10,7 @@ import path from 'node:path';
 import { startFleet, type Fleet } from '../../agent/fleet';
 import { classicDeploymentWorkflowId } from '../../domain/classic';
 import { recordHistory } from '../../scripts/record-history';
-import { controlClassicDeployment } from '../../workflows/client';
+import { CONTROL_UPDATE_WAIT_MS, controlClassicDeployment } from '../../workflows/client';
 import { closeRolloutSuite, openRolloutSuite, scopedKey, enrolMachineRows, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { type Harness, idemKey } from '../support/harness';
 import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
@@ -542,5 +542,48 @@ describe('control while no worker runs', () => {
     ).rejects.toMatchObject({
       name: 'WorkflowNotFoundError',
     });
+  });
+
+  it('answers 503 after the bounded wait when the worker is lost; the cancel applies when a worker is back, and a retry with the same Idempotency-Key gets its outcome', async () => {
+    const marker = path.join(tmpRoot, 'runs-lost-worker.log');
+    const inst = server.add('lost.sh', installerScript({ marker, installs: path.join(tmpRoot, 'installs-lost'), sleepSeconds: 2 }));
+    const res = await create({
+      name: 'lost worker',
+      installer_url: inst.url,
+      installer_name: 'lost.sh',
+      silent_flags: '',
+      machines: fleet.machineIds.slice(0, 5),
+    });
+    expect(res.statusCode).toBe(201);
+    const id = res.json().deploymentId;
+    await waitFor('a target installing', async () => (await detail(id)).targets.some((t: { status: string }) => t.status === 'installing'));
+    // The worker goes away (it polled a moment ago, so the update is sent and waits for one to accept it).
+    await w.stop();
+    const idem = idemKey();
+    const send = () => h.request({ method: 'POST', url: `${base()}/${id}/cancel`, idempotencyKey: idem });
+    const started = Date.now();
+    const refused = await send();
+    expect([refused.statusCode, refused.json().code]).toEqual([503, 'service_unavailable']);
+    expect(refused.json().detail).toMatch(/no worker took cancel within 15 s; it is applied when a worker takes it/);
+    expect(refused.json().retryAfter).toBe(Number(refused.headers['retry-after']));
+    expect(Date.now() - started).toBeLessThan(CONTROL_UPDATE_WAIT_MS + 10_000);
+
+    // A worker again: the cancel that was handed over is applied, once, and the deployment ends.
+    w = await startTestWorker(h, 'classic-worker-back');
+    expect(await finished(id)).toMatchObject({ status: 'cancelled' });
+    const cancelled = (await detail(id)).targets.filter((t: { result: string }) => t.result === 'cancelled').length;
+    expect(cancelled).toBeGreaterThanOrEqual(1);
+    // The retry with the same key is that update's outcome (200), though nothing is left to cancel now;
+    // a new key is refused as before.
+    const retried = await send();
+    expect([retried.statusCode, retried.json()]).toEqual([
+      200,
+      { deploymentId: id, action: 'cancel', affected: cancelled, status: expect.any(String) },
+    ]);
+    const fresh = await h.request({ method: 'POST', url: `${base()}/${id}/cancel`, idempotencyKey: true });
+    expect([fresh.statusCode, fresh.json().code]).toEqual([409, 'conflict']);
+    const completed = (await detail(id)).targets.filter((t: { status: string }) => t.status === 'completed').length;
+    expect(completed + cancelled).toBe(5);
+    expect((await lines(marker)).length).toBe(completed);
   });
 });
