@@ -267,7 +267,13 @@ export async function controlDeployment(
   try {
     const refusal = controlRefusal(action, row.status, (await countsByDeployment(deps.db, siteId, [deploymentId])).get(deploymentId)!);
     if (refusal) {
-      const earlier = updateId ? await classicControlOutcome(deps.temporal, { siteId, deploymentId }, updateId) : undefined;
+      // Best effort: when Temporal cannot say, the stored targets answer as they did before.
+      const earlier = updateId
+        ? await classicControlOutcome(deps.temporal, { siteId, deploymentId }, updateId).catch((err: unknown) => {
+            if (err instanceof ClassicControlRefused) throw err;
+            return undefined;
+          })
+        : undefined;
       if (earlier) return answer(earlier);
       throw refusal;
     }

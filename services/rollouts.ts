@@ -41,6 +41,7 @@ import {
   NoWorker,
   CONTROL_UPDATE_WAIT_MS,
   controlUpdateId,
+  rolloutControlApplied,
   controlRollout,
   rolloutWorkflowId,
   startRolloutWorkflow,
@@ -412,20 +413,28 @@ export async function controlRolloutAction(
 ): Promise<RolloutOverview> {
   const { siteId, roostId, rolloutId, action } = input;
   const r = await requireRollout(deps, siteId, roostId, rolloutId);
-  if (!r.active)
-    throw new ApiError('conflict', `the rollout has ended (stage ${r.stage}, state ${r.state}); ${action} is not possible`, {
-      extras: { state: r.state, stage: r.stage },
-    });
+  const updateId = input.idempotencyKey ? controlUpdateId(input.by, rolloutId, action, input.idempotencyKey) : undefined;
   try {
+    if (!r.active) {
+      // The retry of a control (same Idempotency-Key) whose update a worker applied after its 503, and
+      // which ended the rollout (abort): that update's outcome, not a refusal. Best effort: when Temporal
+      // cannot say, the stored state answers (409) as it did before.
+      const applied = updateId ? await rolloutControlApplied(deps.temporal, r.workflowId, updateId).catch(() => false) : false;
+      if (applied) return overviewOf(deps, r);
+      throw new ApiError('conflict', `the rollout has ended (stage ${r.stage}, state ${r.state}); ${action} is not possible`, {
+        extras: { state: r.state, stage: r.stage },
+      });
+    }
     await controlRollout(
       deps.temporal,
       r.workflowId,
       r.rolloutId,
       action,
       { by: input.by, ...(input.reason ? { reason: input.reason } : {}) },
-      input.idempotencyKey ? { updateId: controlUpdateId(input.by, rolloutId, action, input.idempotencyKey) } : {},
+      updateId ? { updateId } : {},
     );
   } catch (err) {
+    if (err instanceof ApiError) throw err;
     if (err instanceof NoWorker) {
       throw serviceUnavailable(
         err.reason === 'none'

@@ -449,28 +449,54 @@ export async function controlClassicDeployment(
 }
 
 /**
- * The outcome of the classic control update `updateId` sent earlier to the deployment's current run, when
- * that run knows it (a retry whose first attempt answered 503 after CONTROL_UPDATE_WAIT_MS: the update was
- * applied once a worker took it); undefined when it does not (no such update, no such workflow).
- * @throws ClassicControlRefused when that update was refused; NoWorker `timeout` when it is still waiting
- *   for a worker after CONTROL_UPDATE_WAIT_MS; Temporal client errors otherwise.
+ * The result of update `updateId` sent earlier to workflow `workflowId` (its current run), when that run
+ * knows it: a control retried after a 503 whose update a worker applied later. undefined when it does not
+ * (no such update, no such workflow).
+ * @throws NoWorker `timeout` when the update still waits for a worker after CONTROL_UPDATE_WAIT_MS;
+ *   WorkflowUpdateFailedError when it failed; Temporal client errors otherwise.
+ */
+export async function earlierUpdateOutcome<R>(client: Client, workflowId: string, updateId: string): Promise<R | undefined> {
+  const handle = client.workflow.getHandle(workflowId);
+  try {
+    return await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () => handle.getUpdateHandle<R>(updateId).result());
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError || grpcCode(err) === GRPC_NOT_FOUND) return undefined;
+    if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
+    throw err;
+  }
+}
+
+/**
+ * The outcome of the classic control update `updateId` sent earlier to the deployment's workflow
+ * (`earlierUpdateOutcome`); undefined when it knows none.
+ * @throws ClassicControlRefused when that update was refused; NoWorker `timeout`; Temporal client errors.
  */
 export async function classicControlOutcome(
   client: Client,
   r: { siteId: string; deploymentId: string },
   updateId: string,
 ): Promise<Exclude<ClassicActionResult, { refused: string }> | undefined> {
-  const handle = client.workflow.getHandle(classicDeploymentWorkflowId(r.siteId, r.deploymentId));
   try {
-    const out = await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () =>
-      handle.getUpdateHandle<ClassicActionResult>(updateId).result(),
-    );
-    return classicAnswer(out);
+    const out = await earlierUpdateOutcome<ClassicActionResult>(client, classicDeploymentWorkflowId(r.siteId, r.deploymentId), updateId);
+    return out === undefined ? undefined : classicAnswer(out);
   } catch (err) {
-    if (err instanceof WorkflowNotFoundError || grpcCode(err) === GRPC_NOT_FOUND) return undefined;
-    if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
     if (err instanceof WorkflowUpdateFailedError)
       throw classicRefusal(err) ?? new ClassicControlRefused(err.cause?.message ?? 'the update failed');
+    throw err;
+  }
+}
+
+/**
+ * Whether the rollout control update `updateId` was sent earlier to the rollout's workflow and applied
+ * (`earlierUpdateOutcome`): a retry after a 503 of an abort (or a promote that finished the rollout) a
+ * worker applied later.
+ * @throws RolloutControlRefused when that update was refused; NoWorker `timeout`; Temporal client errors.
+ */
+export async function rolloutControlApplied(client: Client, workflowId: string, updateId: string): Promise<boolean> {
+  try {
+    return (await earlierUpdateOutcome<ControlResult>(client, workflowId, updateId)) !== undefined;
+  } catch (err) {
+    if (err instanceof WorkflowUpdateFailedError) throw controlFailure(err);
     throw err;
   }
 }

@@ -831,7 +831,25 @@ describe('control while no worker runs', () => {
       expect([second.statusCode, second.json().code]).toEqual([409, 'conflict']);
       const history = (await detail(roost.roostId, r.rolloutId)).history as { action: string }[];
       expect(history.filter((e) => e.action === 'pause')).toHaveLength(1);
-      expect((await control(roost.roostId, r.rolloutId, 'abort')).statusCode).toBe(200);
+
+      // An abort handed over the same way ends the rollout: its retry with the same key answers the
+      // ended rollout (200), not 409 "the rollout has ended"; an abort with a new key is that 409.
+      await w.stop();
+      const abortKey = idemKey();
+      const abort = () =>
+        h.request({
+          method: 'POST',
+          url: `/api/roosts/${roost.roostId}/rollouts/${r.rolloutId}/abort`,
+          body: { siteId: h.siteId },
+          idempotencyKey: abortKey,
+        });
+      expect((await abort()).statusCode).toBe(503);
+      w = await startTestWorker(h, 'control-worker-back-again');
+      expect(await result(r.workflowId)).toMatchObject({ rolloutId: r.rolloutId, stage: 'failed', abortReason: 'aborted' });
+      const abortRetried = await abort();
+      expect([abortRetried.statusCode, abortRetried.json().state]).toEqual([200, 'aborted']);
+      const abortAgain = await control(roost.roostId, r.rolloutId, 'abort');
+      expect([abortAgain.statusCode, abortAgain.json().code]).toEqual([409, 'conflict']);
     } finally {
       await fleet.stop();
     }
