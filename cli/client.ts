@@ -281,6 +281,12 @@ export class RoostClient {
    * outage window: the window is for an outage that starts while a command works (docs/decisions/outages.md).
    */
   private reached = false;
+  /**
+   * Whether blob storage has answered a PUT of this client at least once: from then on a PUT that gets no
+   * answer, or 503, rides out the outage window as API calls do (a storage restart mid-push), while storage
+   * never reached (a wrong endpoint in the upload URLs) fails after the 6 attempts.
+   */
+  private storageReached = false;
   private readonly timeoutMs: number;
   private readonly sleep: (ms: number) => Promise<void>;
   private readonly random: () => number;
@@ -521,7 +527,9 @@ export class RoostClient {
    * BlockBlob with `Content-Type: application/octet-stream`. Chunk upload URLs are create-only: storage
    * refuses a PUT to a blob that exists with 403 `AuthorizationPermissionMismatch`, which this answers as
    * `'exists'` (the chunk is stored already, say by an earlier attempt of this very PUT whose answer was
-   * lost); a created blob answers `'created'`. So 429/5xx/network failures are always retried.
+   * lost); a created blob answers `'created'`. So 429/5xx/network failures are always retried: 6 attempts,
+   * and, once storage has answered this client, past them for the outage window on no answer or 503
+   * (docs/decisions/outages.md).
    * `signal` abandons the upload (in flight or between retries): the promise then rejects with the
    * signal's reason.
    * @throws ClientError code `upload_forbidden` (other 403s, e.g. an expired URL), `upload_failed` (other
@@ -530,9 +538,15 @@ export class RoostClient {
   async putBlob(url: string, bytes: Buffer, opts: { signal?: AbortSignal } = {}): Promise<'created' | 'exists'> {
     const display = url.split('?')[0];
     const { signal } = opts;
+    const started = Date.now();
+    /** Sum of the retry pauses so far (ms), as in `request`. */
+    let waited = 0;
     for (let attempt = 0; ; attempt++) {
       signal?.throwIfAborted();
-      const last = attempt + 1 >= this.maxAttempts;
+      const spent = attempt + 1 >= this.maxAttempts;
+      /** Out of attempts, unless this failure is an outage and the outage window (ms) has room for `delayMs` more. */
+      const lastFor = (outage: boolean, delayMs: number) =>
+        spent && !(outage && this.storageReached && Math.max(Date.now() - started, waited) + delayMs <= this.outageWindowMs);
       let res: Answer;
       // One controller per attempt, ended by its own timer or by the caller's signal: a cold push sends
       // thousands of PUTs, and AbortSignal.any over AbortSignal.timeout cost about twice as much CPU a PUT.
@@ -548,8 +562,10 @@ export class RoostClient {
       } catch (err) {
         signal?.throwIfAborted();
         const reason = describeNetworkError(err);
-        if (!last) {
-          await this.pause('PUT', display, attempt, backoffDelayMs(attempt, this.random), reason, signal);
+        const delay = backoffDelayMs(attempt, this.random);
+        if (!lastFor(true, delay)) {
+          waited += delay;
+          await this.pause('PUT', display, attempt, delay, reason, signal);
           continue;
         }
         throw new ClientError({
@@ -569,17 +585,13 @@ export class RoostClient {
         { method: 'PUT', blob: display.replace(/^https?:\/\/[^/]+/, ''), status: res.status, attempt: attempt + 1 },
         'blob upload',
       );
+      this.storageReached = true;
       if (res.ok) return 'created';
-      if (!last && isRetryable(res.status, true)) {
-        const after = res.status === 429 ? retryAfterMs(res.headers.get('retry-after')) : undefined;
-        await this.pause(
-          'PUT',
-          display,
-          attempt,
-          Math.min(after ?? backoffDelayMs(attempt, this.random), MAX_RETRY_AFTER_MS),
-          `HTTP ${res.status}`,
-          signal,
-        );
+      const after = res.status === 429 || res.status === 503 ? retryAfterMs(res.headers.get('retry-after')) : undefined;
+      const delay = Math.min(after ?? backoffDelayMs(attempt, this.random), MAX_RETRY_AFTER_MS);
+      if (!lastFor(res.status === 503, delay) && isRetryable(res.status, true)) {
+        waited += delay;
+        await this.pause('PUT', display, attempt, delay, `HTTP ${res.status}`, signal);
         continue;
       }
       const storageCode = /<Code>([^<]+)<\/Code>/.exec(res.text)?.[1] ?? res.headers.get('x-ms-error-code') ?? undefined;

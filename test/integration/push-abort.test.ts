@@ -22,32 +22,51 @@ let h: Harness;
 let proxy: net.Server;
 const sockets = new Set<net.Socket>();
 let tmp: string;
+/** Trees of single tests, removed after the file. */
+const dirs: string[] = [];
 let refuse = 0;
 let refused = 0;
 
-beforeAll(async () => {
+/** The proxy's connection handler: forwards to the suite's Azurite, cutting refused PUTs (`refuse`). */
+function forward(client: net.Socket): void {
   const azurite = testConfig().ROOST_AZURITE_PORT;
-  proxy = net.createServer((client) => {
-    sockets.add(client);
-    client.once('data', (first: Buffer) => {
-      // While `refuse` > 0, a new connection whose first request is a PUT is cut (a failed chunk PUT the client retries).
-      if (refuse > 0 && first.toString('latin1', 0, 4) === 'PUT ') {
-        refuse -= 1;
-        refused += 1;
-        client.destroy();
-        return;
-      }
-      const upstream = net.connect(azurite, '127.0.0.1');
-      sockets.add(upstream);
-      upstream.write(first);
-      client.pipe(upstream).pipe(client);
-      upstream.on('error', () => (client.destroy(), upstream.destroy())).on('close', () => (client.destroy(), upstream.destroy()));
-      client.on('close', () => upstream.destroy());
-    });
-    client.on('error', () => client.destroy());
+  sockets.add(client);
+  client.once('data', (first: Buffer) => {
+    // While `refuse` > 0, a new connection whose first request is a PUT is cut (a failed chunk PUT the client retries).
+    if (refuse > 0 && first.toString('latin1', 0, 4) === 'PUT ') {
+      refuse -= 1;
+      refused += 1;
+      client.destroy();
+      return;
+    }
+    const upstream = net.connect(azurite, '127.0.0.1');
+    sockets.add(upstream);
+    upstream.write(first);
+    client.pipe(upstream).pipe(client);
+    upstream.on('error', () => (client.destroy(), upstream.destroy())).on('close', () => (client.destroy(), upstream.destroy()));
+    client.on('close', () => upstream.destroy());
   });
-  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
-  const port = (proxy.address() as net.AddressInfo).port;
+  client.on('error', () => client.destroy());
+}
+
+/** Azure Blob goes away: the proxy stops listening and drops its connections. */
+async function proxyDown(): Promise<void> {
+  // close() stops accepting at once but calls back only once every connection has ended: cut them first.
+  const closed = new Promise<void>((resolve) => proxy.close(() => resolve()));
+  for (const s of sockets) s.destroy();
+  sockets.clear();
+  await closed;
+}
+
+/** The proxy listens (again) on `port` (0: a free one); returns the port. */
+async function proxyUp(port = 0): Promise<number> {
+  proxy = net.createServer(forward);
+  await new Promise<void>((resolve) => proxy.listen(port, '127.0.0.1', resolve));
+  return (proxy.address() as net.AddressInfo).port;
+}
+
+beforeAll(async () => {
+  const port = await proxyUp();
   h = await createHarness({ AZURE_STORAGE_CONNECTION_STRING: azuriteConnectionString(port) });
   tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'roost-push-abort-'));
   for (let i = 0; i < 24; i++) fs.writeFileSync(path.join(tmp, `f${i}.bin`), randomBytes(1024 + i));
@@ -58,6 +77,7 @@ afterAll(async () => {
   proxy?.close();
   for (const s of sockets) s.destroy();
   await fsp.rm(tmp, { recursive: true, force: true });
+  for (const d of dirs) await fsp.rm(d, { recursive: true, force: true });
 });
 
 test('a PUT that fails is retried and the pipelined push publishes the same version as without failures', async () => {
@@ -87,6 +107,55 @@ test('a PUT that fails is retried and the pipelined push publishes the same vers
   for (const f of res.body.files) for (const c of f.chunks) expect(await h.deps.blob.chunkSize(other.siteId, c.hash)).toBe(c.size);
 });
 
+test('a push rides out a blob storage outage that starts mid-upload and outlasts the 6 attempts: it publishes once storage is back', async () => {
+  const base = await h.listen();
+  const retries: RetryInfo[] = [];
+  const other = await h.other();
+  const client = new RoostClient({
+    baseUrl: base,
+    apiKey: other.apiKey,
+    maxAttempts: 3,
+    // The requested pauses count toward the window (cli/client.ts putBlob); they are cut short here.
+    outageWindowMs: 3_600_000,
+    onRetry: (r) => retries.push(r),
+    sleep: (ms) => new Promise((r) => setTimeout(r, Math.min(ms, 300))),
+  });
+  const roost = await client.post<{ roostId: string }>('/api/roosts', {
+    siteId: other.siteId,
+    name: `outage-${randomBytes(3).toString('hex')}`,
+  });
+  // Enough chunks that most are still to upload when the first is stored.
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'roost-push-outage-'));
+  dirs.push(dir);
+  for (let i = 0; i < 200; i++) fs.writeFileSync(path.join(dir, `g${i}.bin`), randomBytes(32 * 1024));
+  const port = (proxy.address() as net.AddressInfo).port;
+  let outage: Promise<void> | undefined;
+  const res = await push({
+    client,
+    siteId: other.siteId,
+    roostId: roost.roostId,
+    dir,
+    concurrency: 2,
+    onProgress: (p) => {
+      // Storage goes away once the first chunk is stored, and comes back 6 s later on the same port.
+      if (p.stage === 'upload' && p.done > 0 && !outage) {
+        outage = proxyDown()
+          .then(() => new Promise((r) => setTimeout(r, 6000)))
+          .then(() => proxyUp(port))
+          .then(() => undefined);
+      }
+    },
+  });
+  await outage;
+  expect(outage).toBeDefined();
+  expect(res).toMatchObject({ versionNumber: 1, chunksTotal: 200, chunksUploaded: 200 });
+  // Some PUT went on past its 3 attempts through the outage.
+  const perUrl = new Map<string, number>();
+  for (const r of retries.filter((x) => x.method === 'PUT')) perUrl.set(r.url, (perUrl.get(r.url) ?? 0) + 1);
+  expect(Math.max(...perUrl.values())).toBeGreaterThan(3);
+  for (const f of res.body.files) for (const c of f.chunks) expect(await h.deps.blob.chunkSize(other.siteId, c.hash)).toBe(c.size);
+});
+
 test('an unreachable blob store ends the upload stage at the first fatal error, with nothing left running', async () => {
   const base = await h.listen();
   const retries: RetryInfo[] = [];
@@ -101,9 +170,7 @@ test('an unreachable blob store ends the upload stage at the first fatal error, 
   const missing = await findMissing({ client, siteId: h.siteId, scan });
   expect(missing).toHaveLength(24);
 
-  // Azure Blob goes away: the proxy stops listening and drops its connections.
-  await new Promise<void>((resolve) => proxy.close(() => resolve()));
-  for (const s of sockets) s.destroy();
+  await proxyDown();
 
   const started = Date.now();
   const err = (await uploadChunks({ client, siteId: h.siteId, scan, concurrency: 4 }, missing).catch((e: unknown) => e)) as {

@@ -311,6 +311,40 @@ describe('putBlob', () => {
     expect(getEventListeners(after.signal, 'abort')).toHaveLength(0);
   });
 
+  it('rides out a storage outage past 6 attempts once storage has answered this client; storage never reached gets 6', async () => {
+    const delays: number[] = [];
+    const c = new RoostClient({ baseUrl: base, sleep: async (ms) => void delays.push(ms), random: () => 0, outageWindowMs: 60_000 });
+    const url = `${base}/chunks/abc?sig=1`;
+    // Storage answered once (the first chunk), then goes away mid-push: connections dropped, then 503s.
+    script = [
+      { status: 201 },
+      ...Array.from({ length: 5 }, (): Reply => 'destroy'),
+      ...Array.from({ length: 2 }, (): Reply => ({ status: 503, body: '' })),
+      { status: 201 },
+    ];
+    expect(await c.putBlob(url, Buffer.from('a'))).toBe('created');
+    expect(await c.putBlob(url, Buffer.from('b'))).toBe('created');
+    expect(seen).toHaveLength(9);
+    // 7 pauses of min(60 s, 500·2^n ms) halved (random 0): 31.75 s of the 60 s window.
+    expect(delays).toEqual([250, 500, 1000, 2000, 4000, 8000, 16000]);
+    // Past the window the outage surfaces: the 8th pause (30 s) would end at 61.75 s.
+    script = Array.from({ length: 12 }, (): Reply => 'destroy');
+    await expect(c.putBlob(url, Buffer.from('c'))).rejects.toMatchObject({ code: 'network_error', attempts: 8 });
+    // Other 5xx keep the 6 attempts.
+    script = Array.from({ length: 8 }, (): Reply => ({ status: 500, body: '' }));
+    await expect(c.putBlob(url, Buffer.from('d'))).rejects.toMatchObject({ code: 'upload_failed', status: 500, attempts: 6 });
+
+    const spare = http.createServer();
+    await new Promise<void>((r) => spare.listen(0, '127.0.0.1', r));
+    const port = (spare.address() as AddressInfo).port;
+    await new Promise((r) => spare.close(r)); // nothing listens there now
+    const never = new RoostClient({ baseUrl: base, sleep: async () => undefined, outageWindowMs: 300_000 });
+    await expect(never.putBlob(`http://127.0.0.1:${port}/chunks/abc?sig=1`, Buffer.from('x'))).rejects.toMatchObject({
+      code: 'network_error',
+      attempts: 6,
+    });
+  });
+
   it('reports a refused URL as upload_forbidden with the storage error code', async () => {
     script = [
       {
