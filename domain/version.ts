@@ -96,17 +96,25 @@ export function validateVersionBody(body: unknown, prefix = 'version'): Record<s
       if (typeof f.size !== 'number' || !Number.isSafeInteger(f.size) || f.size < 0) add(`${at}.size`, 'must be a non-negative integer');
       if (!Array.isArray(f.chunks)) return add(`${at}.chunks`, 'must be an array');
       const n = f.chunks.length;
+      /** Sum of the chunk sizes (bytes); null once a chunk size is not a valid one. */
+      let sum: number | null = 0;
       f.chunks.forEach((c: unknown, j: number) => {
         const cat = `${at}.chunks.${j}`;
         if (!isPlainObject(c)) return add(cat, 'must be an object');
         if (!isSha256Hex(c.hash)) add(`${cat}.hash`, 'must be lowercase bare SHA-256 hex (64 chars)');
         const s = c.size;
+        if (typeof s === 'number' && Number.isSafeInteger(s) && s > 0 && sum !== null) sum += s;
+        else sum = null;
         if (typeof s !== 'number' || !Number.isSafeInteger(s) || s <= 0) add(`${cat}.size`, 'must be a positive integer');
         else if (j < n - 1 && s !== CHUNK_SIZE) add(`${cat}.size`, `every chunk but the last must be exactly ${CHUNK_SIZE} bytes`);
         else if (s > CHUNK_SIZE) add(`${cat}.size`, `must be at most ${CHUNK_SIZE} bytes`);
       });
       if (f.size === 0 && n !== 0) add(`${at}.chunks`, 'a zero-byte file has no chunks');
       if (typeof f.size === 'number' && f.size > 0 && n === 0) add(`${at}.chunks`, 'a non-empty file needs chunks');
+      // A file is its chunks in offset order: its size is their sum (an agent refuses any other body).
+      else if (typeof f.size === 'number' && f.size > 0 && Number.isSafeInteger(f.size) && sum !== null && sum !== f.size) {
+        add(`${at}.size`, `must be the sum of its chunk sizes (${sum})`);
+      }
     });
     // Names that are distinct here but one file on Windows (case, trailing dots, a file used as a folder).
     for (const [k, msg] of collidingPaths(safe)) add(`files.${safeIndex[k]}.path`, msg);

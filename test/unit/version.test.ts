@@ -113,6 +113,30 @@ describe('validateVersionBody', () => {
     for (const [f, key] of cases) expect(Object.keys(validateVersionBody(body([f]))!)).toContain(key);
   });
 
+  it("refuses a file whose size is not the sum of its chunks' sizes, naming the sum", () => {
+    for (const size of [7, 5, CHUNK_SIZE + 6, 999_999_999_999, Number.MAX_SAFE_INTEGER]) {
+      const f = {
+        path: 's',
+        size,
+        chunks: [
+          { hash: H('a'), size: CHUNK_SIZE },
+          { hash: H('b'), size: 6 },
+        ],
+      };
+      const one = { path: 's', size, chunks: [{ hash: H('a'), size: 6 }] };
+      expect(validateVersionBody(body([one]))).toEqual(
+        size === 6 ? null : { 'version.files.0.size': ['must be the sum of its chunk sizes (6)'] },
+      );
+      expect(validateVersionBody(body([f]))).toEqual(
+        size === CHUNK_SIZE + 6 ? null : { 'version.files.0.size': [`must be the sum of its chunk sizes (${CHUNK_SIZE + 6})`] },
+      );
+    }
+    // One message per problem: a bad chunk size is reported there, not again as a wrong sum.
+    expect(Object.keys(validateVersionBody(body([{ path: 's', size: 3, chunks: [{ hash: H('a'), size: 0 }] }]))!)).toEqual([
+      'version.files.0.chunks.0.size',
+    ]);
+  });
+
   it('rejects duplicate paths and unsafe paths', () => {
     const dup = body([
       { path: 'a', size: 0, chunks: [] },
