@@ -5,7 +5,8 @@
  * (the driver would silently store U+FFFD instead), so both are refused up front with 400
  * `validation_failed` naming the field. JSON is also bounded in depth, so nothing downstream (canonical JSON,
  * hashing, JSONB) can be driven into deep recursion, and keys that would reach an object's prototype when a
- * value is later merged (`__proto__`, `constructor.prototype`) are refused by name.
+ * value is later merged (`__proto__`, `constructor.prototype`) are refused by name. A number too large for a
+ * double (`1e400`, which JSON.parse reads as Infinity) is refused where it stands.
  *
  * Pure: no I/O. Used by api/plugins/input.ts for every request.
  */
@@ -37,7 +38,7 @@ function shortPath(path: string): string {
 
 /**
  * Walks a parsed JSON value without recursion and returns the first problem, or null: a string or key that
- * `textProblem` refuses, a `__proto__` key, a `constructor` object holding a `prototype` key, or nesting
+ * `textProblem` refuses, a number that is not finite, a `__proto__` key, a `constructor` object holding a `prototype` key, or nesting
  * deeper than `maxDepth`. O(size of the value).
  */
 export function jsonInputProblem(value: unknown, maxDepth = MAX_JSON_DEPTH): InputProblem | null {
@@ -49,6 +50,10 @@ export function jsonInputProblem(value: unknown, maxDepth = MAX_JSON_DEPTH): Inp
       if (why) return { path: shortPath(path), message: why };
       continue;
     }
+    // JSON.parse turns a number beyond the double range (1e400) into ±Infinity, which JSON cannot carry:
+    // canonical JSON (version ids, the audit chain) and JSONB would fail on it later.
+    if (typeof v === 'number' && !Number.isFinite(v))
+      return { path: shortPath(path), message: 'is a number outside the range of a double' };
     if (v === null || typeof v !== 'object') continue;
     if (depth > maxDepth) return { path: shortPath(path), message: `nests deeper than ${maxDepth} levels of arrays and objects` };
     if (Array.isArray(v)) {

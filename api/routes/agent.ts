@@ -106,7 +106,8 @@ const TargetStateFields = {
   files_total: Counter,
   files_assembled: Counter,
   files_skipped: Counter,
-  bytes_fetched: Type.Optional(Type.Integer({ minimum: 0 })),
+  // Stored as BIGINT; kept to integers a JSON number carries exactly (a larger one was a 500 from the column).
+  bytes_fetched: Type.Optional(Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER, description: 'bytes' })),
 };
 
 const TargetStateBody = Type.Object(TargetStateFields, { additionalProperties: false });

@@ -642,6 +642,10 @@ describe('PUT /api/agent/roosts/{roostId}/state', () => {
       [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, files_skipped: undefined }, 'files_skipped'],
       [{ reportedVersionId: 'v1', status: 'committed', ...COUNTERS }, 'reportedVersionId'],
       [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, surprise: true }, 'surprise'],
+      // Beyond what a JSON number carries exactly (the BIGINT column's range starts at 2^63: that was a 500).
+      [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, bytes_fetched: 1e19 }, 'bytes_fetched'],
+      [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, bytes_fetched: 2 ** 63 }, 'bytes_fetched'],
+      [{ reportedVersionId: versionId, status: 'committed', ...COUNTERS, bytes_fetched: Number.MAX_SAFE_INTEGER + 1 }, 'bytes_fetched'],
     ];
     for (const [body, field] of cases) {
       const res = await agentReq(token, 'PUT', url, body);

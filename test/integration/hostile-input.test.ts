@@ -219,6 +219,30 @@ describe('JSON shape', () => {
     expect((await publish(nested(62))).statusCode).toBe(201);
   });
 
+  test('a number beyond the double range (1e400) is 400 naming it, anywhere in the body; nothing is published', async () => {
+    const list = async () =>
+      (await h.request({ method: 'GET', url: `/api/roosts/${roostId}/versions?siteId=${h.siteId}` })).json().versions;
+    const before = await list();
+    for (const [config, extra, field] of [
+      ['{"n":1e400}', '', 'version.config.n'],
+      ['{"a":[-1e999]}', '', 'version.config.a.0'],
+      ['{}', ',"extra":1e400', 'extra'],
+    ]) {
+      const body =
+        `{"siteId":"${h.siteId}"${extra},"version":{"schemaVersion":2,"mediaType":"application/vnd.svc.version.v1+json",` +
+        `"config":${config},"files":[{"path":"a.txt","size":0,"chunks":[]}]}}`;
+      const res = await h.app.inject({
+        method: 'POST',
+        url: `/api/roosts/${roostId}/versions`,
+        headers: { authorization: `Bearer ${h.apiKey}`, 'content-type': 'application/json', 'idempotency-key': `inf-${field}` },
+        payload: body,
+      });
+      expectRefused(res, field);
+      expect(res.json().detail).toMatch(/outside the range of a double/);
+    }
+    expect(await list()).toEqual(before);
+  });
+
   test('a __proto__ key is refused by name', async () => {
     const res = await h.app.inject({
       method: 'POST',

@@ -57,3 +57,12 @@ describe('jsonInputProblem', () => {
     expect(jsonInputProblem({ constructor: 'a name' })).toBeNull();
   });
 });
+it('refuses numbers beyond the double range where they stand (JSON.parse reads them as Infinity); large finite numbers pass', () => {
+  expect(jsonInputProblem(JSON.parse('{"config":{"n":1e400}}'))).toEqual({
+    path: 'config.n',
+    message: 'is a number outside the range of a double',
+  });
+  expect(jsonInputProblem(JSON.parse('{"a":[1,-1e999]}'))).toEqual({ path: 'a.1', message: 'is a number outside the range of a double' });
+  expect(jsonInputProblem(JSON.parse('1e400'))).toEqual({ path: '', message: 'is a number outside the range of a double' });
+  expect(jsonInputProblem(JSON.parse('{"n":1.7976931348623157e308,"m":-1e300,"k":1e-400}'))).toBeNull();
+});
