@@ -136,6 +136,15 @@ export async function findActiveRollout(q: Queryable, siteId: string, roostId: s
   return rows[0] ? toRollout(rows[0]) : null;
 }
 
+/** The non-terminal rollouts of a roost (any version), oldest first: what deleting the roost aborts. */
+export async function activeRolloutsOfRoost(q: Queryable, siteId: string, roostId: string): Promise<Rollout[]> {
+  const { rows } = await q.query<RolloutRow>(
+    `SELECT ${ROLLOUT_COLUMNS} FROM rollouts WHERE site_id = $1 AND roost_id = $2 AND active ORDER BY created_at, rollout_id`,
+    [siteId, roostId],
+  );
+  return rows.map(toRollout);
+}
+
 /** The ids of `machineIds` that are not enrolled machines of the site (input order kept). */
 export async function unknownMachines(q: Queryable, siteId: string, machineIds: readonly string[]): Promise<string[]> {
   if (machineIds.length === 0) return [];

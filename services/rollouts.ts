@@ -27,6 +27,7 @@ import {
   deltaPlan,
   failUnstartedRollout,
   findActiveRollout,
+  activeRolloutsOfRoost,
   getRollout,
   insertRolloutUnlessActive,
   isActiveRolloutRace,
@@ -412,6 +413,8 @@ export async function controlRolloutAction(
   input: ControlInput,
 ): Promise<RolloutOverview> {
   const { siteId, roostId, rolloutId, action } = input;
+  // Like every roost route: the rollouts of a deleted roost are 404 (deleting it aborted them: `abortRoostRollouts`).
+  await requireRoost(deps.db, siteId, roostId);
   const r = await requireRollout(deps, siteId, roostId, rolloutId);
   const updateId = input.idempotencyKey ? controlUpdateId(input.by, rolloutId, action, input.idempotencyKey) : undefined;
   try {
@@ -452,6 +455,31 @@ export async function controlRolloutAction(
   return overviewOf(deps, await requireRollout(deps, siteId, roostId, rolloutId));
 }
 
+/**
+ * Aborts every non-terminal rollout of a roost that was just deleted (`DELETE /api/roosts/{roostId}`), through
+ * each workflow's abort update, so a rollout waiting for promotion, a window or its schedule ends instead of
+ * waiting unseen (its routes are 404 once the roost is deleted). Best effort: a rollout whose abort cannot be
+ * sent now (no worker, Temporal unavailable) is logged and left; it fails `roost_deleted` when its next wave
+ * starts, and a repeated delete tries it again. Returns the ids aborted.
+ */
+export async function abortRoostRollouts(
+  deps: Pick<ServiceDeps, 'db' | 'temporal'>,
+  input: { siteId: string; roostId: string; by: string; log?: RolloutLog },
+): Promise<string[]> {
+  const aborted: string[] = [];
+  for (const r of await activeRolloutsOfRoost(deps.db, input.siteId, input.roostId)) {
+    try {
+      await controlRollout(deps.temporal, r.workflowId, r.rolloutId, 'abort', { by: input.by, reason: 'the roost was deleted' });
+      aborted.push(r.rolloutId);
+    } catch (err) {
+      // Already ended (closed workflow, or it refused: it is ending) needs nothing; anything else is logged.
+      if (!(err instanceof RolloutControlRefused))
+        (input.log ?? silent).warn({ err, rolloutId: r.rolloutId }, 'rollout of a deleted roost not aborted');
+    }
+  }
+  return aborted;
+}
+
 /** Why a rollback is refused, as the problem detail says it. */
 const ROLLBACK_REFUSED: Record<string, string> = {
   not_found: 'rollout not found',
@@ -476,6 +504,7 @@ export async function rollbackRollout(
   input: { siteId: string; roostId: string; rolloutId: string; by: string; log?: RolloutLog },
 ): Promise<RolloutOverview & { runUrl: string }> {
   const { siteId, roostId, rolloutId } = input;
+  await requireRoost(deps.db, siteId, roostId);
   const r = await requireRollout(deps, siteId, roostId, rolloutId);
   if (r.rolledBackBy)
     throw new ApiError('conflict', 'the rollout was already rolled back', { extras: { rollbackRolloutId: r.rolledBackBy } });

@@ -23,6 +23,7 @@ import {
   NON_BLANK_TEXT,
 } from '../../domain/schemas';
 import { createRoost, deleteRoost, getRoost, listRoosts, type RoostDetail, updateRoost } from '../../services/roosts';
+import { abortRoostRollouts } from '../../services/rollouts';
 import { pagingQuery, parsePaging } from '../pagination';
 import { authorizeSite, roostRequirement } from '../plugins/auth';
 
@@ -306,7 +307,7 @@ const roostRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       config: { idempotency: 'optional' },
       schema: {
-        summary: 'Soft-delete (tombstone) a roost; repeating is harmless',
+        summary: 'Soft-delete (tombstone) a roost and abort its running rollouts; repeating is harmless',
         tags: ['roosts'],
         params: RoostParams,
         querystring: SiteQuery,
@@ -316,8 +317,10 @@ const roostRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request) => {
       const { roostId } = request.params;
       const { siteId } = request.query;
-      await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'write'));
+      const user = await authorizeSite(request, siteId, roostRequirement(siteId, roostId, 'write'));
       const r = await deleteRoost(deps, { siteId, roostId });
+      // Its rollouts would otherwise wait unseen (their routes are 404 now); a repeated delete retries any left.
+      await abortRoostRollouts(deps, { siteId, roostId, by: user.userId, log: request.log });
       return { roostId, siteId, deleted: true as const, deletedAt: r.deletedAt.toISOString(), alreadyDeleted: r.alreadyDeleted };
     },
   );

@@ -322,6 +322,38 @@ describe('control while running', () => {
     }
   });
 
+  it('deleting the roost aborts its rollout waiting for promotion; its rollout routes are 404 from then on', async () => {
+    const ids = machineIds(3);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      const r = await deploy(roost.roostId, { policy: { requirePromotion: 'canary', canary: { count: 1 } } });
+      await waitFor('the workflow waiting for promotion', async () => (await status(r.workflowId)).waiting === 'promotion');
+      const del = await h.request({ method: 'DELETE', url: `/api/roosts/${roost.roostId}?siteId=${h.siteId}` });
+      expect([del.statusCode, del.json().deleted]).toEqual([200, true]);
+      // Ended by the delete, not left waiting for a promotion nobody can send.
+      expect(await result(r.workflowId)).toMatchObject({ rolloutId: r.rolloutId, stage: 'failed', abortReason: 'aborted' });
+      const { rows } = await h.deps.db.query('SELECT active, state FROM rollouts WHERE site_id = $1 AND rollout_id = $2', [
+        h.siteId,
+        r.rolloutId,
+      ]);
+      expect(rows[0]).toEqual({ active: false, state: 'aborted' });
+      expect(await machineStatuses(h, r.rolloutId)).toMatchObject({ cancelled: 2 });
+      for (const action of ['pause', 'resume', 'promote', 'abort', 'rollback']) {
+        const res = await control(roost.roostId, r.rolloutId, action);
+        expect([action, res.statusCode, res.json().code]).toEqual([action, 404, 'not_found']);
+      }
+      const read = await h.request({ method: 'GET', url: `/api/roosts/${roost.roostId}/rollouts/${r.rolloutId}?siteId=${h.siteId}` });
+      expect(read.statusCode).toBe(404);
+      // Repeating the delete is harmless: nothing left to abort.
+      const again = await h.request({ method: 'DELETE', url: `/api/roosts/${roost.roostId}?siteId=${h.siteId}` });
+      expect([again.statusCode, again.json().alreadyDeleted]).toEqual([200, true]);
+    } finally {
+      await fleet.stop();
+    }
+  });
+
   it('takes an abort sent right after the deploy; an aborted scheduled rollout ends at once and frees its version', async () => {
     const ids = machineIds(2);
     await enrolMachineRows(h, ids);
