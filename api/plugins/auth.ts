@@ -132,10 +132,9 @@ export default fp(async function authPlugin(app: FastifyInstance) {
       // past it, guessing answers 429 with the rate-limit headers instead of 401 (docs/decisions/rate-limit-buckets.md).
       if (err instanceof ApiError && err.status === 401) {
         const d = await request.server.rateLimits.bucket('auth', `ip:${request.ip}`);
-        if (!d.allowed) {
-          noteDecision(request, d);
-          throw rateLimitedError(d);
-        }
+        // Counted, so the 401 carries the bucket's RateLimit-* headers too (api/plugins/rate-limit.ts onSend).
+        noteDecision(request, d);
+        if (!d.allowed) throw rateLimitedError(d);
       }
       throw err;
     }

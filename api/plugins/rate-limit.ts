@@ -19,6 +19,8 @@ const STORE_ERROR_LOG_INTERVAL_MS = 30_000;
 
 /** The wrapper bucket that applies to a request, or undefined when none does. */
 export function routeBucket(request: FastifyRequest): WrapperBucket | undefined {
+  // An unknown URL (Fastify's 404 handler) is refused before the limiter (docs/decisions/rate-limit-buckets.md).
+  if (request.is404) return undefined;
   const config = request.routeOptions.config;
   const named = config?.rateLimit;
   if (named === false) return undefined;

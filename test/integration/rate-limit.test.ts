@@ -112,13 +112,23 @@ describe('with the shared store in Redis', () => {
     expect(fresh.headers['ratelimit-remaining']).toBe('4');
   });
 
-  it('counts neither unauthenticated routes nor refused credentials', async () => {
+  it('counts in the api bucket neither unauthenticated routes, refused credentials nor unknown URLs', async () => {
+    const remaining = async () => (await h.request({ method: 'GET', url: '/api/whoami', key: other })).headers['ratelimit-remaining'];
+    const other = await scopedKey(h, [{ resource: 'site', id: h.siteId, permissions: ['read'] }]);
+    expect(await remaining()).toBe('4');
     const version = await h.request({ method: 'GET', url: '/api/version', key: null });
     expect(version.statusCode).toBe(200);
     expect(version.headers['ratelimit-limit']).toBeUndefined();
+    // A refused credential spends the auth bucket of its address (10 a minute), whose headers it carries.
     const anonymous = await h.request({ method: 'GET', url: '/api/whoami', key: null });
     expect(anonymous.statusCode).toBe(401);
-    expect(anonymous.headers['ratelimit-limit']).toBeUndefined();
+    expect(anonymous.headers['ratelimit-limit']).toBe('10');
+    // An unknown URL is 404 before the limiter: no headers, nothing counted.
+    for (const url of ['/api/nonexistent', '/api/does/not/exist']) {
+      const missing = await h.request({ method: 'GET', url, key: other });
+      expect([missing.statusCode, missing.headers['ratelimit-limit']]).toEqual([404, undefined]);
+    }
+    expect(await remaining()).toBe('3');
   });
 
   it('falls back to 15 requests per minute per identifier in this process when Redis is stopped', async () => {
@@ -292,7 +302,16 @@ describe('failed authentications spend the auth bucket of their address', () => 
   test('the 11th failure in a minute is 429 with the limit headers; other addresses and valid keys are unaffected', async () => {
     const bad = (remoteAddress: string) =>
       h.app.inject({ method: 'GET', url: '/api/whoami', remoteAddress, headers: { authorization: `Bearer svk_live_${'x'.repeat(43)}` } });
-    for (let i = 0; i < 10; i++) expect((await bad('192.0.2.10')).statusCode).toBe(401);
+    // Each counted 401 carries the auth bucket's RateLimit-* headers, counting down.
+    for (let i = 0; i < 10; i++) {
+      const refused = await bad('192.0.2.10');
+      expect([refused.statusCode, refused.headers['ratelimit-limit'], refused.headers['ratelimit-remaining']]).toEqual([
+        401,
+        '10',
+        String(9 - i),
+      ]);
+      expect(refused.headers['x-ratelimit-remaining']).toBe(String(9 - i));
+    }
     const limited = await bad('192.0.2.10');
     expect([limited.statusCode, limited.json().code]).toEqual([429, 'rate_limited']);
     // The contract's 429: body retryAfter, Retry-After and Roost-Rate-Limited-Reason, and the RateLimit-* headers of the auth bucket.
