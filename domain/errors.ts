@@ -10,7 +10,6 @@ export const ERROR_STATUS = {
   forbidden: 403,
   scope_insufficient: 403,
   not_found: 404,
-  gone: 410,
   version_not_found: 404,
   validation_failed: 400,
   unsupported_version: 400,

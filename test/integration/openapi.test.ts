@@ -5,6 +5,8 @@
  * Idempotency-Key headers; real responses validate against what the document says; the reference page
  * renders.
  */
+import fs from 'node:fs';
+import path from 'node:path';
 import Ajv from 'ajv';
 import addFormats from 'ajv-formats';
 import { ERROR_STATUS } from '../../domain/errors';
@@ -249,6 +251,21 @@ describe('route coverage', () => {
 
   it('lists every error code of the catalogue in the description, with an anchor docsUrl can point at', () => {
     for (const code of Object.keys(ERROR_STATUS)) expect(doc.info.description).toContain(`id="error-${code}"`);
+  });
+
+  it("lists every error code of the catalogue, with its status, in docs/contract.md's Errors table", () => {
+    const text = fs.readFileSync(path.join(__dirname, '..', '..', 'docs', 'contract.md'), 'utf8');
+    const table = text.slice(text.indexOf('| code | status | when |'), text.indexOf('\nClients retry 429'));
+    const documented = new Map<string, string>();
+    for (const row of table.split('\n').slice(2)) {
+      const [codes, status] = row
+        .split('|')
+        .slice(1, 3)
+        .map((c) => c.trim());
+      for (const code of codes?.split(',') ?? []) documented.set(code.trim(), status ?? '');
+    }
+    for (const [code, status] of Object.entries(ERROR_STATUS))
+      expect([code, documented.get(code)?.includes(String(status))]).toEqual([code, true]);
   });
 });
 
