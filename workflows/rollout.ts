@@ -114,6 +114,12 @@ export const VERIFY_PATCH = 'rollout-verify-chunks-v1';
  */
 export const SCHEDULE_ABORT_PATCH = 'rollout-schedule-abort-v1';
 
+/**
+ * Patch id of the maintenance-window wait an abort ends without a `window_open` record (before it, the
+ * history said the window opened at the moment of the abort). Never rename it: recorded histories carry it.
+ */
+export const WINDOW_ABORT_PATCH = 'rollout-window-abort-v1';
+
 /** abortReason of a rollout whose version references chunks whose stored bytes do not hash to their digest. */
 export const CHUNK_VERIFY_FAILED = 'chunk_verify_failed';
 
@@ -447,7 +453,9 @@ async function controlledRollout(
         }
         if (inWindowWait) {
           inWindowWait = false;
-          await transition('window_open', { detail: { nextWave: i } });
+          // An abort ends the wait, but the window did not open: nothing to record (runs started before
+          // WINDOW_ABORT_PATCH recorded window_open here, and replay keeps that).
+          if (!(aborted && patched(WINDOW_ABORT_PATCH))) await transition('window_open', { detail: { nextWave: i } });
         }
         if (await holdWhilePaused()) break;
       }

@@ -424,6 +424,30 @@ describe('control while running', () => {
     }
   });
 
+  it('an abort while waiting for the maintenance window ends the rollout without recording that the window opened', async () => {
+    const ids = machineIds(2);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      // A window an hour from now (UTC site): the first wave waits for it.
+      const hhmm = (ms: number) => new Date(ms).toISOString().slice(11, 16);
+      const r = await deploy(roost.roostId, {
+        policy: { maintenanceWindow: { start: hhmm(Date.now() + 3600_000), end: hhmm(Date.now() + 3660_000) } },
+      });
+      await waitFor('the workflow waiting for its window', async () => (await status(r.workflowId)).waiting === 'window');
+      expect((await control(roost.roostId, r.rolloutId, 'abort')).statusCode).toBe(200);
+      expect(await result(r.workflowId)).toMatchObject({ rolloutId: r.rolloutId, stage: 'failed', abortReason: 'aborted' });
+      const actions = (await detail(roost.roostId, r.rolloutId)).history.map((e: { action: string }) => e.action);
+      expect(actions).toContain('waiting_window');
+      expect(actions).toContain('abort');
+      expect(actions).not.toContain('window_open');
+      await maybeRecord(r.workflowId, 'rollout-window-abort');
+    } finally {
+      await fleet.stop();
+    }
+  });
+
   it('aborts (pending machines and commands cancelled), refuses control afterwards, and rolls back switched machines', async () => {
     const ids = machineIds(6);
     await enrolMachineRows(h, ids);
