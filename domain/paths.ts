@@ -26,9 +26,25 @@ const DEVICE = /^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$|conout\$
 /** Characters NTFS does not allow in a name (besides `:` and control characters, named separately). */
 const FORBIDDEN_CHARS = /[<>"|?*]/;
 
-/** The name Windows resolves a segment to: trailing dots and spaces dropped, case folded. */
+/**
+ * `s` upper-cased the way NTFS compares names: one UTF-16 code unit at a time, each to its simple upper case
+ * (the volume's upcase table maps a unit to one unit). JavaScript's toUpperCase applies the full mappings,
+ * which expand (`ß` → `SS`, `ﬁ` → `FI`): a unit whose upper case is longer than one unit keeps itself, as
+ * NTFS keeps it, so `Straße` and `STRASSE` are two names. Lone surrogates and astral characters keep themselves.
+ */
+export function ntfsUpper(s: string): string {
+  let out = '';
+  for (let i = 0; i < s.length; i++) {
+    const ch = s[i];
+    const up = ch.toUpperCase();
+    out += up.length === 1 ? up : ch;
+  }
+  return out;
+}
+
+/** The name Windows resolves a segment to: trailing dots and spaces dropped, upper-cased as NTFS compares (`ntfsUpper`). */
 export function windowsFold(segment: string): string {
-  return segment.replace(/[. ]+$/, '').toUpperCase();
+  return ntfsUpper(segment.replace(/[. ]+$/, ''));
 }
 
 /** Why one path segment is unsafe on Windows, or null. */
@@ -107,10 +123,9 @@ export function extractRootSegments(root: string): { segments: string[] } | { pr
     const why = segmentProblem(seg);
     if (why) return { problem: why };
   }
-  const top = windowsFold(segments[0]).toLowerCase();
-  if ((AGENT_RESERVED_DIRS as readonly string[]).includes(top)) {
-    return { problem: `uses "${segments[0]}", which Windows resolves to the agent's own "${top}" folder` };
-  }
+  const top = windowsFold(segments[0]);
+  const reserved = AGENT_RESERVED_DIRS.find((d) => ntfsUpper(d) === top);
+  if (reserved) return { problem: `uses "${segments[0]}", which Windows resolves to the agent's own "${reserved}" folder` };
   return { segments };
 }
 
@@ -164,25 +179,21 @@ const DEVICE_SRC = `(?:${DEVICE.source
 const SEGMENT_SRC = `(?!${DEVICE_SRC} *(?:\\.|[\\\\/]|$))${SEG_CHAR}{0,${MAX_SEGMENT_LENGTH - 1}}${SEG_LAST}`;
 
 /**
- * `word` as a pattern matching every string whose `toUpperCase().toLowerCase()` is `word` (how windowsFold
- * compares names): `state` is also `ſtate` and `ﬆate`.
+ * `word` as a pattern matching every string Windows takes for the same name (`ntfsUpper` equal, as
+ * windowsFold compares): `state` is also `STATE` and `ſtate` (U+017F upper-cases to `S`), not `ﬆate`.
  */
 function foldedPattern(word: string): string {
-  const byFold = new Map<string, string[]>();
+  const target = ntfsUpper(word);
+  const byUpper = new Map<string, string[]>();
   for (let c = 0; c <= 0xffff; c++) {
     if (c >= 0xd800 && c <= 0xdfff) continue;
     const ch = String.fromCharCode(c);
-    const f = ch.toUpperCase().toLowerCase();
-    if (f.length > 0 && word.includes(f)) byFold.set(f, [...(byFold.get(f) ?? []), ch]);
+    const up = ntfsUpper(ch);
+    if (target.includes(up)) byUpper.set(up, [...(byUpper.get(up) ?? []), ch]);
   }
   const cls = (chars: string[]) =>
     `[${chars.map((ch) => (/[A-Za-z]/.test(ch) ? ch : `\\u${ch.charCodeAt(0).toString(16).padStart(4, '0')}`)).join('')}]`;
-  const at = (i: number): string => {
-    if (i === word.length) return '';
-    const alts = [...byFold].filter(([f]) => word.startsWith(f, i)).map(([f, chars]) => cls(chars) + at(i + f.length));
-    return alts.length === 1 ? alts[0] : `(?:${alts.join('|')})`;
-  };
-  return at(0);
+  return [...target].map((up) => cls(byUpper.get(up)!)).join('');
 }
 
 /** The extract roots extractRootProblem accepts, '' (the default root) included. */

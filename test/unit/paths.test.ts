@@ -93,6 +93,14 @@ describe('collisions within one version', () => {
 
   test('folding is what Windows compares', () => {
     expect(windowsFold('State. . ')).toBe('STATE');
+    // NTFS upper-cases one UTF-16 unit to one unit: full mappings that expand are not applied.
+    expect(windowsFold('Straße')).toBe('STRAßE');
+    expect(collidingPaths(['Straße.txt', 'STRASSE.txt', 'strasse.txt', 'ﬁle', 'FILE', 'ſ', 'S', 'Ä', 'ä', 'σ', 'Σ'])).toEqual([
+      [2, 'collides on Windows with "STRASSE.txt" (names differ only in case)'],
+      [6, 'collides on Windows with "ſ" (names differ only in case)'],
+      [8, 'collides on Windows with "Ä" (names differ only in case)'],
+      [10, 'collides on Windows with "σ" (names differ only in case)'],
+    ]);
     expect(segmentProblem('state.')).toMatch(/dot/);
   });
 });
@@ -160,10 +168,14 @@ describe('the document patterns state the same rules (EXTRACT_ROOT_RE, FILE_NAME
     expect(mismatches).toEqual([]);
   });
 
-  test.each(['', 'apps/x', 'C:\\Program Files\\Acme\\', './a/./b', 'ſtates', 'x/state'])('extract root %j is in the pattern', (p) => {
-    expect(EXTRACT_ROOT_RE.test(p)).toBe(true);
-  });
-  test.each(['ſtate', 'ﬆaging/x', 'a/' + 'x'.repeat(256), 'a/con.txt', 'a/b<c', 'C:', '/', 'a/b.'])('extract root %j is not', (p) => {
+  // ﬆ (U+FB06) upper-cases to two letters, so NTFS keeps it: `ﬆaging` is not the agent's `staging` folder.
+  test.each(['', 'apps/x', 'C:\\Program Files\\Acme\\', './a/./b', 'ſtates', 'x/state', 'ﬆaging/x'])(
+    'extract root %j is in the pattern',
+    (p) => {
+      expect(EXTRACT_ROOT_RE.test(p)).toBe(true);
+    },
+  );
+  test.each(['ſtate', 'ſtaging/x', 'a/' + 'x'.repeat(256), 'a/con.txt', 'a/b<c', 'C:', '/', 'a/b.'])('extract root %j is not', (p) => {
     expect(EXTRACT_ROOT_RE.test(p)).toBe(false);
   });
 });
