@@ -76,3 +76,19 @@ export function jsonInputProblem(value: unknown, maxDepth = MAX_JSON_DEPTH): Inp
   }
   return null;
 }
+
+const UTF8 = new TextDecoder('utf-8', { fatal: true });
+
+/**
+ * A request header's text as its sender wrote it: Node hands header values over as Latin-1 (one character
+ * per byte), so a UTF-8 `User-Agent` arrives as mojibake (`Ã©` for `é`). Bytes that are valid UTF-8 are read
+ * as UTF-8; anything else (true Latin-1, or a value with characters above U+00FF) is kept as it came.
+ */
+export function headerText(value: string): string {
+  if (!/[\u0080-\u00ff]/.test(value) || /[^\u0000-\u00ff]/.test(value)) return value;
+  try {
+    return UTF8.decode(Buffer.from(value, 'latin1'));
+  } catch {
+    return value;
+  }
+}

@@ -36,6 +36,7 @@ import {
 } from '../../services/audit';
 import type { UserPrincipal } from '../context';
 import { SITE_ID_RE } from '../../domain/schemas';
+import { headerText } from '../../domain/input';
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -232,7 +233,8 @@ export default fp(async function auditPlugin(app: FastifyInstance) {
       const now = Date.now();
       const key = p.key;
       const ip = request.ip || 'unknown';
-      const userAgent = request.headers['user-agent']?.slice(0, MAX_USER_AGENT) ?? null;
+      const ua = request.headers['user-agent'];
+      const userAgent = ua === undefined ? null : headerText(ua).slice(0, MAX_USER_AGENT);
       const cacheKey = key ? `${siteId}|${key.keyId}|${ip}` : '';
       const cached = key ? sampled.get(cacheKey) : undefined;
       const checkKeyUse = key !== null && (cached === undefined || now - cached >= windowMs);

@@ -4,6 +4,7 @@
  * actor, the api_key.used event once per new address, filters and paging, site isolation, the tamper
  * test and a chain that stays one chain under 50 concurrent appenders.
  */
+import http from 'node:http';
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { randomBytes } from 'node:crypto';
 import { buildApp } from '../../api/app';
@@ -297,6 +298,29 @@ describe('api_key_used sampling and the api_key.used event', () => {
       ['10.1.0.2', false],
     ]);
     expect(await events(s.siteId, k.keyId)).toHaveLength(2);
+  });
+
+  it('records a User-Agent sent as UTF-8 bytes over a real socket as the text the client wrote', async () => {
+    const s = await freshSite();
+    const member = await makeUser(h.deps.db);
+    await addMember(h.deps.db, s.siteId, member.uid);
+    const k = await insertKey(h.deps.db, { uid: member.uid, scopes: [{ resource: 'site', id: s.siteId, permissions: ['read'] }] });
+    const base = await h.listen();
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = http.request(`${base}/api/sites/${s.siteId}/quota`, {
+        headers: {
+          authorization: `Bearer ${k.raw}`,
+          // Node sends a header string one byte per character: these are the UTF-8 bytes of the text.
+          'user-agent': Buffer.from('Café-Agent/1.0 (日本語)', 'utf8').toString('latin1'),
+        },
+      });
+      req.on('response', (res) => (res.resume(), resolve(res.statusCode ?? 0))).on('error', reject);
+      req.end();
+    });
+    expect(status).toBe(200);
+    const used = (await chainOf(s.siteId)).filter((r) => r.kind === 'api_key_used');
+    expect(used.map((r) => r.attributes.userAgent)).toEqual(['Café-Agent/1.0 (日本語)']);
+    expect((await events(s.siteId, k.keyId)).map((e: { userAgent: string }) => e.userAgent)).toEqual(['Café-Agent/1.0 (日本語)']);
   });
 
   it('does not sample sessions or refused key uses', async () => {

@@ -1,5 +1,16 @@
 /** The input rule of domain/input.ts: text that cannot be stored, depth, prototype keys. */
-import { jsonInputProblem, MAX_JSON_DEPTH, textProblem } from '../../domain/input';
+import { headerText, jsonInputProblem, MAX_JSON_DEPTH, textProblem } from '../../domain/input';
+
+describe('headerText', () => {
+  it('reads a header that arrived as UTF-8 bytes as UTF-8, and keeps ASCII, Latin-1 and wider text as they came', () => {
+    const asNodeHandsItOver = (text: string) => Buffer.from(text, 'utf8').toString('latin1');
+    expect(headerText(asNodeHandsItOver('Café-Agent/1.0 (日本語)'))).toBe('Café-Agent/1.0 (日本語)');
+    expect(headerText('curl/8.5.0')).toBe('curl/8.5.0');
+    // Not valid UTF-8 (a Latin-1 é alone): kept as the Latin-1 text it is.
+    expect(headerText('caf\u00e9')).toBe('caf\u00e9');
+    expect(headerText('already decoded: 日本')).toBe('already decoded: 日本');
+  });
+});
 
 describe('textProblem', () => {
   test.each([
