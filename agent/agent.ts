@@ -180,6 +180,7 @@ export class Agent extends EventEmitter {
       onConfigRead: () => this.stats.processConfigReads++,
       tickMs: opts.processTickMs ?? 1000,
       stopGraceMs: opts.stopGraceMs ?? 10_000,
+      stateDir: this.root.stateDir,
     });
     this.faults = new FaultInjector(opts, opts.machineId, this.random);
     this.limit = opts.downloadLimit ?? createLimiter(opts.downloadConcurrency ?? 8);

@@ -45,6 +45,50 @@ export interface HostProcess {
   state?: string;
 }
 
+/**
+ * What tells one process from a later one that got the same pid (agent/processes.ts adoption after an agent
+ * restart; docs/decisions/managed-processes.md "Agent restarts").
+ */
+export interface ProcessIdentity {
+  /**
+   * When the process started, as the OS counts it: on Linux /proc/<pid>/stat field 22 (clock ticks since
+   * boot, as a decimal string); on Windows the creation time (FILETIME, 100 ns since 1601, UTC).
+   */
+  startTime: string;
+  /** Linux: /proc/sys/kernel/random/boot_id (start times count from each boot); null where not needed. */
+  bootId: string | null;
+  /** The command line (arguments joined with spaces): diagnostics only, never compared. */
+  cmdline: string;
+}
+
+/**
+ * True when `now` is the process `recorded` names: same start time and, when both are known, same boot.
+ * The command line is not compared: a process may rewrite it (setproctitle) or exec another program, and
+ * treating it as gone would launch a second copy.
+ */
+export function sameProcess(recorded: ProcessIdentity, now: ProcessIdentity | null): boolean {
+  if (!now || typeof recorded?.startTime !== 'string' || recorded.startTime !== now.startTime) return false;
+  return recorded.bootId === null || now.bootId === null || recorded.bootId === now.bootId;
+}
+
+/**
+ * Parses /proc/<pid>/stat: the state letter (field 3) and the start time (field 22, clock ticks since boot).
+ * The command name (field 2) may hold spaces and parentheses, so fields are counted after the last ')'.
+ * Null for text that is not a stat line.
+ */
+export function parseProcStat(text: string): { state: string; startTime: string } | null {
+  const close = text.lastIndexOf(')');
+  if (close < 0) return null;
+  const rest = text
+    .slice(close + 2)
+    .trim()
+    .split(/\s+/);
+  // rest[0] is field 3 (state), so field 22 is rest[19].
+  const startTime = rest[19];
+  if (!rest[0] || !startTime || !/^[0-9]+$/.test(startTime)) return null;
+  return { state: rest[0], startTime };
+}
+
 /** An installer run: the executable and its arguments. */
 export interface Invocation {
   command: string;
@@ -62,6 +106,11 @@ export interface AgentOs {
   kill(pid: number): Promise<boolean>;
   /** Processes of the host. */
   listProcesses(): Promise<HostProcess[]>;
+  /**
+   * The identity of the live process `pid` (ProcessIdentity), or null when there is none or it has ended
+   * (a zombie on Linux). Never throws.
+   */
+  processIdentity(pid: number): Promise<ProcessIdentity | null>;
   /** The argument vector that runs an installer file. */
   installerInvocation(file: string, silentFlags: string, mode: 'install' | 'uninstall'): Invocation;
   /** True when an installer's exit code means success. */
@@ -122,6 +171,20 @@ export class PosixOs implements AgentOs {
     }
     return out;
   }
+
+  async processIdentity(pid: number): Promise<ProcessIdentity | null> {
+    if (!Number.isInteger(pid) || pid <= 0) return null;
+    const stat = parseProcStat((await fs.readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '')) || '');
+    if (!stat || stat.state === 'Z' || stat.state === 'X') return null;
+    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+    this.bootId ??= await fs
+      .readFile('/proc/sys/kernel/random/boot_id', 'utf8')
+      .then((t) => t.trim() || null)
+      .catch(() => null);
+    return { startTime: stat.startTime, bootId: this.bootId, cmdline: cmdline.replace(/\0+$/, '').split('\0').join(' ') };
+  }
+
+  private bootId: string | null | undefined;
 
   installerInvocation(file: string, silentFlags: string, mode: 'install' | 'uninstall'): Invocation {
     return posixInstallerInvocation(file, silentFlags, mode);
@@ -289,6 +352,17 @@ export class WindowsOs implements AgentOs {
     return parseTasklistCsv(stdout);
   }
 
+  async processIdentity(pid: number): Promise<ProcessIdentity | null> {
+    if (!Number.isInteger(pid) || pid <= 0) return null;
+    return execFileAsync(
+      path.win32.join(this.systemRoot, 'System32', 'WindowsPowerShell', 'v1.0', 'powershell.exe'),
+      ['-NoProfile', '-NonInteractive', '-Command', windowsProcessIdentityScript(pid)],
+      { windowsHide: true },
+    )
+      .then(({ stdout }) => parseWindowsProcessIdentity(stdout))
+      .catch(() => null);
+  }
+
   installerInvocation(file: string, silentFlags: string, mode: 'install' | 'uninstall'): Invocation {
     return windowsInstallerInvocation(file, silentFlags, mode, this.systemRoot);
   }
@@ -307,6 +381,25 @@ export class WindowsOs implements AgentOs {
   powerInvocation(kind: 'reboot' | 'shutdown', delaySeconds: number): Invocation {
     return windowsPowerInvocation(kind, delaySeconds, this.systemRoot);
   }
+}
+
+/**
+ * PowerShell that prints a process's creation time (FILETIME, UTC) on one line and its command line on the
+ * next, nothing when there is no such process (Win32_Process; what GetProcessTimes on an OpenProcess handle
+ * gives a native service).
+ */
+export function windowsProcessIdentityScript(pid: number): string {
+  return [
+    `$p = Get-CimInstance Win32_Process -Filter 'ProcessId = ${Math.trunc(pid)}'`,
+    'if ($p) { $p.CreationDate.ToUniversalTime().ToFileTimeUtc(); $p.CommandLine }',
+  ].join('; ');
+}
+
+/** Parses windowsProcessIdentityScript's output; null when it names no process. */
+export function parseWindowsProcessIdentity(stdout: string): ProcessIdentity | null {
+  const [time, ...rest] = stdout.split(/\r?\n/);
+  if (!time || !/^[0-9]+$/.test(time.trim())) return null;
+  return { startTime: time.trim(), bootId: null, cmdline: rest.join(' ').trim() };
 }
 
 /** Parses `tasklist /FO CSV /NH` output ("name","pid","session","#","mem"). */

@@ -15,12 +15,18 @@
  *   stop then start.
  * - `snapshot()` is the heartbeat's `processes` list: processId, name, pid, status, responsive (process
  *   state not stopped or zombie), restarts, launch_mode, updatedAt.
+ * - Agent restarts: each launch is recorded in the state folder (agent/process-records.ts) with the pid and
+ *   its identity (agent/os.ts `ProcessIdentity`). The first config read after a start adopts every recorded
+ *   process still alive with the same identity (tracked by polling, since it is not our child: stop, kill,
+ *   restart, crash relaunch and the heartbeat act on it) and never signals a pid whose identity differs.
+ *   A recorded process whose config was deleted meanwhile is stopped.
  */
 import type { ChildProcess } from 'node:child_process';
 import { type ScheduleBlock, scheduleOpen } from '../domain/processes';
 import type { CommandOutcome } from './commands';
 import { errMessage } from './errors';
-import { type AgentOs, type ProcessPriority, type ProcessVisibility, splitFlags } from './os';
+import { type ProcessRecord, ProcessRecords } from './process-records';
+import { type AgentOs, type ProcessIdentity, type ProcessPriority, type ProcessVisibility, sameProcess, splitFlags } from './os';
 import type { AgentCommand, AgentTransport } from './transport';
 
 /** A process config as `GET /api/agent/processes` answers it. */
@@ -52,9 +58,18 @@ export interface ProcessReport {
   updatedAt: string;
 }
 
+/** One launch of a managed process: our child, or a process a previous agent run launched (adopted). */
+interface Run {
+  pid: number | undefined;
+  /** The child process; null when adopted (not our child: its exit is noticed by polling its identity). */
+  child: ChildProcess | null;
+  /** Its identity once read (always set for an adopted run); null when it could not be read. */
+  identity: ProcessIdentity | null;
+}
+
 interface Managed {
   cfg: ProcessConfig;
-  child: ChildProcess | null;
+  run: Run | null;
   status: 'stopped' | 'waiting' | 'starting' | 'running' | 'relaunching' | 'failed' | 'stopping';
   restarts: number;
   override: 'run' | 'stop' | null;
@@ -83,6 +98,11 @@ export interface SupervisorContext {
   tickMs: number;
   /** Time a graceful stop gets before the kill (ms). */
   stopGraceMs: number;
+  /**
+   * The agent's state folder: launches are recorded in its `processes/` (agent/process-records.ts) and
+   * adopted after a restart. Unset: nothing is recorded (a process outlives a killed agent unknown).
+   */
+  stateDir?: string;
 }
 
 /**
@@ -123,8 +143,17 @@ export class ProcessSupervisor {
   private wakeAt = 0;
   /** `suppress_projects` lists of the classic installs running now. */
   private readonly suppressions = new Set<readonly string[]>();
+  private readonly records: ProcessRecords | null;
+  /** Record writes and removals of each process, in order (a removal never overtakes the write before it). */
+  private readonly recordOps = new Map<string, Promise<void>>();
+  /** The reconciliation with the records of a previous run (once; the first config read waits for it). */
+  private recovery: Promise<void> | undefined;
+  /** Recorded processes found alive with their identity, adopted by the next successful config read. */
+  private readonly orphans = new Map<string, { rec: ProcessRecord; identity: ProcessIdentity }>();
 
-  constructor(private readonly ctx: SupervisorContext) {}
+  constructor(private readonly ctx: SupervisorContext) {
+    this.records = ctx.stateDir ? new ProcessRecords(ctx.stateDir) : null;
+  }
 
   /** Starts the periodic config read and state machine. */
   start(): void {
@@ -174,6 +203,8 @@ export class ProcessSupervisor {
     if (this.timer) clearTimeout(this.timer);
     await this.syncing?.catch(() => undefined);
     await Promise.all([...this.procs.values()].map((m) => this.end(m, false)));
+    // The records of the processes just ended are removed before the agent exits.
+    await Promise.all([...this.recordOps.values()]);
   }
 
   /** The heartbeat's `processes` list. */
@@ -181,7 +212,7 @@ export class ProcessSupervisor {
     if (this.procs.size === 0) return [];
     const states = new Map((await this.ctx.os.listProcesses().catch(() => [])).map((p) => [p.pid, p.state]));
     return [...this.procs.values()].map((m) => {
-      const pid = m.child?.pid ?? null;
+      const pid = m.run?.pid ?? null;
       const state = pid !== null ? states.get(pid) : undefined;
       return {
         processId: m.cfg.processId,
@@ -235,7 +266,7 @@ export class ProcessSupervisor {
           m.restarts = 0;
           // A classic install holds it stopped (suppress_projects): it starts once the install ended.
           if (this.suppressed(m)) return done('failed', 'suppressed while a classic install runs; it starts when the install ends');
-          const err = this.launch(m);
+          const err = await this.launch(m);
           return err ? done('failed', err) : done('completed');
         }
         default:
@@ -259,7 +290,7 @@ export class ProcessSupervisor {
     try {
       await this.sync();
       const matching = [...this.procs.values()].filter((m) => suppressedBy(list, m.cfg));
-      await Promise.all(matching.map(async (m) => (m.child && !m.ending ? this.end(m, false) : m.exited)));
+      await Promise.all(matching.map(async (m) => (m.run && !m.ending ? this.end(m, false) : m.exited)));
       return release;
     } catch (err) {
       release();
@@ -282,10 +313,15 @@ export class ProcessSupervisor {
     if (stamp !== this.syncedStamp) this.wake();
   }
 
-  /** Reads the configs now (deleted processes are stopped and forgotten; changed ones clear their override). */
+  /**
+   * Reads the configs now (deleted processes are stopped and forgotten; changed ones clear their override).
+   * The first read adopts the processes a previous agent run launched and left running (`recover`).
+   */
   sync(): Promise<void> {
     this.syncing ??= (async () => {
       try {
+        this.recovery ??= this.recover();
+        await this.recovery;
         const stampAtStart = this.stamp;
         this.ctx.onConfigRead?.();
         const res = await this.ctx.transport.callRetrying<{ timezone: string; processes: ProcessConfig[] }>('GET', '/api/agent/processes');
@@ -298,19 +334,11 @@ export class ProcessSupervisor {
           seen.add(cfg.processId);
           const m = this.procs.get(cfg.processId);
           if (!m) {
-            this.procs.set(cfg.processId, {
-              cfg,
-              child: null,
-              status: 'stopped',
-              restarts: 0,
-              override: null,
-              launchAt: null,
-              runningAt: null,
-              ending: false,
-              lastOpen: null,
-              changedAt: Date.now(),
-              exited: null,
-            });
+            const fresh = this.managed(cfg);
+            this.procs.set(cfg.processId, fresh);
+            const orphan = this.orphans.get(cfg.processId);
+            this.orphans.delete(cfg.processId);
+            if (orphan) this.adopt(fresh, orphan.rec, orphan.identity);
           } else if (m.cfg.updatedAt !== cfg.updatedAt) {
             m.cfg = cfg;
             m.override = null;
@@ -323,6 +351,16 @@ export class ProcessSupervisor {
           await this.end(m, false);
           this.procs.delete(id);
         }
+        // Recorded processes whose config was deleted while the agent was down: stopped, not adopted.
+        const gone = [...this.orphans.values()];
+        this.orphans.clear();
+        await Promise.all(
+          gone.map(async ({ rec, identity }) => {
+            const m = this.managed(recordConfig(rec));
+            this.adopt(m, rec, identity);
+            await this.end(m, false);
+          }),
+        );
         if (this.procs.size > 0) this.wake();
       } finally {
         this.syncing = undefined;
@@ -350,26 +388,143 @@ export class ProcessSupervisor {
         !this.suppressed(m) &&
         (m.override ? m.override === 'run' : m.cfg.launch_mode === 'always' || (m.cfg.launch_mode === 'scheduled' && open === true));
       if (!want) {
-        if (m.child && !m.ending) await this.end(m, false);
+        if (m.run && !m.ending) await this.end(m, false);
         if (m.status === 'waiting') this.set(m, 'stopped');
         m.launchAt = null;
         continue;
       }
-      if (m.child) {
+      if (m.run) {
         if (m.status === 'starting' && m.runningAt !== null && now >= m.runningAt) this.set(m, 'running');
         continue;
       }
       if (m.status === 'failed' || m.ending) continue;
       if (m.status === 'relaunching') {
-        this.launch(m);
+        await this.launch(m);
         continue;
       }
       if (m.launchAt === null) {
         m.launchAt = now + m.cfg.time_delay * 1000;
         if (m.cfg.time_delay > 0) this.set(m, 'waiting');
       }
-      if (now >= m.launchAt) this.launch(m);
+      if (now >= m.launchAt) await this.launch(m);
     }
+  }
+
+  /** A managed process nothing runs for yet. */
+  private managed(cfg: ProcessConfig): Managed {
+    return {
+      cfg,
+      run: null,
+      status: 'stopped',
+      restarts: 0,
+      override: null,
+      launchAt: null,
+      runningAt: null,
+      ending: false,
+      lastOpen: null,
+      changedAt: Date.now(),
+      exited: null,
+    };
+  }
+
+  /**
+   * Reconciles with the records a previous agent run left (it was killed before it could stop its
+   * processes): a recorded process alive with the same identity (agent/os.ts `sameProcess`) waits in
+   * `orphans` for the config read that adopts it; any other record names an ended process or a reused pid
+   * and is removed without signalling anything. Never throws (an unreadable folder is warned about).
+   */
+  private async recover(): Promise<void> {
+    if (!this.records) return;
+    try {
+      for (const rec of await this.records.list()) {
+        const now = await this.ctx.os.processIdentity(rec.pid);
+        if (sameProcess(rec.identity, now)) this.orphans.set(rec.processId, { rec, identity: now! });
+        else await this.recordOp(rec.processId, () => this.records!.remove(rec.processId));
+      }
+    } catch (err) {
+      this.ctx.warn(`process records: ${errMessage(err)}`);
+    }
+  }
+
+  /**
+   * Tracks a recorded process of a previous agent run as `m`'s run: `running`, its pid reported, its exit
+   * noticed by polling its identity every tickMs (a crash then relaunches it like our own child's). The
+   * relaunch count carries over when the config did not change meanwhile.
+   */
+  private adopt(m: Managed, rec: ProcessRecord, identity: ProcessIdentity): void {
+    const run: Run = { pid: rec.pid, child: null, identity };
+    m.run = run;
+    m.ending = false;
+    m.runningAt = Date.now();
+    if (rec.configUpdatedAt === m.cfg.updatedAt && Number.isInteger(rec.restarts)) m.restarts = rec.restarts;
+    this.set(m, 'running');
+    this.ctx.warn(`process ${m.cfg.name}: adopted pid ${rec.pid} launched by a previous agent run (${identity.cmdline})`);
+    m.exited = new Promise((resolve) => {
+      const poll = async () => {
+        if (sameProcess(identity, await this.ctx.os.processIdentity(rec.pid))) {
+          setTimeout(() => void poll(), this.ctx.tickMs).unref();
+          return;
+        }
+        this.ended(m, run);
+        resolve();
+      };
+      void poll();
+    });
+  }
+
+  /** The bookkeeping of a run's end: a crash unless we asked it to end; its record is removed. */
+  private ended(m: Managed, run: Run, spawnError?: string): void {
+    if (m.run === run) {
+      m.run = null;
+      if (m.ending) this.set(m, 'stopped');
+      else if (m.restarts < m.cfg.relaunch_attempts) {
+        m.restarts++;
+        this.set(m, 'relaunching');
+      } else {
+        this.set(m, 'failed');
+        if (spawnError) this.ctx.warn(`process ${m.cfg.name}: ${spawnError}`);
+      }
+    }
+    if (this.records && run.pid !== undefined) void this.recordOp(m.cfg.processId, () => this.records!.remove(m.cfg.processId));
+  }
+
+  /** Runs a record write or removal of `processId` after the ones queued before it; failures are warned about. */
+  private recordOp(processId: string, op: () => Promise<void>): Promise<void> {
+    const next = (this.recordOps.get(processId) ?? Promise.resolve())
+      .then(op)
+      .catch((err) => this.ctx.warn(`process record of ${processId}: ${errMessage(err)}`));
+    this.recordOps.set(processId, next);
+    void next.finally(() => {
+      if (this.recordOps.get(processId) === next) this.recordOps.delete(processId);
+    });
+    return next;
+  }
+
+  /** Records a run we launched (pid and identity) before the launch counts as done. */
+  private async remember(m: Managed, run: Run): Promise<void> {
+    if (!this.records || run.pid === undefined) return;
+    const pid = run.pid;
+    run.identity = await this.ctx.os.processIdentity(pid);
+    // Gone already (it crashed at once): its close removes nothing worth writing first.
+    if (!run.identity || m.run !== run) return;
+    const rec: ProcessRecord = {
+      processId: m.cfg.processId,
+      name: m.cfg.name,
+      pid,
+      identity: run.identity,
+      exePath: m.cfg.exe_path,
+      restarts: m.restarts,
+      configUpdatedAt: m.cfg.updatedAt,
+      launchedAt: new Date().toISOString(),
+    };
+    await this.recordOp(m.cfg.processId, () => this.records!.write(rec));
+  }
+
+  /** True when it is safe to signal the run's pid: our child, or an adopted process still the one recorded. */
+  private async signalable(run: Run): Promise<boolean> {
+    if (run.pid === undefined) return false;
+    if (run.child) return true;
+    return run.identity !== null && sameProcess(run.identity, await this.ctx.os.processIdentity(run.pid));
   }
 
   private set(m: Managed, status: Managed['status']): void {
@@ -379,9 +534,9 @@ export class ProcessSupervisor {
     }
   }
 
-  /** Starts the process now. Returns an error message when it could not start. */
-  private launch(m: Managed): string | undefined {
-    if (m.child) return undefined;
+  /** Starts the process now and records it. Resolves with an error message when it could not start. */
+  private async launch(m: Managed): Promise<string | undefined> {
+    if (m.run) return undefined;
     let child: ChildProcess;
     try {
       child = this.ctx.os.launch({
@@ -395,7 +550,8 @@ export class ProcessSupervisor {
       this.set(m, 'failed');
       return `could not start ${m.cfg.exe_path}: ${errMessage(err)}`;
     }
-    m.child = child;
+    const run: Run = { pid: child.pid, child, identity: null };
+    m.run = run;
     m.ending = false;
     m.launchAt = null;
     m.runningAt = Date.now() + m.cfg.time_to_init * 1000;
@@ -404,43 +560,57 @@ export class ProcessSupervisor {
     child.on('error', (err) => (spawnError = errMessage(err)));
     m.exited = new Promise((resolve) => {
       child.on('close', () => {
-        if (m.child === child) {
-          m.child = null;
-          if (m.ending) this.set(m, 'stopped');
-          else if (m.restarts < m.cfg.relaunch_attempts) {
-            m.restarts++;
-            this.set(m, 'relaunching');
-          } else {
-            this.set(m, 'failed');
-            if (spawnError) this.ctx.warn(`process ${m.cfg.name}: ${spawnError}`);
-          }
-        }
+        this.ended(m, run, spawnError);
         resolve();
       });
     });
     if (child.pid === undefined) return `could not start ${m.cfg.exe_path}`;
+    await this.remember(m, run);
     return undefined;
   }
 
   /** Ends the process: graceful (then killed after stopGraceMs) or forced; resolves once it exited. */
   private async end(m: Managed, force: boolean): Promise<void> {
-    const child = m.child;
+    const run = m.run;
     m.launchAt = null;
-    if (!child || child.pid === undefined) {
+    if (!run || run.pid === undefined) {
       if (m.status !== 'failed') this.set(m, 'stopped');
       return;
     }
+    const pid = run.pid;
     m.ending = true;
     this.set(m, 'stopping');
     const exited = m.exited ?? Promise.resolve();
-    if (force) await this.ctx.os.kill(child.pid);
-    else {
-      await this.ctx.os.terminate(child.pid);
+    // An adopted pid is signalled only while its identity still matches (never a reused pid); when it
+    // does not, the process has ended and its poll resolves `exited`.
+    if (force) {
+      if (await this.signalable(run)) await this.ctx.os.kill(pid);
+    } else {
+      if (await this.signalable(run)) await this.ctx.os.terminate(pid);
       const t = new Promise<boolean>((r) => setTimeout(() => r(false), this.ctx.stopGraceMs).unref());
-      if (!(await Promise.race([exited.then(() => true), t]))) await this.ctx.os.kill(child.pid);
+      if (!(await Promise.race([exited.then(() => true), t])) && (await this.signalable(run))) await this.ctx.os.kill(pid);
     }
     await exited;
     m.ending = false;
     this.set(m, 'stopped');
   }
+}
+
+/** A stand-in config for a recorded process whose config is gone (it is only stopped). */
+function recordConfig(rec: ProcessRecord): ProcessConfig {
+  return {
+    processId: rec.processId,
+    name: rec.name,
+    exe_path: rec.exePath,
+    file_path: null,
+    cwd: null,
+    priority: 'normal',
+    visibility: 'visible',
+    launch_mode: 'off',
+    time_delay: 0,
+    time_to_init: 0,
+    relaunch_attempts: 0,
+    schedules: [],
+    updatedAt: rec.configUpdatedAt,
+  };
 }

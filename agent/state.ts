@@ -6,6 +6,7 @@
  *   <rootDir>/state/status.json    what the running process last knew: pid, start, last heartbeat,
  *                                  last error, whether it is connected (read by `roost agent status`)
  *   <rootDir>/state/work/          commands taken and not finished (agent/journal.ts)
+ *   <rootDir>/state/processes/     managed processes launched and not ended (agent/process-records.ts)
  *
  * The state folder holds the agent token: it is created owner-only (0700, files 0600) on POSIX, and on
  * Windows `restrictStateFolder` replaces its inherited ACL with full control for SYSTEM and

@@ -3,18 +3,23 @@
  * with `path.win32`, the POSIX ones, flag splitting, exit-code meaning and the tasklist parser. The POSIX
  * implementation's process operations are exercised for real by the integration tests.
  */
+import { spawn } from 'node:child_process';
 import path from 'node:path';
 import {
   PosixOs,
   WINDOWS_SUCCESS_EXIT_CODES,
   WindowsOs,
+  parseProcStat,
   parseTasklistCsv,
+  parseWindowsProcessIdentity,
   posixInstallerInvocation,
   sameExecutable,
+  sameProcess,
   splitFlags,
   windowsInstallerInvocation,
   windowsLaunchScript,
   windowsPowerInvocation,
+  windowsProcessIdentityScript,
   windowsScreenshotScript,
   windowsTaskkillInvocation,
 } from '../../agent/os';
@@ -101,6 +106,50 @@ describe('POSIX command lines', () => {
   it('runs the installer file itself; --uninstall first for an uninstall', () => {
     expect(posixInstallerInvocation('/tmp/a/setup.sh', '-q', 'install')).toEqual({ command: '/tmp/a/setup.sh', args: ['-q'] });
     expect(posixInstallerInvocation('/tmp/a/setup.sh', '', 'uninstall')).toEqual({ command: '/tmp/a/setup.sh', args: ['--uninstall'] });
+  });
+});
+
+describe('process identity (adoption after an agent restart, agent/processes.ts)', () => {
+  const id = (startTime: string, bootId: string | null = 'boot-1') => ({ startTime, bootId, cmdline: '/bin/sleep 60' });
+
+  it('parses /proc/<pid>/stat: state and start time (field 22), a command name with spaces and parentheses included', () => {
+    const stat = '4242 (my (odd) app) S 1 4242 4242 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 123456789 5726208 205 18446744073709551615';
+    expect(parseProcStat(stat)).toEqual({ state: 'S', startTime: '123456789' });
+    expect(parseProcStat('garbage')).toBeNull();
+  });
+
+  it('is the same process only with the same start time and boot: a reused pid never matches, whatever its command line', () => {
+    expect(sameProcess(id('100'), id('100'))).toBe(true);
+    expect(sameProcess(id('100'), { ...id('100'), cmdline: 'nginx: worker process' })).toBe(true);
+    expect(sameProcess(id('100'), id('101'))).toBe(false);
+    expect(sameProcess(id('100'), id('100', 'boot-2'))).toBe(false);
+    expect(sameProcess(id('100'), null)).toBe(false);
+    expect(sameProcess(id('133484521234567890', null), id('133484521234567890', null))).toBe(true);
+  });
+
+  it('reads a live process on this host, and none once it ended', async () => {
+    const posix = new PosixOs();
+    const child = spawn('/bin/sleep', ['30'], { stdio: 'ignore' });
+    const exited = new Promise((r) => child.once('exit', r));
+    const a = await posix.processIdentity(child.pid!);
+    expect(a).toMatchObject({ startTime: expect.stringMatching(/^[0-9]+$/), cmdline: '/bin/sleep 30' });
+    expect(sameProcess(a!, await posix.processIdentity(child.pid!))).toBe(true);
+    expect(sameProcess(a!, await posix.processIdentity(process.pid))).toBe(false);
+    child.kill('SIGKILL');
+    await exited;
+    expect(await posix.processIdentity(child.pid!)).toBeNull();
+    expect(await posix.processIdentity(-1)).toBeNull();
+  });
+
+  it('reads the Windows creation time through Win32_Process (script and parser; not run here)', () => {
+    expect(windowsProcessIdentityScript(4242)).toContain("Win32_Process -Filter 'ProcessId = 4242'");
+    expect(windowsProcessIdentityScript(4242)).toContain('ToFileTimeUtc()');
+    expect(parseWindowsProcessIdentity('133484521234567890\r\n"C:\\Apps\\kiosk.exe" --full\r\n')).toEqual({
+      startTime: '133484521234567890',
+      bootId: null,
+      cmdline: '"C:\\Apps\\kiosk.exe" --full',
+    });
+    expect(parseWindowsProcessIdentity('')).toBeNull();
   });
 });
 
