@@ -24,6 +24,7 @@ import { Agent, type AgentCommand, type CommandOutcome } from './agent';
 import { errMessage } from './errors';
 import { commandLogFields, HttpError, sleep } from './http';
 import { REDACTED_FIELDS, redactSecrets } from '../domain/redaction';
+import { isMachineId, MACHINE_ID_RULE } from '../domain/schemas';
 import { FileJournal } from './journal';
 import {
   prepareStateFolder,
@@ -45,6 +46,14 @@ export const EXIT_SELF_UPDATED = 75;
 /** What the installed agent tells the API it can do. */
 export const SERVICE_CAPABILITIES: Record<string, unknown> = { sync_pull: true, roost_activate: true, screenshot: true };
 
+/**
+ * Why `machineId` cannot be enrolled (domain/schemas.ts MACHINE_ID_RE, the rule the API applies), or null.
+ * `roost agent enrol --machine-id` and `enrolService` refuse such an id without asking the API.
+ */
+export function machineIdProblem(machineId: string): string | null {
+  return isMachineId(machineId) ? null : `machine id ${JSON.stringify(machineId)} is not valid: ${MACHINE_ID_RULE}`;
+}
+
 /** Input of `enrolService`. */
 export interface EnrolInput {
   api: string;
@@ -60,9 +69,12 @@ export interface EnrolInput {
 /**
  * Enrols `machineId` (POST /api/agent/enrol) and saves token, pinned keys and identity owner-only.
  * Enrolling again (same or another site) replaces them; the previous token stops working.
- * @throws HttpError 401 for a wrong secret or unknown site, 400 for a malformed machine id; network errors
+ * @throws Error for a machine id outside the rule (machineIdProblem), before any request or file is made;
+ *         HttpError 401 for a wrong secret or unknown site; network errors
  */
 export async function enrolService(input: EnrolInput): Promise<{ identity: ServiceIdentity; pinnedKeys: string[] }> {
+  const idProblem = machineIdProblem(input.machineId);
+  if (idProblem) throw new Error(idProblem);
   await prepareStateFolder(input.rootDir);
   const api = input.api.replace(/\/+$/, '');
   const hostname = input.hostname ?? os.hostname();

@@ -16,10 +16,14 @@ export const SITE_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 /** Roost ids are server-made (`rst_<24 hex>`); anything outside 1..64 of [A-Za-z0-9_-] is malformed. */
 export const ROOST_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 /**
- * Machine ids: 1..64 of [A-Za-z0-9._-]. One rule for enrolment, roost targets, deploy machine lists and
- * every machine route, so a roost can only target ids that can enrol (docs/decisions/machine-ids.md).
+ * Machine ids: 1..64 of [A-Za-z0-9._-], not made only of dots (`.` and `..` are path segments every URL
+ * client normalises away, so `/machines/..` could never name a machine). One rule for enrolment, roost
+ * targets, deploy machine lists, every machine route and the agent, so a roost can only target ids that
+ * can enrol (docs/decisions/machine-ids.md).
  */
-export const MACHINE_ID_RE = /^[A-Za-z0-9._-]{1,64}$/;
+export const MACHINE_ID_RE = /^(?!\.+$)[A-Za-z0-9._-]{1,64}$/;
+/** MACHINE_ID_RE in words, for the document and for messages that refuse an id. */
+export const MACHINE_ID_RULE = '1..64 characters of [A-Za-z0-9._-], not only dots';
 /** Command ids (`cmd_<hex>`): 1..64 of [A-Za-z0-9_-]. */
 export const COMMAND_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 
@@ -29,7 +33,7 @@ export const USER_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 export const SiteId = Type.String({ pattern: SITE_ID_RE.source, description: 'site id' });
 export const UserId = Type.String({ pattern: USER_ID_RE.source, description: 'user id (usr_…)' });
 export const RoostId = Type.String({ pattern: ROOST_ID_RE.source, description: 'roost id (rst_…)' });
-export const MachineId = Type.String({ pattern: MACHINE_ID_RE.source, description: '1..64 chars of [A-Za-z0-9._-]' });
+export const MachineId = Type.String({ pattern: MACHINE_ID_RE.source, description: MACHINE_ID_RULE });
 export const CommandId = Type.String({ pattern: COMMAND_ID_RE.source, description: 'command id (cmd_…)' });
 /**
  * An absolute https:// URL with a host name (document form, `x-roost-pattern`: host labels start with a letter,

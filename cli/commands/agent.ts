@@ -19,7 +19,7 @@ import { ClientError } from '../client';
 import { commandContext, positiveInt, UsageError, withJson } from '../context';
 import { CLI_VERSION } from '../version';
 import { HttpError } from '../../agent/http';
-import { enrolService, runService } from '../../agent/service';
+import { enrolService, machineIdProblem, runService } from '../../agent/service';
 import { readStatusReport } from '../../agent/state';
 
 /** The default machine root of an installed agent on this platform. */
@@ -64,7 +64,11 @@ export function registerAgent(program: Command): void {
       .command('enrol')
       .description("enrol this machine with the site's enrolment secret; keeps the token and pinned signing keys, owner-only")
       .requiredOption('--secret <ses_…>', 'the site enrolment secret (roost machines enrolment-secret); not stored')
-      .requiredOption('--machine-id <id>', 'the machine id to enrol as')
+      .requiredOption('--machine-id <id>', 'the machine id to enrol as (1..64 of [A-Za-z0-9._-], not only dots)', (raw: string) => {
+        const problem = machineIdProblem(raw);
+        if (problem) throw new UsageError(`--machine-id: ${problem}`);
+        return raw;
+      })
       .option('--hostname <name>', 'hostname to report (default: this host)')
       .addOption(rootOption()),
   ).action(async (opts: { secret: string; machineId: string; hostname?: string; root?: string }, cmd: Command) => {

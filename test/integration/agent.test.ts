@@ -313,6 +313,49 @@ describe('POST /api/agent/enrol', () => {
     });
     expect(long.statusCode).toBe(400);
   });
+
+  it('refuses ids made only of dots (400 naming machineId, nothing stored) and enrols ids with dots among other characters', async () => {
+    for (const machineId of ['.', '..', '...', '.'.repeat(64)]) {
+      const res = await h.request({
+        method: 'POST',
+        url: '/api/agent/enrol',
+        key: null,
+        body: { siteId: h.siteId, enrolmentSecret: secret, machineId, hostname: 'h', agentVersion: '1' },
+      });
+      expect([machineId, res.statusCode]).toEqual([machineId, 400]);
+      expect(res.json()).toMatchObject({ code: 'validation_failed', param: 'machineId' });
+      expect(Object.keys(res.json().errors)).toEqual(['machineId']);
+    }
+    const { rows } = await h.deps.db.query(`SELECT machine_id FROM machines WHERE site_id = $1 AND machine_id ~ '^[.]+$'`, [h.siteId]);
+    expect(rows).toEqual([]);
+    for (const machineId of ['a.b', '.a', 'a.']) {
+      const token = await enrol(machineId);
+      const hb = await agentReq(token, 'POST', '/api/agent/heartbeat', { agentVersion: '1' });
+      expect([machineId, hb.statusCode]).toEqual([machineId, 200]);
+      const shown = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/${encodeURIComponent(machineId)}` });
+      expect([machineId, shown.statusCode, shown.json().machineId]).toEqual([machineId, 200, machineId]);
+    }
+  });
+
+  it('migration 028_machine_id_not_dots.sql drops all-dots roost targets and keeps the order of the rest', async () => {
+    await ensureRoost('roost-dots');
+    await h.deps.db.query(`UPDATE roosts SET targets = $3 WHERE site_id = $1 AND roost_id = $2`, [
+      h.siteId,
+      'roost-dots',
+      JSON.stringify(['m-2', '..', 'a.', '.', 'm-1', '...', '.a']),
+    ]);
+    await ensureRoost('roost-dots-only');
+    await h.deps.db.query(`UPDATE roosts SET targets = $3 WHERE site_id = $1 AND roost_id = $2`, [h.siteId, 'roost-dots-only', '[".."]']);
+    await h.deps.db.query(await fs.readFile(path.join(__dirname, '..', '..', 'db', 'migrations', '028_machine_id_not_dots.sql'), 'utf8'));
+    const { rows } = await h.deps.db.query(
+      `SELECT roost_id, targets FROM roosts WHERE site_id = $1 AND roost_id LIKE 'roost-dots%' ORDER BY 1`,
+      [h.siteId],
+    );
+    expect(rows).toEqual([
+      { roost_id: 'roost-dots', targets: ['m-2', 'a.', 'm-1', '.a'] },
+      { roost_id: 'roost-dots-only', targets: [] },
+    ]);
+  });
 });
 
 // ------------------------------------------------------------------------------------------- heartbeat

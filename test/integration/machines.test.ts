@@ -1,4 +1,5 @@
 /** Machines routes (api/routes/machines.ts: list, detail, deployments, commands; docs/decisions/machine-commands.md). */
+import http from 'node:http';
 import { createHarness, type Harness, idemKey } from '../support/harness';
 import type { Scope } from '../../domain/scopes';
 import { scopedKey as scopedKeyOf } from '../support/identity';
@@ -13,6 +14,20 @@ beforeAll(async () => {
 afterAll(async () => h.close());
 
 const scopedKey = (scopes: Scope[]) => scopedKeyOf(h, scopes);
+
+/** GET of `path` exactly as given (node:http does not normalise dot segments), with an API key; the JSON answer. */
+function rawGet(base: string, path: string, key: string): Promise<{ status: number; body: Record<string, unknown> }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(`${base}/`, { method: 'GET', path, headers: { authorization: `Bearer ${key}` } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => (text += d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(text) }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
 
 async function enrol(machineId: string, extra: Record<string, unknown> = {}): Promise<string> {
   const res = await h.request({
@@ -146,6 +161,23 @@ describe('GET /api/sites/{siteId}/machines/{machineId}', () => {
     await enrol('detail-2');
     expect((await h.request({ method: 'GET', url: `${base()}/nope` })).statusCode).toBe(404);
     expect((await h.request({ method: 'GET', url: `${base()}/bad%20id` })).statusCode).toBe(400);
+    // Ids made only of dots are refused as path parameters too, however they are spelled. Sent over a socket as
+    // they are: URL parsers (fetch, app.inject) would normalise `..`, `.` and `%2E` segments away first.
+    const url = await h.listen();
+    for (const id of ['.', '..', '...', '%2E', '%2E%2E', '%2e%2e%2e', '.%2E']) {
+      for (const p of [`${base()}/${id}`, `${base()}/${id}/deployments`, `${base()}/${id}/processes`]) {
+        const res = await rawGet(url, p, h.apiKey);
+        expect([p, res.status, res.body.code, res.body.param]).toEqual([p, 400, 'validation_failed', 'params.machineId']);
+      }
+    }
+    const dots = await h.request({
+      method: 'POST',
+      url: '/api/roosts',
+      idempotencyKey: true,
+      body: { siteId: h.siteId, name: 'dots', targets: ['m-1', '..'] },
+    });
+    expect(dots.statusCode).toBe(400);
+    expect(Object.keys(dots.json().errors)).toEqual(['targets.1']);
     const other = await h.other();
     expect((await h.request({ method: 'GET', url: `${base()}/detail-2`, key: other.apiKey })).statusCode).toBe(404);
     const mine = await scopedKey([{ resource: 'machine', id: 'detail-2', permissions: ['read'] }]);
