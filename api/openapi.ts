@@ -57,6 +57,8 @@ export interface RouteEntry {
   queryAliases: string[];
   /** Declares a body schema. */
   hasBody: boolean;
+  /** Media types the body is taken in: `schema.consumes` (the screenshot upload: image/png), else application/json; none without a body. */
+  consumes: string[];
 }
 
 declare module 'fastify' {
@@ -166,7 +168,7 @@ export function standardErrors(
   }
   if (hasBody) {
     out['413'] = ['payload_too_large'];
-    out['415'] = ['validation_failed'];
+    out['415'] = ['unsupported_media_type'];
   }
   if (rateLimited) out['429'] = ['rate_limited'];
   out['500'] = ['internal_error'];
@@ -478,7 +480,12 @@ export function swaggerOptions() {
 
 function routeEntries(route: RouteOptions): RouteEntry[] {
   const config = (route.config ?? {}) as { auth?: AuthMode; idempotency?: RouteEntry['idempotency']; allowQueryKey?: boolean };
-  const schema = (route.schema ?? {}) as { hide?: boolean; body?: unknown; querystring?: { properties?: Record<string, unknown> } };
+  const schema = (route.schema ?? {}) as {
+    hide?: boolean;
+    body?: unknown;
+    consumes?: string[];
+    querystring?: { properties?: Record<string, unknown> };
+  };
   const methods = (Array.isArray(route.method) ? route.method : [route.method]).filter((m) => m !== 'HEAD');
   return methods.map((method) => ({
     method,
@@ -496,6 +503,7 @@ function routeEntries(route: RouteOptions): RouteEntry[] {
       .filter(([, v]) => (v as Record<string, unknown>)['x-roost-alias'])
       .map(([k]) => k),
     hasBody: schema.body !== undefined,
+    consumes: schema.body === undefined ? [] : (schema.consumes ?? ['application/json']),
   }));
 }
 

@@ -6,7 +6,7 @@
  *   POST /api/agent/heartbeat                            liveness + metrics/processes/info snapshot
  *   GET  /api/agent/commands?wait=0..30                  pending commands, long-polled
  *   POST /api/agent/commands/{commandId}                 intermediate or terminal command status
- *   PUT  /api/agent/commands/{commandId}/screenshot      PNG of a capture_screenshot command
+ *   PUT  /api/agent/commands/{commandId}/screenshot      PNG of a capture_screenshot command (image/png bytes)
  *   GET  /api/agent/roosts/{roostId}/versions/{versionId} signed read URL of the version body, its signature and key id
  *   PUT  /api/agent/roosts/{roostId}/state               roost target-state report
  *   GET  /api/agent/installer/{version|latest}           signed read URL of an agent installer and its SHA-256 (self-update)
@@ -17,7 +17,8 @@
  */
 import type { FastifyReply } from 'fastify';
 import { type Static, Type } from '@sinclair/typebox';
-import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import type { FastifyPluginAsyncTypebox, TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { ApiError } from '../../domain/errors';
 import { authorizeSite, requireAgent } from '../plugins/auth';
 import { TARGET_STATUSES } from '../../domain/target-state';
 import {
@@ -46,6 +47,28 @@ const AnyMap = Type.Record(Type.String(), Type.Unknown());
 const Hex64 = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase SHA-256 hex' });
 const Counter = Type.Integer({ minimum: 0, maximum: 2147483647 });
 const agentErrors = { 400: Problem, 401: Problem, 404: Problem };
+
+/** The one media type `PUT /api/agent/commands/{commandId}/screenshot` takes (docs/agent-protocol.md "Screenshots"). */
+export const SCREENSHOT_MEDIA_TYPE = 'image/png';
+/**
+ * The screenshot body: PNG bytes, read by the route's own parser as a Buffer and checked by services/agent.ts
+ * storeScreenshot (PNG signature). The validator takes any value; the document states the bytes (`x-roost-document`).
+ */
+const ScreenshotBody = Type.Unsafe<Buffer>({
+  'x-roost-document': {
+    type: 'string',
+    format: 'binary',
+    contentMediaType: SCREENSHOT_MEDIA_TYPE,
+    description: `the PNG (starts with the PNG signature), at most ${MAX_SCREENSHOT_BYTES} bytes (10 MiB)`,
+  },
+});
+
+/** 415 of the screenshot route for any Content-Type but image/png (JSON included, or none), naming the type it takes. */
+export function screenshotMediaTypeError(): ApiError {
+  return new ApiError('unsupported_media_type', `unsupported Content-Type; send the PNG as ${SCREENSHOT_MEDIA_TYPE}`, {
+    extras: { param: 'Content-Type' },
+  });
+}
 
 const EnrolBody = Type.Object(
   {
@@ -240,7 +263,6 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
   // preClose: release waiting long-polls first, so closing the server does not wait out their `wait`.
   app.addHook('preClose', async () => waiters.close());
   app.addHook('onClose', async () => waiters.close());
-  app.addContentTypeParser('image/png', { parseAs: 'buffer', bodyLimit: MAX_SCREENSHOT_BYTES }, (_req, body, done) => done(null, body));
 
   app.post(
     '/api/sites/:siteId/enrolment-secret',
@@ -467,28 +489,47 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
   );
 
-  app.put(
-    '/api/agent/commands/:commandId/screenshot',
-    {
-      config: { auth: 'agent' },
-      bodyLimit: MAX_SCREENSHOT_BYTES,
-      schema: {
-        tags: ['agent'],
-        summary: 'Upload the PNG of an open capture_screenshot command (Content-Type: image/png)',
-        params: Type.Object({ commandId: Type.String({ minLength: 1, maxLength: 64 }) }),
-        response: { 200: Type.Object({ commandId: Type.String(), bytes: Type.Integer() }), ...agentErrors, 409: Problem, 413: Problem },
+  // The one route that takes bytes, in a scope of its own: image/png only (up to MAX_SCREENSHOT_BYTES), every
+  // other Content-Type, JSON included, is 415 naming image/png.
+  await app.register(async (bytes) => {
+    bytes.removeAllContentTypeParsers();
+    bytes.addContentTypeParser(SCREENSHOT_MEDIA_TYPE, { parseAs: 'buffer', bodyLimit: MAX_SCREENSHOT_BYTES }, (_req, body, done) =>
+      done(null, body),
+    );
+    bytes.addContentTypeParser('*', (_request, _payload, done) => done(screenshotMediaTypeError()));
+    bytes.withTypeProvider<TypeBoxTypeProvider>().put(
+      '/api/agent/commands/:commandId/screenshot',
+      {
+        config: { auth: 'agent' },
+        bodyLimit: MAX_SCREENSHOT_BYTES,
+        schema: {
+          tags: ['agent'],
+          summary: 'Upload the PNG of an open capture_screenshot command (Content-Type: image/png)',
+          consumes: [SCREENSHOT_MEDIA_TYPE],
+          params: Type.Object({ commandId: Type.String({ minLength: 1, maxLength: 64 }) }),
+          body: ScreenshotBody,
+          response: {
+            200: Type.Object({ commandId: Type.String(), bytes: Type.Integer() }),
+            ...agentErrors,
+            400: { ...Problem, description: 'validation_failed: the body is not a PNG (no PNG signature), or a malformed parameter' },
+            404: { ...Problem, description: 'not_found: no capture_screenshot command of this machine with this id' },
+            409: { ...Problem, description: 'conflict: the command is closed (upload before reporting completed)' },
+            413: { ...Problem, description: `payload_too_large: the PNG is over ${MAX_SCREENSHOT_BYTES} bytes (10 MiB)` },
+            415: { ...Problem, description: 'unsupported_media_type: a Content-Type other than image/png' },
+          },
+        },
       },
-    },
-    async (request) => {
-      const agent = requireAgent(request);
-      return storeScreenshot(app.deps, {
-        siteId: agent.siteId,
-        machineId: agent.machineId,
-        commandId: request.params.commandId,
-        png: request.body,
-      });
-    },
-  );
+      async (request) => {
+        const agent = requireAgent(request);
+        return storeScreenshot(app.deps, {
+          siteId: agent.siteId,
+          machineId: agent.machineId,
+          commandId: request.params.commandId,
+          png: request.body,
+        });
+      },
+    );
+  });
 
   app.get(
     '/api/agent/roosts/:roostId/versions/:versionId',

@@ -752,6 +752,83 @@ describe('PUT /api/agent/commands/{id}/screenshot', () => {
     });
     expect(wrong.statusCode).toBe(404);
   });
+
+  const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+  const artifact = async (commandId: string) =>
+    (await h.deps.db.query('SELECT artifact_blob FROM commands WHERE command_id = $1', [commandId])).rows[0].artifact_blob;
+
+  it('takes image/png over a real connection; every other Content-Type, JSON included, is 415 naming image/png', async () => {
+    const token = await enrol('shot-2');
+    const c = await insertCommand('shot-2', 'capture_screenshot', { monitor: 0 });
+    const png = Buffer.concat([PNG_SIGNATURE, randomBytes(4096)]);
+    const put = (body: Buffer | string, contentType?: string) =>
+      fetch(`${baseUrl}/api/agent/commands/${c}/screenshot`, {
+        method: 'PUT',
+        headers: { authorization: `Bearer ${token}`, ...(contentType ? { 'content-type': contentType } : {}) },
+        body,
+      });
+    for (const [body, type] of [
+      [png, 'application/json'],
+      [JSON.stringify({ png: png.toString('base64') }), 'application/json'],
+      [png, 'application/octet-stream'],
+      [png, 'image/jpeg'],
+      ['not a png', 'text/plain'],
+      [png, 'multipart/form-data; boundary=x'],
+      [png, undefined],
+    ] as const) {
+      const res = await put(body, type);
+      const problem = (await res.json()) as { detail: string };
+      expect([type, res.status, res.headers.get('content-type')]).toEqual([type, 415, 'application/problem+json; charset=utf-8']);
+      expect(problem).toMatchObject({ code: 'unsupported_media_type', param: 'Content-Type' });
+      expect(problem.detail).toContain('image/png');
+    }
+    expect(await artifact(c)).toBeNull();
+    // Parameters and case of the media type do not matter.
+    for (const type of ['image/png', 'image/PNG', 'image/png; charset=binary']) {
+      const ok = await put(png, type);
+      expect([type, ok.status, await ok.json()]).toEqual([type, 200, { commandId: c, bytes: png.length }]);
+    }
+    // Stored where the command state's signed URL reads it (docs/agent-protocol.md "Screenshots").
+    expect(await artifact(c)).toBe(`sites/${h.siteId}/machines/shot-2/screenshots/${c}.png`);
+    const state = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/shot-2/commands/${c}` });
+    const stored = await fetch(state.json().screenshotUrl);
+    expect(stored.headers.get('content-type')).toBe('image/png');
+    expect(Buffer.from(await stored.arrayBuffer()).equals(png)).toBe(true);
+  });
+
+  it('refuses bytes that are not a PNG with 400, and a PNG over 10 MiB with 413, storing nothing', async () => {
+    const token = await enrol('shot-3');
+    const c = await insertCommand('shot-3', 'capture_screenshot', { monitor: 0 });
+    const put = (payload: Buffer, contentType = 'image/png') =>
+      h.app.inject({
+        method: 'PUT',
+        url: `/api/agent/commands/${c}/screenshot`,
+        headers: { authorization: `Bearer ${token}`, 'content-type': contentType },
+        payload,
+      });
+    for (const bytes of [
+      Buffer.alloc(0),
+      PNG_SIGNATURE.subarray(0, 7),
+      Buffer.from('GIF89a'),
+      Buffer.concat([Buffer.from('x'), PNG_SIGNATURE]),
+    ]) {
+      const res = await put(bytes);
+      expect([bytes.length, res.statusCode]).toEqual([bytes.length, 400]);
+      expect(res.json()).toMatchObject({ code: 'validation_failed', param: 'body' });
+      expect(res.json().detail).toContain('image/png');
+    }
+    const max = 10 * 1024 * 1024;
+    const over = Buffer.concat([PNG_SIGNATURE, Buffer.alloc(max + 1 - PNG_SIGNATURE.length)]);
+    const tooLarge = await put(over);
+    expect(tooLarge.statusCode).toBe(413);
+    expect(tooLarge.json().code).toBe('payload_too_large');
+    expect(await artifact(c)).toBeNull();
+    // Exactly the limit is taken.
+    const atLimit = await put(over.subarray(0, max));
+    expect([atLimit.statusCode, atLimit.json()]).toEqual([200, { commandId: c, bytes: max }]);
+    // A JSON body past the JSON limit is still 415 here: the type is refused before any byte is read.
+    expect((await put(over, 'application/json')).statusCode).toBe(415);
+  });
 });
 
 // ------------------------------------------------------------------------------------------- reference agent
@@ -996,11 +1073,10 @@ describe('reference agent end to end', () => {
     const shot = await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/e2e-1/commands/${ids[0]}` });
     const png = await fetch(shot.json().screenshotUrl);
     expect(png.status).toBe(200);
-    expect(
-      Buffer.from(await png.arrayBuffer())
-        .subarray(1, 4)
-        .toString(),
-    ).toBe('PNG');
+    // The agent's own upload (agent/transport.ts uploadScreenshot: Content-Type image/png) stored a whole PNG.
+    const bytes = Buffer.from(await png.arrayBuffer());
+    expect(bytes.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]))).toBe(true);
+    expect(bytes.subarray(bytes.length - 8, bytes.length - 4).toString()).toBe('IEND');
   });
 
   it('reuses its persisted token on restart and re-enrols when it was rotated', async () => {

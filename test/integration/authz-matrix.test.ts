@@ -929,7 +929,8 @@ describe('svk_test_ keys act on sandbox sites only; svk_live_ keys on live sites
  * a malformed id in each path parameter (U+0000; wrong characters and over-long), U+0000 in a query parameter,
  * a body of the wrong type, a key with U+0000 and lists far past any documented maximum are each a
  * problem+json 400 (validation_failed, or the route's own version_ref_malformed; 413 payload_too_large when the
- * list is past the route's body limit) and change nothing. A route added to MATRIX is covered the day it lands.
+ * list is past the route's body limit; 415 for a JSON body where the route takes bytes) and change nothing. A
+ * route added to MATRIX is covered the day it lands.
  */
 describe('bad input on every route: problem+json with the documented status and code, nothing changed', () => {
   // Key lifecycle routes take a session (API keys are 403 there whatever the input): a superadmin's.
@@ -989,7 +990,12 @@ describe('bad input on every route: problem+json with the documented status and 
       got[`${name}Malformed`] = { ...long, code: long.code === 'version_ref_malformed' ? 'validation_failed' : long.code };
       want[`${name}Malformed`] = { status: 400, code: 'validation_failed', problem: true };
     }
-    if (h.app.routeTable.some((r) => `${r.method} ${r.url}` === row.route && r.hasBody)) {
+    const entry = h.app.routeTable.find((r) => `${r.method} ${r.url}` === row.route && r.hasBody);
+    // A route that takes bytes (the screenshot upload: image/png) refuses a JSON body as 415 naming its type.
+    if (entry && !entry.consumes.includes('application/json')) {
+      got.bodyJson = await attempt(row, url, undefined, '[1]');
+      want.bodyJson = { status: 415, code: 'unsupported_media_type', problem: true };
+    } else if (entry) {
       got.bodyArray = await attempt(row, url, undefined, '[1]');
       want.bodyArray = { status: 400, code: 'validation_failed', problem: true };
       got.bodyNulKey = await attempt(row, url, undefined, JSON.stringify({ ...(body as object), 'a\u0000': 1 }));

@@ -403,6 +403,37 @@ describe('the document says what the server enforces', () => {
     expect(found).toEqual([]);
   });
 
+  it('documents the screenshot upload as image/png bytes of at most 10 MiB, with its 413 and 415', () => {
+    const op = doc.paths['/api/agent/commands/{commandId}/screenshot'].put;
+    expect(op.requestBody).toEqual({
+      required: true,
+      content: {
+        'image/png': {
+          schema: {
+            type: 'string',
+            format: 'binary',
+            contentMediaType: 'image/png',
+            description: 'the PNG (starts with the PNG signature), at most 10485760 bytes (10 MiB)',
+          },
+        },
+      },
+    });
+    expect(Object.keys(op.responses)).toEqual(['200', '400', '401', '404', '409', '413', '415', '500']);
+    expect(op.responses['413'].description).toMatch(/^Payload too large \(problem\+json; code `payload_too_large`.*10 MiB/);
+    expect(op.responses['415'].description).toMatch(/^Unsupported media type \(problem\+json; code `unsupported_media_type`.*image\/png/);
+    // The route table knows the route takes bytes, and every JSON route documents 415 with its real code.
+    const entry = routes.find((r) => r.method === 'PUT' && r.url === '/api/agent/commands/:commandId/screenshot');
+    expect(entry?.consumes).toEqual(['image/png']);
+    for (const r of routes.filter((x) => x.hasBody && x !== entry)) {
+      expect([label(r), r.consumes]).toEqual([label(r), ['application/json']]);
+      expect([label(r), Object.keys(operation(r).requestBody.content)]).toEqual([label(r), ['application/json']]);
+      expect([label(r), operation(r).responses['415']?.description]).toEqual([
+        label(r),
+        expect.stringContaining('`unsupported_media_type`'),
+      ]);
+    }
+  });
+
   it('closes bodies whose unknown fields are refused, and PATCH bodies need a change', () => {
     expect(body('/api/roosts', 'post').additionalProperties).toBe(false);
     const patchRoost = body('/api/roosts/{roostId}', 'patch');
