@@ -31,6 +31,20 @@ export interface ProcessRecord {
   launchedAt: string;
 }
 
+/** The file of start/stop overrides under a machine root's state folder (`ProcessRecords.writeOverrides`). */
+export const PROCESS_OVERRIDES_FILE = 'process-overrides.json';
+
+/**
+ * A start/stop command's override of a process's launch mode, kept across agent restarts: it holds while
+ * the config is the one it was given under (`configUpdatedAt`) and, for a scheduled process, while the
+ * schedule is in the state it was then (`open`; null for other launch modes).
+ */
+export interface SavedOverride {
+  override: 'run' | 'stop';
+  configUpdatedAt: string;
+  open: boolean | null;
+}
+
 /** Process ids are the server's (`prc_…`); anything else never becomes a file name. */
 const SAFE_ID = /^[A-Za-z0-9_-]{1,128}$/;
 
@@ -61,6 +75,29 @@ export class ProcessRecords {
   async remove(processId: string): Promise<void> {
     const file = this.file(processId);
     if (file) await fs.rm(file, { force: true });
+  }
+
+  /** Replaces the saved overrides (processId → override), written atomically. @throws Error when it cannot be written */
+  async writeOverrides(overrides: Record<string, SavedOverride>): Promise<void> {
+    await fs.mkdir(path.dirname(this.dir), { recursive: true, mode: 0o700 });
+    await writeAtomic(path.join(path.dirname(this.dir), PROCESS_OVERRIDES_FILE), JSON.stringify(overrides));
+  }
+
+  /** The saved overrides; empty when none were saved or the file is unreadable (the launch modes then decide). */
+  async readOverrides(): Promise<Record<string, SavedOverride>> {
+    try {
+      const raw = JSON.parse(await fs.readFile(path.join(path.dirname(this.dir), PROCESS_OVERRIDES_FILE), 'utf8')) as unknown;
+      if (!raw || typeof raw !== 'object' || Array.isArray(raw)) return {};
+      const out: Record<string, SavedOverride> = {};
+      for (const [id, o] of Object.entries(raw as Record<string, Partial<SavedOverride>>)) {
+        if ((o?.override === 'run' || o?.override === 'stop') && typeof o.configUpdatedAt === 'string') {
+          out[id] = { override: o.override, configUpdatedAt: o.configUpdatedAt, open: typeof o.open === 'boolean' ? o.open : null };
+        }
+      }
+      return out;
+    } catch {
+      return {};
+    }
   }
 
   /** Every readable record (an unreadable or foreign file is skipped: it names nothing to signal). */

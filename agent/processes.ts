@@ -25,7 +25,7 @@ import type { ChildProcess } from 'node:child_process';
 import { type ScheduleBlock, scheduleOpen } from '../domain/processes';
 import type { CommandOutcome } from './commands';
 import { errMessage } from './errors';
-import { type ProcessRecord, ProcessRecords } from './process-records';
+import { type ProcessRecord, ProcessRecords, type SavedOverride } from './process-records';
 import { type AgentOs, type ProcessIdentity, type ProcessPriority, type ProcessVisibility, sameProcess, splitFlags } from './os';
 import type { AgentCommand, AgentTransport } from './transport';
 
@@ -150,6 +150,10 @@ export class ProcessSupervisor {
   private recovery: Promise<void> | undefined;
   /** Recorded processes found alive with their identity, adopted by the next successful config read. */
   private readonly orphans = new Map<string, { rec: ProcessRecord; identity: ProcessIdentity }>();
+  /** Overrides a previous agent run saved, restored by the config read that first sees each process. */
+  private savedOverrides: Record<string, SavedOverride> = {};
+  /** The last write of the overrides file (writes run one after another, the latest state last). */
+  private overridesWrite: Promise<void> = Promise.resolve();
 
   constructor(private readonly ctx: SupervisorContext) {
     this.records = ctx.stateDir ? new ProcessRecords(ctx.stateDir) : null;
@@ -252,17 +256,17 @@ export class ProcessSupervisor {
       if (!m) return done('failed', `unknown process ${processId}`);
       switch (cmd.type) {
         case 'kill_process':
-          m.override = 'stop';
+          await this.setOverride(m, 'stop');
           await this.end(m, true);
           return done('completed');
         case 'stop_process':
-          m.override = 'stop';
+          await this.setOverride(m, 'stop');
           await this.end(m, false);
           return done('completed');
         case 'start_process':
         case 'restart_process': {
           if (cmd.type === 'restart_process') await this.end(m, false);
-          m.override = 'run';
+          await this.setOverride(m, 'run');
           m.restarts = 0;
           // A classic install holds it stopped (suppress_projects): it starts once the install ended.
           if (this.suppressed(m)) return done('failed', 'suppressed while a classic install runs; it starts when the install ends');
@@ -335,13 +339,14 @@ export class ProcessSupervisor {
           const m = this.procs.get(cfg.processId);
           if (!m) {
             const fresh = this.managed(cfg);
+            this.restoreOverride(fresh);
             this.procs.set(cfg.processId, fresh);
             const orphan = this.orphans.get(cfg.processId);
             this.orphans.delete(cfg.processId);
             if (orphan) this.adopt(fresh, orphan.rec, orphan.identity);
           } else if (m.cfg.updatedAt !== cfg.updatedAt) {
             m.cfg = cfg;
-            m.override = null;
+            if (m.override) void this.setOverride(m, null);
             if (m.status === 'failed') m.status = 'stopped';
             m.restarts = 0;
           }
@@ -379,7 +384,7 @@ export class ProcessSupervisor {
     for (const m of this.procs.values()) {
       const open = m.cfg.launch_mode === 'scheduled' ? scheduleOpen(m.cfg.schedules, this.timezone, now) : null;
       if (open !== null && m.lastOpen !== null && open !== m.lastOpen) {
-        m.override = null; // the window flipped: the schedule decides again
+        if (m.override) void this.setOverride(m, null); // the window flipped: the schedule decides again
         if (m.status === 'failed') m.status = 'stopped';
         m.restarts = 0;
       }
@@ -410,6 +415,39 @@ export class ProcessSupervisor {
     }
   }
 
+  /**
+   * Sets `m`'s start/stop override and saves every override to the state folder before it resolves, so a
+   * process a stop command took down stays down after the agent is killed and restarted (and one a start
+   * command brought up keeps running). Failures to save are warned about; the override holds in memory.
+   */
+  private async setOverride(m: Managed, override: Managed['override']): Promise<void> {
+    m.override = override;
+    if (!this.records) return;
+    const records = this.records;
+    const now = Date.now();
+    const saved: Record<string, SavedOverride> = {};
+    for (const p of this.procs.values()) {
+      if (!p.override) continue;
+      const open = p.cfg.launch_mode === 'scheduled' ? scheduleOpen(p.cfg.schedules, this.timezone, now) : null;
+      saved[p.cfg.processId] = { override: p.override, configUpdatedAt: p.cfg.updatedAt, open };
+    }
+    this.overridesWrite = this.overridesWrite
+      .then(() => records.writeOverrides(saved))
+      .catch((err) => this.ctx.warn(`process overrides: ${errMessage(err)}`));
+    await this.overridesWrite;
+  }
+
+  /** Restores the override a previous agent run saved for `m`, while its config and schedule state are as they were then. */
+  private restoreOverride(m: Managed): void {
+    const o = this.savedOverrides[m.cfg.processId];
+    delete this.savedOverrides[m.cfg.processId];
+    if (!o || o.configUpdatedAt !== m.cfg.updatedAt) return;
+    const open = m.cfg.launch_mode === 'scheduled' ? scheduleOpen(m.cfg.schedules, this.timezone, Date.now()) : null;
+    if (open !== o.open) return;
+    m.override = o.override;
+    m.lastOpen = open;
+  }
+
   /** A managed process nothing runs for yet. */
   private managed(cfg: ProcessConfig): Managed {
     return {
@@ -435,6 +473,7 @@ export class ProcessSupervisor {
    */
   private async recover(): Promise<void> {
     if (!this.records) return;
+    this.savedOverrides = await this.records.readOverrides();
     try {
       for (const rec of await this.records.list()) {
         const now = await this.ctx.os.processIdentity(rec.pid);

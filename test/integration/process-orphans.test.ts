@@ -198,6 +198,38 @@ describe('managed processes outlive a killed agent', () => {
     await sigkill(second);
   });
 
+  it('a process a stop command took down stays down after the agent is killed and restarted; a start brings it back', async () => {
+    const machineId = `orphan-${randomBytes(3).toString('hex')}`;
+    const rootDir = path.join(tmp, machineId);
+    const first = await startAgent(machineId, rootDir, 2000);
+    const secs = `4300.${randomBytes(3).readUIntBE(0, 3)}`;
+    markers.push(secs);
+    const p = (await post(processes(machineId), { name: 'held', exe_path: '/bin/sleep', file_path: secs, launch_mode: 'always' })).json();
+    await waitFor('the process running', async () => (await live(machineId, p.processId))?.status === 'running');
+    const stop = await post(`${processes(machineId)}/${p.processId}/stop`);
+    expect(await commandDone(machineId, stop.json().commandId)).toMatchObject({ status: 'completed', result: 'success' });
+    expect(copies(secs)).toEqual([]);
+    await sigkill(first);
+
+    const restartedAt = Date.now();
+    const second = await startAgent(machineId, rootDir, 2000);
+    try {
+      // The restarted agent reports it stopped, and never launches it (before, `always` won over the lost override).
+      await waitFor('the restarted agent reporting the process', async () => {
+        const l = await live(machineId, p.processId);
+        return l && Date.parse(l.updatedAt) >= restartedAt && l.status === 'stopped';
+      });
+      await new Promise((r) => setTimeout(r, 500));
+      expect(copies(secs)).toEqual([]);
+      const start = await post(`${processes(machineId)}/${p.processId}/start`);
+      expect(await commandDone(machineId, start.json().commandId)).toMatchObject({ status: 'completed', result: 'success' });
+      await waitFor('the process running again', async () => (await live(machineId, p.processId))?.status === 'running');
+      expect(copies(secs)).toHaveLength(1);
+    } finally {
+      await sigkill(second);
+    }
+  });
+
   it('never signals a recorded pid whose start time differs (pid reuse): the record is dropped and the process launched', async () => {
     const machineId = `orphan-${randomBytes(3).toString('hex')}`;
     const rootDir = path.join(tmp, machineId);
