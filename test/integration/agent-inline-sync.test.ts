@@ -254,9 +254,10 @@ describe('compact sync protocol, end to end', () => {
   });
 
   it("while many of the site's commands are in flight, an agent keeps the longer progress gap the poll answer asks for", async () => {
-    // A 1.5 s sync with a 20 ms gap sends its `assembling` change between its first and last report (the
-    // agent's gap is at least 10 round trips, so the sync outlasts it unless one takes over 150 ms)…
-    const control = await startAgent('inl-budget-control', true, { progressIntervalMs: 20, syncDelayMs: 1500 });
+    // A 4 s sync with a 20 ms gap sends its `assembling` change between its first and last report (the
+    // agent's gap is at least 10 round trips, so the sync outlasts it unless one takes over 400 ms: with
+    // 1.5 s, a machine loaded by other work made it 150 ms and this control failed)…
+    const control = await startAgent('inl-budget-control', true, { progressIntervalMs: 20, syncDelayMs: 4000 });
     let before = control.api.calls.length;
     const first = await insertSyncPull('inl-budget-control', v1);
     expect(await control.agent.waitForCommand(first, 60_000)).toMatchObject({ status: 'completed', result: 'success' });
