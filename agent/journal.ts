@@ -8,10 +8,9 @@
  * against the last committed manifest and reuses the chunks already in the local store, and a command
  * the server closed meanwhile answers `applied: false` and is dropped (agent/sync.ts).
  */
-import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { AgentCommand } from './transport';
-import { writeAtomic } from './machine-root';
+import { JsonFileFolder } from './machine-root';
 
 /** The folder of journaled commands under a machine root's state folder. */
 export const JOURNAL_DIR = 'work';
@@ -32,50 +31,33 @@ interface Entry {
   command: AgentCommand;
 }
 
-/** Command ids are the server's (`cmd_…`); anything else never becomes a file name. */
-const SAFE_ID = /^[A-Za-z0-9_-]{1,128}$/;
-
 /** The journal in `<stateDir>/work/`. */
 export class FileJournal implements CommandJournal {
-  readonly dir: string;
+  private readonly files: JsonFileFolder;
 
   constructor(stateDir: string) {
-    this.dir = path.join(stateDir, JOURNAL_DIR);
+    this.files = new JsonFileFolder(path.join(stateDir, JOURNAL_DIR));
   }
 
-  private file(commandId: string): string | null {
-    return SAFE_ID.test(commandId) ? path.join(this.dir, `${commandId}.json`) : null;
+  /** The journal's folder. */
+  get dir(): string {
+    return this.files.dir;
   }
 
   async taken(cmd: AgentCommand): Promise<void> {
-    const file = this.file(cmd.commandId);
-    if (!file) return;
-    await fs.mkdir(this.dir, { recursive: true, mode: 0o700 });
     const entry: Entry = { takenAt: Date.now(), command: cmd };
-    await writeAtomic(file, JSON.stringify(entry));
+    await this.files.write(cmd.commandId, entry);
   }
 
   async done(commandId: string): Promise<void> {
-    const file = this.file(commandId);
-    if (file) await fs.rm(file, { force: true });
+    await this.files.remove(commandId);
   }
 
   async pending(): Promise<AgentCommand[]> {
-    let names: string[];
-    try {
-      names = await fs.readdir(this.dir);
-    } catch {
-      return [];
-    }
     const entries: Entry[] = [];
-    for (const name of names) {
-      if (!name.endsWith('.json') || name.startsWith('.')) continue;
-      try {
-        const e = JSON.parse(await fs.readFile(path.join(this.dir, name), 'utf8')) as Entry;
-        if (e?.command && typeof e.command.commandId === 'string' && typeof e.command.type === 'string') entries.push(e);
-      } catch {
-        // A torn write cannot happen (writeAtomic); anything unreadable is not ours to run.
-      }
+    for (const { value } of await this.files.readAll()) {
+      const e = value as Entry;
+      if (e?.command && typeof e.command.commandId === 'string' && typeof e.command.type === 'string') entries.push(e);
     }
     return entries.sort((a, b) => a.takenAt - b.takenAt).map((e) => e.command);
   }

@@ -91,6 +91,59 @@ export async function writeAtomic(file: string, data: Buffer | string): Promise<
   await fs.rename(tmp, file);
 }
 
+/** Ids that may name a file in a JsonFileFolder (the server's `cmd_…`, `prc_…`); anything else never becomes a file name. */
+const SAFE_FILE_ID = /^[A-Za-z0-9_-]{1,128}$/;
+
+/**
+ * A folder of one JSON file per id (`<dir>/<id>.json`), written atomically (`writeAtomic`), owner-only: the
+ * agent's durable records of what it is doing (agent/journal.ts commands, agent/process-records.ts launched
+ * processes). Ids outside SAFE_FILE_ID are neither written nor removed.
+ */
+export class JsonFileFolder {
+  constructor(readonly dir: string) {}
+
+  private file(id: string): string | null {
+    return SAFE_FILE_ID.test(id) ? path.join(this.dir, `${id}.json`) : null;
+  }
+
+  /** Writes `value` as `<id>.json` durably, replacing it. @throws Error when the folder or file cannot be written */
+  async write(id: string, value: unknown): Promise<void> {
+    const file = this.file(id);
+    if (!file) return;
+    await fs.mkdir(this.dir, { recursive: true, mode: 0o700 });
+    await writeAtomic(file, JSON.stringify(value));
+  }
+
+  /** Removes `<id>.json`; a missing file is not an error. */
+  async remove(id: string): Promise<void> {
+    const file = this.file(id);
+    if (file) await fs.rm(file, { force: true });
+  }
+
+  /**
+   * Every readable file's id and parsed JSON, by file name; none when the folder is missing. Unreadable files
+   * are skipped (a torn write cannot happen with writeAtomic), as are temp files and other names.
+   */
+  async readAll(): Promise<{ id: string; value: unknown }[]> {
+    let names: string[];
+    try {
+      names = await fs.readdir(this.dir);
+    } catch {
+      return [];
+    }
+    const out: { id: string; value: unknown }[] = [];
+    for (const name of names.sort()) {
+      if (!name.endsWith('.json') || name.startsWith('.')) continue;
+      try {
+        out.push({ id: name.slice(0, -'.json'.length), value: JSON.parse(await fs.readFile(path.join(this.dir, name), 'utf8')) });
+      } catch {
+        // unreadable: nothing to act on
+      }
+    }
+    return out;
+  }
+}
+
 /** The layout of one machine root (absolute paths) and its manifests. */
 export class MachineRoot {
   /** Absolute machine root. */

@@ -8,7 +8,7 @@
  */
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { writeAtomic } from './machine-root';
+import { JsonFileFolder, writeAtomic } from './machine-root';
 import type { ProcessIdentity } from './os';
 
 /** The folder of process records under a machine root's state folder. */
@@ -45,19 +45,17 @@ export interface SavedOverride {
   open: boolean | null;
 }
 
-/** Process ids are the server's (`prc_…`); anything else never becomes a file name. */
-const SAFE_ID = /^[A-Za-z0-9_-]{1,128}$/;
-
-/** The records in `<stateDir>/processes/`. */
+/** The records in `<stateDir>/processes/`, and the saved overrides in `<stateDir>/process-overrides.json`. */
 export class ProcessRecords {
-  readonly dir: string;
+  private readonly files: JsonFileFolder;
 
-  constructor(stateDir: string) {
-    this.dir = path.join(stateDir, PROCESS_RECORD_DIR);
+  constructor(private readonly stateDir: string) {
+    this.files = new JsonFileFolder(path.join(stateDir, PROCESS_RECORD_DIR));
   }
 
-  private file(processId: string): string | null {
-    return SAFE_ID.test(processId) ? path.join(this.dir, `${processId}.json`) : null;
+  /** The records' folder. */
+  get dir(): string {
+    return this.files.dir;
   }
 
   /**
@@ -65,28 +63,24 @@ export class ProcessRecords {
    * @throws Error when the folder or file cannot be written (the caller warns; the process keeps running)
    */
   async write(rec: ProcessRecord): Promise<void> {
-    const file = this.file(rec.processId);
-    if (!file) return;
-    await fs.mkdir(this.dir, { recursive: true, mode: 0o700 });
-    await writeAtomic(file, JSON.stringify(rec));
+    await this.files.write(rec.processId, rec);
   }
 
   /** Forgets a process's record (it ended). Never throws for a missing file. */
   async remove(processId: string): Promise<void> {
-    const file = this.file(processId);
-    if (file) await fs.rm(file, { force: true });
+    await this.files.remove(processId);
   }
 
   /** Replaces the saved overrides (processId → override), written atomically. @throws Error when it cannot be written */
   async writeOverrides(overrides: Record<string, SavedOverride>): Promise<void> {
-    await fs.mkdir(path.dirname(this.dir), { recursive: true, mode: 0o700 });
-    await writeAtomic(path.join(path.dirname(this.dir), PROCESS_OVERRIDES_FILE), JSON.stringify(overrides));
+    await fs.mkdir(this.stateDir, { recursive: true, mode: 0o700 });
+    await writeAtomic(path.join(this.stateDir, PROCESS_OVERRIDES_FILE), JSON.stringify(overrides));
   }
 
   /** The saved overrides; empty when none were saved or the file is unreadable (the launch modes then decide). */
   async readOverrides(): Promise<Record<string, SavedOverride>> {
     try {
-      const raw = JSON.parse(await fs.readFile(path.join(path.dirname(this.dir), PROCESS_OVERRIDES_FILE), 'utf8')) as unknown;
+      const raw = JSON.parse(await fs.readFile(path.join(this.stateDir, PROCESS_OVERRIDES_FILE), 'utf8')) as unknown;
       if (!raw || typeof raw !== 'object' || Array.isArray(raw)) return {};
       const out: Record<string, SavedOverride> = {};
       for (const [id, o] of Object.entries(raw as Record<string, Partial<SavedOverride>>)) {
@@ -102,29 +96,18 @@ export class ProcessRecords {
 
   /** Every readable record (an unreadable or foreign file is skipped: it names nothing to signal). */
   async list(): Promise<ProcessRecord[]> {
-    let names: string[];
-    try {
-      names = await fs.readdir(this.dir);
-    } catch {
-      return [];
-    }
     const out: ProcessRecord[] = [];
-    for (const name of names.sort()) {
-      if (!name.endsWith('.json') || name.startsWith('.')) continue;
-      try {
-        const r = JSON.parse(await fs.readFile(path.join(this.dir, name), 'utf8')) as ProcessRecord;
-        if (
-          r &&
-          typeof r.processId === 'string' &&
-          `${r.processId}.json` === name &&
-          Number.isInteger(r.pid) &&
-          r.pid > 0 &&
-          typeof r.identity?.startTime === 'string'
-        )
-          out.push(r);
-      } catch {
-        // A torn write cannot happen (writeAtomic); anything unreadable is not ours to signal.
-      }
+    for (const { id, value } of await this.files.readAll()) {
+      const r = value as ProcessRecord;
+      if (
+        r &&
+        typeof r.processId === 'string' &&
+        r.processId === id &&
+        Number.isInteger(r.pid) &&
+        r.pid > 0 &&
+        typeof r.identity?.startTime === 'string'
+      )
+        out.push(r);
     }
     return out;
   }
