@@ -40,7 +40,6 @@ import {
 } from '../db/classic-deployments';
 import {
   type ClassicAction,
-  CONTROL_UPDATE_WAIT_MS,
   ClassicControlRefused,
   NoWorker,
   classicControlOutcome,
@@ -283,11 +282,7 @@ export async function controlDeployment(
   } catch (err) {
     if (err instanceof ClassicControlRefused) throw new ApiError(err.code ?? 'conflict', err.message);
     if (err instanceof NoWorker) {
-      throw serviceUnavailable(
-        err.reason === 'none'
-          ? `no worker is running for deployments, so ${action} was not sent; retry once a worker runs`
-          : `no worker took ${action} within ${CONTROL_UPDATE_WAIT_MS / 1000} s; it is applied when a worker takes it: retry with the same Idempotency-Key for its outcome`,
-      );
+      throw serviceUnavailable(err.detail('deployments', action));
     }
     throw err;
   }

@@ -40,7 +40,6 @@ import {
   type RolloutControl,
   RolloutControlRefused,
   NoWorker,
-  CONTROL_UPDATE_WAIT_MS,
   controlUpdateId,
   rolloutControlApplied,
   controlRollout,
@@ -439,11 +438,7 @@ export async function controlRolloutAction(
   } catch (err) {
     if (err instanceof ApiError) throw err;
     if (err instanceof NoWorker) {
-      throw serviceUnavailable(
-        err.reason === 'none'
-          ? `no worker is running for rollouts, so ${action} was not sent; retry once a worker runs`
-          : `no worker took ${action} within ${CONTROL_UPDATE_WAIT_MS / 1000} s; it is applied when a worker takes it: retry with the same Idempotency-Key for its outcome`,
-      );
+      throw serviceUnavailable(err.detail('rollouts', action));
     }
     if (err instanceof RolloutControlRefused) {
       const now = await requireRollout(deps, siteId, roostId, rolloutId);

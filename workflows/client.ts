@@ -255,6 +255,16 @@ export class NoWorker extends Error {
     );
     this.name = 'NoWorker';
   }
+
+  /**
+   * The 503's detail for control `action` of `family` (`rollouts`, `deployments`): nothing sent, retry once a
+   * worker runs; or sent and applied when a worker takes it, so retry with the same Idempotency-Key.
+   */
+  detail(family: string, action: string): string {
+    return this.reason === 'none'
+      ? `no worker is running for ${family}, so ${action} was not sent; retry once a worker runs`
+      : `no worker took ${action} within ${CONTROL_UPDATE_WAIT_MS / 1000} s; it is applied when a worker takes it: retry with the same Idempotency-Key for its outcome`;
+  }
 }
 
 /** Whether a worker has polled `taskQueue` for workflow tasks within WORKER_POLLER_FRESH_MS (DescribeTaskQueue). */
