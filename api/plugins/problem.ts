@@ -8,10 +8,8 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 import Router, { type HTTPMethod } from 'find-my-way';
 import { KindGuard } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
-import { ApiError, OUTAGE_RETRY_AFTER_SECONDS, serviceUnavailable, titleFor } from '../../domain/errors';
+import { ApiError, serviceUnavailable, titleFor } from '../../domain/errors';
 import { unavailableDependency } from '../../domain/outage';
-
-export { OUTAGE_RETRY_AFTER_SECONDS };
 
 /** Methods a route of this API can have. */
 const ROUTER_METHODS: HTTPMethod[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
