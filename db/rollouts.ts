@@ -491,11 +491,14 @@ export async function reconcileWave(pool: Pool, t: WaveTarget, wave: Wave, deadl
  * One reconciliation pass over the waves `names`, in one transaction, from agent reports. Each machine's
  * version is its `target_version_id`, else the rollout's.
  * - a `dispatched` machine succeeded when its target state reports its version `committed` after the
- *   dispatch (or its command completed, not as `staged`, and the state shows the version committed);
+ *   dispatch (or its command completed, not as `staged`, and the state shows the version committed), or
+ *   when its command completed (not as `staged`) and a report of another version replaced the state after
+ *   the dispatch (two rollouts of different versions on one machine: the newer one's sync followed ours);
  * - a `dispatched` machine whose command completed with result `staged` is `staged` (staged activation);
  * - it failed when its target state reports the version `failed`/`cancelled` after the dispatch, or its
  *   command failed or was cancelled: back to `pending` for a retry while attempts ≤ retries, else `failed`;
- * - an `activating` machine succeeded when its state reports the version committed after the activation,
+ * - an `activating` machine succeeded when its state reports the version committed after the activation
+ *   (or its roost_activate completed and another version's report replaced the state after it),
  *   failed (no retry) when its roost_activate command failed or was cancelled;
  * - deadlines: with `deadline` (rollouts started before rollout control) every unfinished machine fails with
  *   `last_error = 'timeout'` at or after it (still pending commands cancelled); without, each machine's own
@@ -511,29 +514,37 @@ export async function reconcileWaves(
 ): Promise<Map<string, WaveCounts>> {
   return withTx(pool, async (tx) => {
     const base = [t.siteId, t.rolloutId, names, t.roostId, t.versionId];
+    // The second alternative: another version's report (a newer rollout of the roost on the same machine)
+    // replaced the target state after this dispatch, and this rollout's command had completed, so the machine
+    // did commit this version before moving on. Its EXISTS runs only for those rows: during a rollout an
+    // agent's reports name the version it syncs, so a moved-past state is rare and the pass stays a join by
+    // primary key.
+    const completed = `EXISTS (SELECT 1 FROM commands AS c
+                                WHERE c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'completed'
+                                  AND (c.result IS NULL OR c.result <> 'staged'))`;
+    const ours = `ts.reported_version_id = COALESCE(rm.target_version_id, $5)`;
     await tx.query(
       `UPDATE rollout_machines AS rm
-          SET status = 'succeeded', finished_at = now(), updated_at = now(), bytes_fetched = GREATEST(rm.bytes_fetched, ts.bytes_fetched), last_error = NULL
+          SET status = 'succeeded', finished_at = now(), updated_at = now(), last_error = NULL,
+              bytes_fetched = CASE WHEN ${ours} THEN GREATEST(rm.bytes_fetched, ts.bytes_fetched) ELSE rm.bytes_fetched END
          FROM roost_target_states AS ts
         WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($3::text[]) AND rm.status IN ('dispatched', 'activating')
           AND ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $4
-          AND ts.reported_version_id = COALESCE(rm.target_version_id, $5) AND ts.status = 'committed'
-          AND (ts.updated_at >= rm.dispatched_at
-               OR EXISTS (SELECT 1 FROM commands AS c
-                           WHERE c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id AND c.status = 'completed'
-                             AND (c.result IS NULL OR c.result <> 'staged')))`,
+          AND ((${ours} AND ts.status = 'committed' AND (ts.updated_at >= rm.dispatched_at OR ${completed}))
+               OR (ts.reported_version_id <> COALESCE(rm.target_version_id, $5) AND ts.updated_at >= rm.dispatched_at AND ${completed}))`,
       base,
     );
     await tx.query(
       `UPDATE rollout_machines AS rm
           SET status = 'staged', staged_at = now(), updated_at = now(), last_error = NULL,
               bytes_fetched = COALESCE((SELECT ts.bytes_fetched FROM roost_target_states AS ts
-                                         WHERE ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $3), rm.bytes_fetched)
+                                         WHERE ts.site_id = rm.site_id AND ts.machine_id = rm.machine_id AND ts.roost_id = $3
+                                           AND ts.reported_version_id = COALESCE(rm.target_version_id, $5)), rm.bytes_fetched)
          FROM commands AS c
         WHERE rm.site_id = $1 AND rm.rollout_id = $2 AND rm.wave = ANY($4::text[]) AND rm.status = 'dispatched'
           AND c.site_id = rm.site_id AND c.machine_id = rm.machine_id AND c.command_id = rm.command_id
           AND c.status = 'completed' AND c.result = 'staged'`,
-      [t.siteId, t.rolloutId, t.roostId, names],
+      [t.siteId, t.rolloutId, t.roostId, names, t.versionId],
     );
     // Per-row lookups by primary key (EXISTS, and the error read only for the rows that change), no join of
     // rollout_machines with itself: with statistics that missed the wave's dispatch (a fresh rollout,
