@@ -16,6 +16,7 @@ import {
   WithStartWorkflowOperation,
   WorkflowNotFoundError,
   WorkflowUpdateFailedError,
+  WorkflowUpdateRPCTimeoutOrCancelledError,
 } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import { sha256Hex } from '../domain/hex';
@@ -294,9 +295,32 @@ function grpcCode(err: unknown): number | undefined {
   return undefined;
 }
 
-/** A gRPC DEADLINE_EXCEEDED anywhere in `err`'s cause chain: the call's deadline passed. */
-function isDeadlineExceeded(err: unknown): boolean {
-  return grpcCode(err) === GRPC_DEADLINE_EXCEEDED;
+/**
+ * Runs the update call `fn` bounded by CONTROL_UPDATE_WAIT_MS (only a worker accepts an update: a worker lost
+ * after the poller check is then a clear failure, not a request held open; the update stays with the
+ * workflow and is applied when a worker takes it).
+ * @throws NoWorker `timeout` when the bound ended the call: a gRPC DEADLINE_EXCEEDED in the cause chain, the
+ *   SDK's WorkflowUpdateRPCTimeoutOrCancelledError, or any failure that arrives once the bound has passed
+ *   (under load the server's answer to the expiring call can race the client's deadline: the server logged
+ *   a 15.0 s UpdateWorkflowExecution while the client saw an error other than DEADLINE_EXCEEDED); the
+ *   call's own error otherwise.
+ */
+async function boundedUpdate<T>(client: Client, fn: () => Promise<T>): Promise<T> {
+  const until = Date.now() + CONTROL_UPDATE_WAIT_MS;
+  try {
+    return await client.connection.withDeadline(until, fn);
+  } catch (err) {
+    if (updateCallTimedOut(err, until, Date.now())) throw new NoWorker('timeout', '');
+    throw err;
+  }
+}
+
+/**
+ * Whether the failure `err` of an update call bounded at `until` (epoch ms), seen at `now` (epoch ms), is the
+ * bound ending it (`boundedUpdate`).
+ */
+export function updateCallTimedOut(err: unknown, until: number, now: number): boolean {
+  return err instanceof WorkflowUpdateRPCTimeoutOrCancelledError || grpcCode(err) === GRPC_DEADLINE_EXCEEDED || now >= until;
 }
 
 /** The rejection of an update that reached the workflow before it registered a handler for it. */
@@ -329,15 +353,13 @@ export async function controlRollout(
       const d = await handle.describe();
       if (d.status.name !== 'RUNNING' || d.memo?.rolloutId !== rolloutId) throw new RolloutControlRefused(NO_RUNNING_WORKFLOW, 'closed');
       if (!(await workerPolling(client, d.taskQueue))) throw new NoWorker('none', d.taskQueue);
-      // Only a worker accepts an update: bound the wait, so a worker lost since the check above is a clear
-      // failure, not a request held open (the update stays with the workflow and is applied when a worker
-      // takes it; a retry with the same updateId gets that one's outcome instead of applying it again).
-      return await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () =>
+      // Bounded (a retry with the same updateId gets the outcome of the update handed over, instead of
+      // applying it again).
+      return await boundedUpdate(client, () =>
         handle.executeUpdate(CONTROL_UPDATES[action], { args: [args], ...(opts.updateId ? { updateId: opts.updateId } : {}) }),
       );
     } catch (err) {
       if (err instanceof NoWorker) throw err;
-      if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
       if (!beforeHandlers(err)) throw controlFailure(err);
       if (Date.now() + backoff > deadline)
         throw new Error(`the rollout's workflow did not take control updates within ${CONTROL_HANDLERS_WAIT_MS} ms`);
@@ -434,9 +456,8 @@ export async function controlClassicDeployment(
   for (let attempt = 0; ; attempt++) {
     const op = new WithStartWorkflowOperation(classicDeploymentWorkflow, classicStartOptions(cfg, r, workflowId));
     try {
-      // Bounded like a rollout's control (`controlRollout`): a worker lost since the check above is a clear
-      // failure, not a request held open.
-      const out = await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () =>
+      // Bounded like a rollout's control (`controlRollout`).
+      const out = await boundedUpdate(client, () =>
         client.workflow.executeUpdateWithStart(CLASSIC_UPDATES[action], {
           args: [args],
           startWorkflowOperation: op,
@@ -445,7 +466,6 @@ export async function controlClassicDeployment(
       );
       return classicAnswer(out);
     } catch (err) {
-      if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
       if (err instanceof WorkflowUpdateFailedError) {
         const refused = classicRefusal(err);
         if (refused) throw refused;
@@ -468,10 +488,9 @@ export async function controlClassicDeployment(
 export async function earlierUpdateOutcome<R>(client: Client, workflowId: string, updateId: string): Promise<R | undefined> {
   const handle = client.workflow.getHandle(workflowId);
   try {
-    return await client.connection.withDeadline(Date.now() + CONTROL_UPDATE_WAIT_MS, () => handle.getUpdateHandle<R>(updateId).result());
+    return await boundedUpdate(client, () => handle.getUpdateHandle<R>(updateId).result());
   } catch (err) {
     if (err instanceof WorkflowNotFoundError || grpcCode(err) === GRPC_NOT_FOUND) return undefined;
-    if (isDeadlineExceeded(err)) throw new NoWorker('timeout', '');
     throw err;
   }
 }
