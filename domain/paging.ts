@@ -40,8 +40,12 @@ function tagOf(key: Buffer, binding: PageBinding, positionJson: string): Buffer 
 export function signPageToken(key: Buffer, binding: PageBinding, position: unknown): string {
   if (position === undefined || position === null) throw new TypeError('a page position must be a JSON value other than null');
   const p = canonicalJson(position);
-  const c = tagOf(key, binding, p).toString('base64url');
-  return Buffer.from(`{"p":${p},"c":"${c}"}`, 'utf8').toString('base64url');
+  return signedForm(p, tagOf(key, binding, p));
+}
+
+/** The token text of canonical position JSON `p` with its tag. */
+function signedForm(p: string, tag: Buffer): string {
+  return Buffer.from(`{"p":${p},"c":"${tag.toString('base64url')}"}`, 'utf8').toString('base64url');
 }
 
 /**
@@ -66,7 +70,10 @@ export function openPageToken(key: Buffer, binding: PageBinding, token: string):
   }
   const sent = Buffer.from(parsed.c, 'base64url');
   const want = tagOf(key, binding, p);
-  return sent.length === want.length && timingSafeEqual(sent, want) ? parsed.p : undefined;
+  if (sent.length !== want.length || !timingSafeEqual(sent, want)) return undefined;
+  // Only the exact token issued: base64url decoding skips what it cannot use (a character appended to the
+  // token, or to the tag), and the outer JSON could be re-spaced; none of those is a token this server issued.
+  return signedForm(p, want) === token ? parsed.p : undefined;
 }
 
 /**

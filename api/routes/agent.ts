@@ -285,7 +285,8 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { siteId } = request.params;
       await authorizeSite(request, siteId, [{ resource: 'site', id: siteId, permission: 'admin' }]);
       const created = await rotateEnrolmentSecret(app.deps, { siteId });
-      reply.code(201);
+      // A secret shown once, like a new key's: no cache keeps it (the idempotent replay stores this header too).
+      reply.code(201).header('Cache-Control', 'no-store');
       return created;
     },
   );
@@ -314,7 +315,7 @@ const agentRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const enrolled = await enrolAgent(app.deps, request.body);
-      reply.code(201);
+      reply.code(201).header('Cache-Control', 'no-store'); // the agent token
       return enrolled;
     },
   );

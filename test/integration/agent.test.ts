@@ -55,6 +55,7 @@ async function enrol(machineId: string, opts: { siteId?: string; secret?: string
     },
   });
   expect(res.statusCode).toBe(201);
+  expect(res.headers['cache-control']).toBe('no-store');
   return res.json().agentToken;
 }
 
@@ -167,9 +168,17 @@ const COUNTERS = { chunks_fetched: 0, chunks_total: 0, chunks_dedup: 0, files_to
 // ------------------------------------------------------------------------------------------- enrolment
 
 describe('POST /api/sites/{siteId}/enrolment-secret', () => {
-  it('creates a secret shown once and stores only its digest', async () => {
-    const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: true });
+  it('creates a secret shown once (no-store, also on replay) and stores only its digest', async () => {
+    const idem = `enrol-secret-${Date.now()}`;
+    const res = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: idem });
     expect(res.statusCode).toBe(201);
+    expect(res.headers['cache-control']).toBe('no-store');
+    const replay = await h.request({ method: 'POST', url: `/api/sites/${h.siteId}/enrolment-secret`, idempotencyKey: idem });
+    expect([replay.statusCode, replay.headers['cache-control'], replay.json().enrolmentSecret]).toEqual([
+      201,
+      'no-store',
+      res.json().enrolmentSecret,
+    ]);
     const body = res.json();
     expect(body.siteId).toBe(h.siteId);
     expect(body.enrolmentSecret).toMatch(/^ses_[A-Za-z0-9_-]{43}$/);

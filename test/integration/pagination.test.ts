@@ -543,7 +543,7 @@ describe.each(FIXTURES.map((f) => [f.route, f] as const))('%s', (_route, f) => {
     expect([bad.status, bad.body.code, bad.body.param]).toEqual([400, 'validation_failed', 'page_token']);
   });
 
-  it('rejects tokens it did not issue for this list: garbage, hand-made, edited, old-format, foreign key, wrong shape, other caller', async () => {
+  it('rejects tokens it did not issue for this list: garbage, hand-made, edited, appended to, re-spaced, old-format, foreign key, wrong shape, other caller', async () => {
     const real = (await get('page_size=2')).body.next_page_token as string;
     const { p: position, c: tag } = JSON.parse(Buffer.from(real, 'base64url').toString('utf8'));
     expect(position).toBeDefined();
@@ -562,6 +562,11 @@ describe.each(FIXTURES.map((f) => [f.route, f] as const))('%s', (_route, f) => {
       ['foreign server key', signPageToken(randomBytes(32), binding, position)],
       ['wrong shape', signPageToken(serverKey(), binding, { not: 'a position' })],
       ['other route name', signPageToken(serverKey(), { ...binding, route: `${binding.route}/x` }, position)],
+      // base64url decoding skips a trailing character it cannot complete a byte with, and JSON its spaces:
+      // each of these decodes to the issued position and tag, and none is the issued token.
+      ['a character appended', `${real}x`],
+      ['a character appended to the tag', wrapped({ p: position, c: `${tag}x` })],
+      ['re-spaced', Buffer.from(` {"p": ${JSON.stringify(position)}, "c": "${tag}"}`).toString('base64url')],
     ]) {
       const { status, body } = await get(`page_token=${encodeURIComponent(token)}`);
       expect([name, status, body.code, body.param, res400(body)]).toEqual([name, 400, 'validation_failed', 'page_token', true]);
