@@ -48,7 +48,8 @@ import {
   type WavePlan,
   sumCounts,
 } from '../domain/rollout';
-import { type RolloutPolicy, isTimeZone, maxFailures, successTarget, windowDelayMs } from '../domain/rollout-policy';
+import { type RolloutPolicy, maxFailures, successTarget, windowDelayMs } from '../domain/rollout-policy';
+import { isIanaTimeZone } from '../domain/users';
 
 /** Workflow input: ids only. */
 export interface RolloutRef {
@@ -308,7 +309,7 @@ export function createRolloutActivities({ db, cfg }: ActivityDeps) {
       const w = r?.policy.maintenanceWindow;
       if (!w) return 0;
       const stored = await siteTimezone(db, ref.siteId);
-      const tz = stored && isTimeZone(stored) ? stored : 'UTC';
+      const tz = stored && isIanaTimeZone(stored) ? stored : 'UTC';
       return windowDelayMs(w, tz, Date.now());
     },
 

@@ -477,16 +477,6 @@ function dtf(timeZone: string): Intl.DateTimeFormat {
   return f;
 }
 
-/** True when `tz` is an IANA zone Intl knows. */
-export function isTimeZone(tz: string): boolean {
-  try {
-    dtf(tz);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 function localParts(ms: number, timeZone: string): LocalParts {
   const parts: Record<string, string> = {};
   for (const p of dtf(timeZone).formatToParts(new Date(ms))) parts[p.type] = p.value;

@@ -8,7 +8,7 @@ import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
 import { absolutePathProblem } from '../domain/paths';
 import { PROCESS_COMMANDS, type ProcessAction, type ScheduleBlock, scheduleProblems } from '../domain/processes';
-import { isTimeZone } from '../domain/rollout-policy';
+import { isIanaTimeZone } from '../domain/users';
 import { type CommandRow, machineExists } from '../db/machines';
 import { withTx } from '../db/pool';
 import {
@@ -252,5 +252,5 @@ export async function agentProcessConfigs(
   m: MachineRef,
 ): Promise<{ timezone: string; processes: ProcessRow[] }> {
   const { timezone: tz, processes } = await agentProcessView(deps.db, m.siteId, m.machineId);
-  return { timezone: tz && isTimeZone(tz) ? tz : 'UTC', processes };
+  return { timezone: tz && isIanaTimeZone(tz) ? tz : 'UTC', processes };
 }

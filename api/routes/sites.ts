@@ -31,12 +31,14 @@ const Tier = Type.Union(
   { description: SITE_TIERS.join(', ') },
 );
 const Name = Type.String({ minLength: 1, maxLength: 100, pattern: NON_BLANK_TEXT, description: 'unique site name' });
-// services/sites.ts checks the name (domain/users.ts isIanaTimeZone); the document lists the runtime's zones (`x-roost-enum`).
+// services/sites.ts checks the name (domain/users.ts isIanaTimeZone); the document lists the runtime's canonical zones
+// (`x-roost-enum`), and the aliases the runtime knows are accepted too.
 const TimeZone = Type.String({
   minLength: 1,
   maxLength: 64,
   'x-roost-enum': ['UTC', ...Intl.supportedValuesOf('timeZone')],
-  description: 'IANA time zone (e.g. Europe/Berlin); other IANA names this runtime resolves to themselves (Etc/GMT+5) are accepted too',
+  description:
+    'IANA time zone (e.g. Europe/Berlin), stored as given; besides the listed names, every alias the runtime knows (Asia/Kolkata, Europe/Kyiv, Etc/UTC, US/Eastern, Etc/GMT+5) is accepted',
 });
 const DeployQuota = Type.Integer({
   minimum: 1,

@@ -53,6 +53,33 @@ describe('POST /api/sites', () => {
     expect(log.json().records.map((r: any) => r.kind)).toContain('POST /api/sites');
   });
 
+  it('takes every IANA name the runtime knows, current aliases included, and stores it as given', async () => {
+    for (const timezone of [
+      'Asia/Kolkata',
+      'Europe/Kyiv',
+      'America/Argentina/Buenos_Aires',
+      'Etc/UTC',
+      'GMT',
+      'US/Eastern',
+      'Asia/Calcutta',
+    ]) {
+      const res = await su('POST', '/api/sites', { name: name(), timezone });
+      expect([timezone, res.statusCode, res.json().timezone]).toEqual([timezone, 201, timezone]);
+      const patched = await su('PATCH', `/api/sites/${res.json().siteId}`, {
+        timezone: timezone === 'GMT' ? 'Europe/Kiev' : 'Europe/Kyiv',
+      });
+      expect([timezone, patched.statusCode, patched.json().timezone]).toEqual([
+        timezone,
+        200,
+        timezone === 'GMT' ? 'Europe/Kiev' : 'Europe/Kyiv',
+      ]);
+    }
+    for (const timezone of ['+05:30', 'europe/berlin', 'garbage']) {
+      const refused = expectProblem(await su('POST', '/api/sites', { name: name(), timezone }), 400, 'validation_failed');
+      expect(refused.errors).toHaveProperty('timezone');
+    }
+  });
+
   it('refuses bad fields, non-superadmins and unsuitable owners, changing nothing', async () => {
     const n = name();
     for (const body of [
