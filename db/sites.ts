@@ -140,14 +140,22 @@ export async function siteByName(q: Queryable, name: string): Promise<SiteRow | 
 /** List position of sites: the last site id of a page. */
 export type SitePosition = string;
 
-/** A page of the sites `user` may act on (every site for a superadmin), ascending by id, after `after`. */
-export async function listSiteRows(q: Queryable, user: SiteUser, opts: { after?: SitePosition; limit: number }): Promise<SiteRow[]> {
+/**
+ * A page of the sites `user` may act on (every site for a superadmin), ascending by id, after `after`;
+ * only sites of `environments` when given (a key acts on its own environment's sites only).
+ */
+export async function listSiteRows(
+  q: Queryable,
+  user: SiteUser,
+  opts: { after?: SitePosition; limit: number; environments?: readonly ('live' | 'test')[] },
+): Promise<SiteRow[]> {
   const { rows } = await q.query<SiteRow>(
     `SELECT ${SITE_COLUMNS} FROM sites s
       WHERE ($1 OR s.owner_uid = $2 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $2))
         AND ($3::text IS NULL OR s.site_id > $3)
+        AND ($5::text[] IS NULL OR s.environment = ANY($5::text[]))
       ORDER BY s.site_id LIMIT $4`,
-    [user.role === 'superadmin', user.uid, opts.after ?? null, opts.limit],
+    [user.role === 'superadmin', user.uid, opts.after ?? null, opts.limit, opts.environments ?? null],
   );
   return rows;
 }

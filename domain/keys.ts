@@ -117,6 +117,14 @@ export function keyMayActOnSiteEnvironment(keyEnvironment: KeyEnvironment, siteE
 }
 
 /**
+ * The site environments a credential may act on (`keyMayActOnSiteEnvironment`): the key's own, or both for
+ * sessions and ID tokens (`keyEnvironment` undefined). Lists of sites (`GET /api/sites`) filter by it.
+ */
+export function siteEnvironmentsFor(keyEnvironment: KeyEnvironment | undefined): KeyEnvironment[] {
+  return KEY_ENVIRONMENTS.filter((env) => keyEnvironment === undefined || keyMayActOnSiteEnvironment(keyEnvironment, env));
+}
+
+/**
  * Whether a key's environment may change platform-wide state (users and their site memberships, the agent
  * installer catalog): the platform has no sandbox copy, so only `svk_live_` keys may (docs/decisions/test-keys.md).
  * Reads are open to both; a `svk_test_` key may still create sandbox sites (`siteEnvironmentFor`).

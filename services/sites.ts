@@ -19,6 +19,7 @@ import { lockUser } from '../db/users';
 import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
 import type { UserPrincipal } from '../domain/principal';
+import { siteEnvironmentsFor } from '../domain/keys';
 import { scopesAllow } from '../domain/scopes';
 import { isIanaTimeZone } from '../domain/users';
 import { DEFAULT_DEPLOY_QUOTA } from '../domain/classic';
@@ -89,14 +90,20 @@ export async function getSite(deps: Pick<ServiceDeps, 'db'>, siteId: string): Pr
 
 /**
  * A page of the sites `user` may act on (every site for a superadmin), ascending by id; with an API key,
- * only those its scopes grant site read on. `next` is the last id when more may follow.
+ * only the sites of its environment (a `svk_test_` key sandbox sites, a `svk_live_` key live ones:
+ * docs/decisions/test-keys.md) and of those only the ones its scopes grant site read on. Sessions and ID
+ * tokens list both environments. `next` is the last id when more may follow.
  */
 export async function listSites(
   deps: Pick<ServiceDeps, 'db'>,
   user: UserPrincipal,
   q: { after?: string; pageSize: number },
 ): Promise<{ rows: SiteRow[]; next: string | undefined }> {
-  const rows = await listSiteRows(deps.db, { uid: user.userId, role: user.role }, { after: q.after, limit: q.pageSize + 1 });
+  const rows = await listSiteRows(
+    deps.db,
+    { uid: user.userId, role: user.role },
+    { after: q.after, limit: q.pageSize + 1, environments: siteEnvironmentsFor(user.key?.environment) },
+  );
   const more = rows.length > q.pageSize;
   const page = rows.slice(0, q.pageSize);
   const key = user.key;

@@ -133,6 +133,36 @@ describe('reading sites', () => {
     expectProblem(await h.request({ method: 'GET', url: '/api/sites?page_size=101', key: token }), 400, 'validation_failed');
   });
 
+  it('lists a key only the sites of its environment; sessions and ID tokens list both (docs/decisions/test-keys.md)', async () => {
+    const member = await makeUser(h.deps.db);
+    const live = (await su('POST', '/api/sites', { name: name() })).json().siteId;
+    const sandbox = (await su('POST', '/api/sites', { name: name(), environment: 'test' })).json().siteId;
+    for (const siteId of [live, sandbox]) await addMember(h.deps.db, siteId, member.uid);
+    const scopes = [{ resource: 'site' as const, id: '*', permissions: ['read' as const] }];
+    const liveKey = (await insertKey(h.deps.db, { uid: member.uid, scopes })).raw;
+    const testKey = (await insertKey(h.deps.db, { uid: member.uid, scopes, environment: 'test' })).raw;
+    const listed = async (key: string) =>
+      (await h.request({ method: 'GET', url: '/api/sites?page_size=100', key })).json().sites.map((s: any) => s.siteId);
+    expect(await listed(liveKey)).toEqual([live]);
+    expect(await listed(testKey)).toEqual([sandbox]);
+    expect(await listed(await idTokenFor(h, member))).toEqual([live, sandbox].sort());
+    // Each key can act on what it lists, and on nothing it does not.
+    expect((await h.request({ method: 'GET', url: `/api/sites/${sandbox}/quota`, key: testKey })).statusCode).toBe(200);
+    expectProblem(await h.request({ method: 'GET', url: `/api/sites/${live}/quota`, key: testKey }), 403, 'forbidden');
+    // A superadmin's test key pages through sandbox sites only.
+    const suTestKey = (await insertKey(h.deps.db, { uid: h.userId, scopes, environment: 'test' })).raw;
+    const seen: any[] = [];
+    let next = '';
+    for (let i = 0; i < 1000; i++) {
+      const res = await h.request({ method: 'GET', url: `/api/sites?page_size=100${next ? `&page_token=${next}` : ''}`, key: suTestKey });
+      seen.push(...res.json().sites);
+      next = res.json().next_page_token;
+      if (!next) break;
+    }
+    expect(seen.map((s) => s.siteId)).toContain(sandbox);
+    expect(seen.filter((s) => s.environment !== 'test')).toEqual([]);
+  });
+
   it('shows a site and its members to its owner, admins and superadmins, not to plain members or strangers', async () => {
     const admin = await makeUser(h.deps.db, { role: 'admin' });
     const member = await makeUser(h.deps.db);
