@@ -5,6 +5,7 @@
  * does the work and records its result: a step is never done twice.
  */
 import { appendAuditRecords } from '../db/audit';
+import { AUDIT_KIND_MEMBER_ADDED } from '../domain/audit';
 import { revokeUserKeys } from '../db/keys';
 import { cancelUserCommands as cancelCommandsOf } from '../db/machines';
 import { withTx } from '../db/pool';
@@ -67,7 +68,8 @@ export function createUserActivities(deps: ActivityDeps) {
         async (tx) => {
           const d = await deletionOf(tx, input.uid);
           if (d.sites_transferred !== null) return { sitesTransferred: d.sites_transferred };
-          const moved = d.successor_uid === null ? [] : await transferOwnedSites(tx, input.uid, d.successor_uid);
+          const { moved, joined } =
+            d.successor_uid === null ? { moved: [], joined: [] } : await transferOwnedSites(tx, input.uid, d.successor_uid);
           for (const siteId of moved) {
             await appendAuditRecords(tx, siteId, [
               {
@@ -75,6 +77,16 @@ export function createUserActivities(deps: ActivityDeps) {
                 actor: d.requested_by,
                 attributes: { siteId, fromUid: input.uid, toUid: d.successor_uid, reason: 'user_deleted', workflowId: d.workflow_id },
               },
+              // The successor became a member by owning it (docs/decisions/users.md "Audit and events").
+              ...(joined.includes(siteId)
+                ? [
+                    {
+                      kind: AUDIT_KIND_MEMBER_ADDED,
+                      actor: d.requested_by,
+                      attributes: { siteId, uid: d.successor_uid, reason: 'site_owner' },
+                    },
+                  ]
+                : []),
             ]);
           }
           await recordDeletionStep(tx, input.uid, { sitesTransferred: moved });

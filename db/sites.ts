@@ -73,9 +73,10 @@ export async function siteEnvironment(q: Queryable, siteId: string): Promise<'li
   return rows[0]?.environment;
 }
 
-/** Makes `uid` a member of the site (nothing when already one). */
-export async function addSiteMember(q: Queryable, siteId: string, uid: string): Promise<void> {
-  await q.query('INSERT INTO site_members (site_id, uid) VALUES ($1, $2) ON CONFLICT (site_id, uid) DO NOTHING', [siteId, uid]);
+/** Makes `uid` a member of the site (nothing when already one); true when the membership is new. */
+export async function addSiteMember(q: Queryable, siteId: string, uid: string): Promise<boolean> {
+  const r = await q.query('INSERT INTO site_members (site_id, uid) VALUES ($1, $2) ON CONFLICT (site_id, uid) DO NOTHING', [siteId, uid]);
+  return r.rowCount === 1;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -172,9 +173,14 @@ export interface SitePatch {
 
 /**
  * Applies `patch` to the site in the caller's transaction; a new owner also becomes a member.
- * @returns the updated row, undefined when the site is absent, or 'name_taken'.
+ * @returns the updated row and whether the owner joined the site by it (was not a member before),
+ *   undefined when the site is absent, or 'name_taken'.
  */
-export async function updateSite(tx: Queryable, siteId: string, patch: SitePatch): Promise<SiteRow | 'name_taken' | undefined> {
+export async function updateSite(
+  tx: Queryable,
+  siteId: string,
+  patch: SitePatch,
+): Promise<{ row: SiteRow; ownerJoined: boolean } | 'name_taken' | undefined> {
   if (patch.name !== undefined) {
     const clash = await tx.query('SELECT 1 FROM sites WHERE name = $1 AND site_id <> $2', [patch.name, siteId]);
     if (clash.rows.length) return 'name_taken';
@@ -193,8 +199,9 @@ export async function updateSite(tx: Queryable, siteId: string, patch: SitePatch
       patch.ownerUid ?? null,
     ],
   );
-  if (rows[0] && patch.ownerUid) await addSiteMember(tx, siteId, patch.ownerUid);
-  return rows[0];
+  if (!rows[0]) return undefined;
+  const ownerJoined = patch.ownerUid ? await addSiteMember(tx, siteId, patch.ownerUid) : false;
+  return { row: rows[0], ownerJoined };
 }
 
 /** A member of a site as `GET /api/sites/{siteId}/members` lists it. */
@@ -226,16 +233,18 @@ export async function ownedSiteIds(q: Queryable, uid: string): Promise<string[]>
 
 /**
  * Moves every site `fromUid` owns to `toUid` (who becomes a member of each), in the caller's
- * transaction; returns the site ids moved, ascending (none when run again).
+ * transaction; returns the site ids moved, ascending (none when run again), and those of them `toUid`
+ * joined by it (was not a member of before).
  */
-export async function transferOwnedSites(tx: Queryable, fromUid: string, toUid: string): Promise<string[]> {
+export async function transferOwnedSites(tx: Queryable, fromUid: string, toUid: string): Promise<{ moved: string[]; joined: string[] }> {
   const { rows } = await tx.query<{ site_id: string }>('UPDATE sites SET owner_uid = $2 WHERE owner_uid = $1 RETURNING site_id', [
     fromUid,
     toUid,
   ]);
   const moved = rows.map((r) => r.site_id).sort();
-  for (const siteId of moved) await addSiteMember(tx, siteId, toUid);
-  return moved;
+  const joined: string[] = [];
+  for (const siteId of moved) if (await addSiteMember(tx, siteId, toUid)) joined.push(siteId);
+  return { moved, joined };
 }
 
 /** Whether the site's roost routes are enabled (`roostEnabled`); undefined when the site is absent. */

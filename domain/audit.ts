@@ -14,6 +14,12 @@ import { isSha256Hex, sha256Hex } from './hex';
 /** Kinds of docs/contract.md "Audit record"; mutation kinds are named per route (api/plugins/audit.ts). */
 export const AUDIT_KIND_API_KEY_USED = 'api_key_used';
 export const AUDIT_KIND_SIGNED_URL_ISSUED = 'signed_url_issued';
+/**
+ * Membership changes (docs/decisions/users.md "Audit and events"), appended to each site touched: by
+ * assign-sites and remove-sites, and by ownership (a site's new owner becomes a member).
+ */
+export const AUDIT_KIND_MEMBER_ADDED = 'site_member_added';
+export const AUDIT_KIND_MEMBER_REMOVED = 'site_member_removed';
 
 /** The hashed content of a record. */
 export interface AuditContent {

@@ -151,12 +151,15 @@ export interface AuditedMutation {
  * Starts recording the mutation of the current request: makes its observer the current async context's
  * (db/pool.ts enterTxObserver). Call it synchronously where the request's handler will run after.
  * @param siteId read at each commit: the site the request was authorised for (none yet: nothing recorded)
+ * @param details read at each commit: what the mutation's service said about it (a PATCH's changed fields),
+ *   merged into the attributes so the record carries it from its commit on; never secrets
  */
 export function beginAuditedMutation(input: {
   kind: string;
   actor: string;
   attributes: Record<string, unknown>;
   siteId: () => string | undefined;
+  details?: () => Record<string, unknown> | undefined;
 }): AuditedMutation {
   const outboxId = randomUUID();
   let committedSiteId: string | null = null;
@@ -171,7 +174,7 @@ export function beginAuditedMutation(input: {
           siteId: pendingSiteId,
           kind: input.kind,
           actor: input.actor,
-          attributes: input.attributes,
+          attributes: { ...input.details?.(), ...input.attributes },
         });
     },
     afterCommit() {

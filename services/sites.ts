@@ -3,6 +3,7 @@
  * roostEnabled, deployQuota, ownerUid) and the member list. `roost admin bootstrap` makes its site through
  * the same repository insert (db/sites.ts `insertSite`). SQL: db/sites.ts.
  */
+import { appendAuditRecords } from '../db/audit';
 import { withTx } from '../db/pool';
 import {
   getSiteRow,
@@ -16,6 +17,7 @@ import {
   updateSite,
 } from '../db/sites';
 import { lockUser } from '../db/users';
+import { AUDIT_KIND_MEMBER_ADDED } from '../domain/audit';
 import { ApiError } from '../domain/errors';
 import { newId } from '../domain/hex';
 import type { UserPrincipal } from '../domain/principal';
@@ -26,6 +28,9 @@ import { DEFAULT_DEPLOY_QUOTA } from '../domain/classic';
 import type { ServiceDeps } from './deps';
 
 export type { SiteMemberRow, SiteRow } from '../db/sites';
+
+/** Attempts of a transaction that appends to a site's audit chain (it contends on the chain's head row). */
+const AUDITED_TX_ATTEMPTS = 25;
 
 /** What `POST /api/sites` takes (absent fields get their defaults). */
 export interface SiteInput {
@@ -54,31 +59,42 @@ async function checkOwner(tx: Parameters<typeof lockUser>[0], uid: string): Prom
   if (u.role !== 'admin' && u.role !== 'superadmin') throw badField('ownerUid', 'must name an admin or a superadmin');
 }
 
+/** The `site_member_added` record of a user who became a member of a site by owning it. */
+function ownerJoined(siteId: string, uid: string, actor: string) {
+  return { kind: AUDIT_KIND_MEMBER_ADDED, actor, attributes: { siteId, uid, reason: 'site_owner' } };
+}
+
 /**
- * Creates a site owned by `ownerUid` (who becomes a member).
+ * Creates a site owned by `ownerUid` (who becomes a member: `site_member_added` on the new site's audit
+ * log, in the same transaction, by `actor`).
  * @throws ApiError validation_failed (timezone, owner), conflict (409: the name is taken)
  */
 export async function createSite(
   deps: Pick<ServiceDeps, 'db'>,
-  input: SiteInput & { beforeChange?: () => Promise<void> },
+  input: SiteInput & { actor: string; beforeChange?: () => Promise<void> },
 ): Promise<SiteRow> {
   checkTimeZone(input.timezone);
   await input.beforeChange?.();
-  return withTx(deps.db, async (tx) => {
-    await checkOwner(tx, input.ownerUid);
-    const row = await insertSite(tx, {
-      siteId: newId('site'),
-      name: input.name,
-      ownerUid: input.ownerUid,
-      timezone: input.timezone ?? 'UTC',
-      tier: input.tier ?? 'standard',
-      roostEnabled: input.roostEnabled ?? true,
-      deployQuota: input.deployQuota ?? DEFAULT_DEPLOY_QUOTA,
-      environment: input.environment ?? 'live',
-    });
-    if (!row) throw new ApiError('conflict', `a site named ${JSON.stringify(input.name)} exists already`);
-    return row;
-  });
+  return withTx(
+    deps.db,
+    async (tx) => {
+      await checkOwner(tx, input.ownerUid);
+      const row = await insertSite(tx, {
+        siteId: newId('site'),
+        name: input.name,
+        ownerUid: input.ownerUid,
+        timezone: input.timezone ?? 'UTC',
+        tier: input.tier ?? 'standard',
+        roostEnabled: input.roostEnabled ?? true,
+        deployQuota: input.deployQuota ?? DEFAULT_DEPLOY_QUOTA,
+        environment: input.environment ?? 'live',
+      });
+      if (!row) throw new ApiError('conflict', `a site named ${JSON.stringify(input.name)} exists already`);
+      await appendAuditRecords(tx, row.site_id, [ownerJoined(row.site_id, input.ownerUid, input.actor)]);
+      return row;
+    },
+    { attempts: AUDITED_TX_ATTEMPTS },
+  );
 }
 
 /** One site. @throws ApiError not_found */
@@ -112,26 +128,65 @@ export async function listSites(
   return { rows: visible, next: more ? page[page.length - 1].site_id : undefined };
 }
 
+/** A changed setting of a site, as its `site_updated` audit record shows it. */
+export interface SiteChange {
+  from: string | number | boolean;
+  to: string | number | boolean;
+}
+
+/** The settings a PATCH may change, by wire name, and how to read each from a row. None is a secret. */
+const PATCHABLE: Record<keyof SitePatch, (s: SiteRow) => string | number | boolean> = {
+  name: (s) => s.name,
+  timezone: (s) => s.timezone,
+  tier: (s) => s.tier,
+  roostEnabled: (s) => s.roost_enabled,
+  deployQuota: (s) => s.deploy_quota,
+  ownerUid: (s) => s.owner_uid,
+};
+
+/** The settings that differ between `before` and `after`, by wire name (what a `site_updated` record shows). */
+export function siteChanges(before: SiteRow, after: SiteRow): Partial<Record<keyof SitePatch, SiteChange>> {
+  const changes: Partial<Record<keyof SitePatch, SiteChange>> = {};
+  for (const [field, read] of Object.entries(PATCHABLE) as [keyof SitePatch, (s: SiteRow) => string | number | boolean][]) {
+    if (read(before) !== read(after)) changes[field] = { from: read(before), to: read(after) };
+  }
+  return changes;
+}
+
 /**
- * Applies a PATCH. A new owner must be an active admin or superadmin and becomes a member.
+ * Applies a PATCH. A new owner must be an active admin or superadmin and becomes a member; when they were
+ * not one, `site_member_added` is appended to the site's audit log in the same transaction, by `actor`.
+ * `onChanges` is told, inside the transaction (again on a retry), which settings changed from what to what,
+ * for the request's `site_updated` record (api/plugins/audit.ts `auditDetails`).
  * @throws ApiError not_found, validation_failed, conflict (the name is taken)
  */
 export async function patchSite(
   deps: Pick<ServiceDeps, 'db'>,
   siteId: string,
-  patch: SitePatch & { beforeChange?: () => Promise<void> },
+  patch: SitePatch & {
+    actor: string;
+    beforeChange?: () => Promise<void>;
+    onChanges?: (changes: Partial<Record<keyof SitePatch, SiteChange>>) => void;
+  },
 ): Promise<SiteRow> {
   checkTimeZone(patch.timezone);
-  const { beforeChange, ...fields } = patch;
+  const { beforeChange, onChanges, actor, ...fields } = patch;
   await beforeChange?.();
-  return withTx(deps.db, async (tx) => {
-    if (!(await getSiteRow(tx, siteId, true))) throw new ApiError('not_found', 'site not found');
-    if (fields.ownerUid !== undefined) await checkOwner(tx, fields.ownerUid);
-    const row = await updateSite(tx, siteId, fields);
-    if (row === 'name_taken') throw new ApiError('conflict', `a site named ${JSON.stringify(fields.name)} exists already`);
-    if (!row) throw new ApiError('not_found', 'site not found');
-    return row;
-  });
+  return withTx(
+    deps.db,
+    async (tx) => {
+      const before = await getSiteRow(tx, siteId, true);
+      if (!before) throw new ApiError('not_found', 'site not found');
+      if (fields.ownerUid !== undefined) await checkOwner(tx, fields.ownerUid);
+      const updated = await updateSite(tx, siteId, fields);
+      if (updated === 'name_taken') throw new ApiError('conflict', `a site named ${JSON.stringify(fields.name)} exists already`);
+      if (!updated) throw new ApiError('not_found', 'site not found');
+      if (updated.ownerJoined) await appendAuditRecords(tx, siteId, [ownerJoined(siteId, updated.row.owner_uid, actor)]);
+      onChanges?.(siteChanges(before, updated.row));
+      return updated.row;
+    },
+    { attempts: AUDITED_TX_ATTEMPTS },
+  );
 }
 
 /** A page of the site's active members (owner included), ascending by uid. */

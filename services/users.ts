@@ -25,6 +25,7 @@ import {
   type UserPosition,
   type UserRow,
 } from '../db/users';
+import { AUDIT_KIND_MEMBER_ADDED, AUDIT_KIND_MEMBER_REMOVED } from '../domain/audit';
 import { ApiError } from '../domain/errors';
 import type { UserRole } from '../domain/principal';
 import { isCreatedAtPosition } from '../domain/schemas';
@@ -34,9 +35,8 @@ import type { ServiceDeps } from './deps';
 
 export type { DeletionRow, UserPosition, UserRow } from '../db/users';
 
-/** Audit kinds of membership changes (appended to each site touched). */
-export const AUDIT_KIND_MEMBER_ADDED = 'site_member_added';
-export const AUDIT_KIND_MEMBER_REMOVED = 'site_member_removed';
+/** Audit kinds of membership changes (appended to each site touched); defined in domain/audit.ts. */
+export { AUDIT_KIND_MEMBER_ADDED, AUDIT_KIND_MEMBER_REMOVED };
 
 /** Attempts of a transaction that appends to site audit chains (they contend on each site's head row). */
 const AUDITED_TX_ATTEMPTS = 25;

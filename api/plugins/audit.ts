@@ -12,7 +12,8 @@
  *    URL): one record per call with the count and a digest of the hashes, never the URLs;
  * 3. a mutation record for every other non-GET request: the route's kind (table below, or the route's
  *    `config.audit`, else `<METHOD> <route pattern>`), with route, params, status, requestId, the
- *    idempotency replay flag and the ids the response names. Never bodies, secrets or raw keys.
+ *    idempotency replay flag and the ids the response names, plus what the route put in
+ *    `request.auditDetails` (a site PATCH's changed settings). Never bodies, secrets or raw keys.
  *
  * "Site-scoped" means the request passed `authorizeSite` (api/plugins/auth.ts sets
  * `request.authorizedSiteId`); an idempotent replay (which skips the handler) uses the siteId of its
@@ -203,7 +204,7 @@ function actionRecord(request: FastifyRequest, reply: FastifyReply, payload: unk
   }
   const kind = mutationKind(request);
   if (kind === null) return null;
-  return { kind, actor, attributes: { ...common, idempotentReplay: replayed, result: resultIds(payload) } };
+  return { kind, actor, attributes: { ...request.auditDetails, ...common, idempotentReplay: replayed, result: resultIds(payload) } };
 }
 
 /** How often the API links outbox records whose request died (ms), and how old they must be first. */
@@ -299,6 +300,7 @@ export default fp(async function auditPlugin(app: FastifyInstance) {
         actor: actorOf(p),
         attributes: { method: request.method, route, params: request.params ?? {}, requestId: request.id },
         siteId: () => request.authorizedSiteId,
+        details: () => request.auditDetails,
       });
     }
     done();
@@ -330,6 +332,12 @@ declare module 'fastify' {
   interface FastifyRequest {
     /** The audited mutation of this request, from its preHandler until its response (api/plugins/audit.ts). */
     auditMutation?: AuditedMutation;
+    /**
+     * What the route's service said about its mutation, added to the mutation record's attributes (a site
+     * PATCH's `changes`: each changed setting's old and new value). Set it inside the mutation's transaction
+     * so the record commits with it. Never bodies, secrets or raw keys.
+     */
+    auditDetails?: Record<string, unknown>;
   }
   interface FastifyInstance {
     /**

@@ -17,8 +17,10 @@ import { ApiError } from '../../domain/errors';
 import { DateTime, pagingQuery, PageTokens, problems, SITE_ID_RE, SiteId, UserId, NON_BLANK_TEXT } from '../../domain/schemas';
 import { SITE_TIERS } from '../../domain/users';
 import { siteEnvironmentFor } from '../../domain/keys';
+import { apiKeyActor, userActor } from '../../domain/audit';
 import { DEFAULT_DEPLOY_QUOTA, MAX_DEPLOY_QUOTA } from '../../domain/classic';
 import { createSite, getSite, listSites, patchSite, requireSiteAdmin, siteMembers, type SiteRow } from '../../services/sites';
+import type { UserPrincipal } from '../context';
 import { parsePaging } from '../pagination';
 import { authorizeSite, requireScopes, requireSuperadmin, requireUser } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
@@ -113,6 +115,7 @@ const site = (siteId: string, permission: 'read' | 'admin') => [{ resource: 'sit
 const manage = (request: FastifyRequest, siteId: string) => () => enforceCapability(request, 'GLOBAL_SETTINGS_WRITE', siteId);
 const isSitePosition = (p: unknown): p is string => typeof p === 'string' && SITE_ID_RE.test(p);
 const isUidPosition = isSitePosition;
+const actorOf = (u: UserPrincipal) => (u.key ? apiKeyActor(u.key.keyId) : userActor(u.userId));
 
 const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
@@ -138,6 +141,7 @@ const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
         ...request.body,
         environment,
         ownerUid: request.body.ownerUid ?? user.userId,
+        actor: actorOf(user),
         beforeChange: manage(request, 'platform'),
       });
       request.authorizedSiteId = row.site_id; // the new site's audit log records its creation
@@ -199,7 +203,14 @@ const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const user = await authorizeSite(request, siteId, site(siteId, 'admin'));
       requireSuperadmin(user);
       if (Object.keys(request.body).length === 0) throw new ApiError('validation_failed', 'send at least one field to change');
-      return siteView(await patchSite(app.deps, siteId, { ...request.body, beforeChange: manage(request, siteId) }));
+      const row = await patchSite(app.deps, siteId, {
+        ...request.body,
+        actor: actorOf(user),
+        beforeChange: manage(request, siteId),
+        // The request's site_updated record shows what changed (old and new values; no secrets among them).
+        onChanges: (changes) => (request.auditDetails = { changes }),
+      });
+      return siteView(row);
     },
   );
 

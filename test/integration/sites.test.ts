@@ -219,6 +219,36 @@ describe('PATCH /api/sites/{siteId}', () => {
     expect((await su('GET', `/api/sites/${siteId}`)).json().tier).toBe('pro');
   });
 
+  it('audits membership gained by ownership (site_member_added) and what each PATCH changed (site_updated)', async () => {
+    const audit = async (siteId: string, kind: string) =>
+      (await su('GET', `/api/sites/${siteId}/audit-log?kind=${kind}`)).json().records as { actor: string; attributes: any }[];
+    const first = await makeUser(h.deps.db, { role: 'admin' });
+    const n = name();
+    const siteId = (await su('POST', '/api/sites', { name: n, ownerUid: first.uid, timezone: 'Europe/Berlin' })).json().siteId;
+    expect((await audit(siteId, 'site_member_added')).map((r) => [r.actor, r.attributes])).toEqual([
+      [`user:${h.userId}`, { siteId, uid: first.uid, reason: 'site_owner' }],
+    ]);
+    // A new owner who was no member joins: one site_member_added; the record of the PATCH shows old and new values.
+    const heir = await makeUser(h.deps.db, { role: 'admin' });
+    await su('PATCH', `/api/sites/${siteId}`, { ownerUid: heir.uid, timezone: 'Asia/Kolkata', name: n });
+    expect((await audit(siteId, 'site_member_added')).map((r) => r.attributes.uid)).toEqual([heir.uid, first.uid]); // newest first
+    const [updated] = await audit(siteId, 'site_updated');
+    expect(updated.attributes.changes).toEqual({
+      ownerUid: { from: first.uid, to: heir.uid },
+      timezone: { from: 'Europe/Berlin', to: 'Asia/Kolkata' },
+    });
+    // Back to the first owner, still a member: no new membership record.
+    await su('PATCH', `/api/sites/${siteId}`, { ownerUid: first.uid, deployQuota: 7 });
+    expect((await audit(siteId, 'site_member_added')).map((r) => r.attributes.uid)).toEqual([heir.uid, first.uid]); // newest first
+    const records = await audit(siteId, 'site_updated');
+    expect(records.map((r) => r.attributes.changes)).toEqual([
+      { ownerUid: { from: heir.uid, to: first.uid }, deployQuota: { from: 100, to: 7 } },
+      { ownerUid: { from: first.uid, to: heir.uid }, timezone: { from: 'Europe/Berlin', to: 'Asia/Kolkata' } },
+    ]);
+    const chain = await su('GET', `/api/sites/${siteId}/audit-log/${(records[0] as any).hash}`);
+    expect(chain.json().verification).toMatchObject({ hashValid: true, linkageValid: true, ok: true });
+  });
+
   it('refuses the roost routes of a site with roostEnabled false (403 roost_disabled) and allows them again', async () => {
     const body = { name: `roost-${randomBytes(3).toString('hex')}`, siteId: h.siteId };
     expect((await su('PATCH', `/api/sites/${h.siteId}`, { roostEnabled: false })).json().roostEnabled).toBe(false);

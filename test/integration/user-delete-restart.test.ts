@@ -130,6 +130,12 @@ it('finishes a cascade whose worker was stopped mid-way, on a new worker, doing 
       [owner.siteId],
     );
     expect(audit.rows[0].n).toBe(1);
+    // The successor joined the site by owning it: one site_member_added (docs/decisions/users.md "Audit and events").
+    const joined = await h.deps.db.query(
+      `SELECT count(*)::int AS n FROM audit_records WHERE site_id = $1 AND kind = 'site_member_added' AND attributes->>'uid' = $2`,
+      [owner.siteId, successor.uid],
+    );
+    expect(joined.rows[0].n).toBe(1);
     expect((await h.deps.db.query('SELECT owner_uid FROM sites WHERE site_id = $1', [owner.siteId])).rows[0].owner_uid).toBe(successor.uid);
     // The history: each of the first three steps completed once; the transfer was attempted on both workers.
     const history = await handle.fetchHistory();
