@@ -102,11 +102,13 @@ export async function promoteUser(
 }
 
 /**
- * Lowers the user's role to member. Refuses to leave fewer active superadmins than the floor
+ * Lowers the user's role to member. Refuses a user who owns sites (a site's owner must be an admin or a
+ * superadmin, the rule site create and PATCH enforce): move the sites first. Refuses to leave fewer active superadmins than the floor
  * (ROOST_SUPERADMIN_FLOOR, default 1): the count and the change are one SERIALIZABLE transaction, so of
  * two concurrent demotes that would each leave the floor, one commits and the other is retried, sees
  * the new count and is refused.
- * @throws ApiError not_found, conflict (deleted user), last_superadmin (409, with `floor` and `activeSuperadmins`)
+ * @throws ApiError not_found, conflict (deleted user; 409 with `ownedSiteIds` for an owner),
+ *   last_superadmin (409, with `floor` and `activeSuperadmins`)
  */
 export async function demoteUser(
   deps: Pick<ServiceDeps, 'db' | 'cfg'>,
@@ -118,6 +120,14 @@ export async function demoteUser(
     if (!u) throw notFound();
     if (u.deleted) throw new ApiError('conflict', 'this user is deleted; a deleted user keeps the role they had');
     if (u.role === 'member') return { uid: u.uid, previousRole: u.role, role: u.role, changed: false };
+    const owned = await ownedSiteIds(tx, u.uid);
+    if (owned.length) {
+      throw new ApiError(
+        'conflict',
+        `the user owns ${owned.join(', ')}; a site's owner must be an admin or a superadmin: transfer ownership (PATCH /api/sites/{siteId} ownerUid) first`,
+        { extras: { ownedSiteIds: owned } },
+      );
+    }
     if (u.role === 'superadmin') await checkFloor(tx, deps.cfg.ROOST_SUPERADMIN_FLOOR, 'demoting');
     await setRole(tx, u.uid, 'member');
     return { uid: u.uid, previousRole: u.role, role: 'member', changed: true };

@@ -4,7 +4,7 @@
  *   GET    /api/users                           list, oldest first (paged: default 20, max 100; role, siteId, includeDeleted)
  *   GET    /api/users/{uid}                     one user with its delete cascade's progress
  *   POST   /api/users/{uid}/promote             { role: admin | superadmin } → previousRole, role, changed (Idempotency-Key)
- *   POST   /api/users/{uid}/demote              to member; 409 last_superadmin below the floor (Idempotency-Key)
+ *   POST   /api/users/{uid}/demote              to member; 409 conflict for a site owner, last_superadmin below the floor (Idempotency-Key)
  *   POST   /api/users/{uid}/assign-sites        { siteIds } atomic union; 400 unknown_site (Idempotency-Key)
  *   POST   /api/users/{uid}/remove-sites        { siteIds } → removedSiteIds, cancelledCommandCount (Idempotency-Key)
  *   DELETE /api/users/{uid}?successorUid=<uid>  soft delete + the cascade workflow (Idempotency-Key)
@@ -231,7 +231,8 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
       config: { idempotency: 'required' },
       schema: {
         tags: ['users'],
-        summary: 'Lower the role to member; 409 last_superadmin below the active-superadmin floor',
+        summary:
+          'Lower the role to member; 409 conflict (ownedSiteIds) for a site owner, last_superadmin below the active-superadmin floor',
         params: UidParams,
         response: { 200: RoleChange, ...problems(409, 422, 429) },
       },

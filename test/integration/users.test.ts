@@ -277,6 +277,27 @@ describe('promote and demote', () => {
   });
 });
 
+describe('demote a site owner', () => {
+  it('is 409 conflict with ownedSiteIds and changes nothing, until the sites are moved', async () => {
+    const owner = await makeUser(h.deps.db, { role: 'admin' });
+    const sites: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      const res = await su('POST', '/api/sites', { name: newId('demote'), ownerUid: owner.uid });
+      sites.push(res.json().siteId);
+    }
+    const refused = expectProblem(await su('POST', `/api/users/${owner.uid}/demote`), 409, 'conflict');
+    expect(refused.ownedSiteIds).toEqual([...sites].sort());
+    expect((await userRow(owner.uid)).role).toBe('admin');
+    // Once the sites have another owner, the demote goes through.
+    for (const siteId of sites) expect((await su('PATCH', `/api/sites/${siteId}`, { ownerUid: h.userId })).statusCode).toBe(200);
+    expect((await su('POST', `/api/users/${owner.uid}/demote`)).json()).toMatchObject({
+      previousRole: 'admin',
+      role: 'member',
+      changed: true,
+    });
+  });
+});
+
 describe('assign-sites and remove-sites', () => {
   it('assigns atomically: an unknown id is 400 unknown_site listing the unknown ids and changes nothing', async () => {
     const u = await makeUser(h.deps.db);
