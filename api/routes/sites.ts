@@ -7,7 +7,8 @@
  *   PATCH /api/sites/{siteId}             name, timezone (IANA), tier, roostEnabled, deployQuota, ownerUid (superadmins; Idempotency-Key)
  *   GET   /api/sites/{siteId}/members     its members, owner included (its owner, admins, superadmins)
  *
- * Keys need `site=*:admin` to create, `site=<id>` read to list and read, admin for PATCH and members.
+ * Keys need `site=*:admin` to create, `site=<id>` read to list and read, admin for PATCH and members; a
+ * `svk_test_` key may not PATCH `ownerUid` (memberships are platform-wide; docs/decisions/test-keys.md).
  * Membership itself changes through `POST /api/users/{uid}/assign-sites|remove-sites`.
  */
 import type { FastifyRequest } from 'fastify';
@@ -21,6 +22,7 @@ import { apiKeyActor, userActor } from '../../domain/audit';
 import { DEFAULT_DEPLOY_QUOTA, MAX_DEPLOY_QUOTA } from '../../domain/classic';
 import { createSite, getSite, listSites, patchSite, requireSiteAdmin, siteMembers, type SiteRow } from '../../services/sites';
 import type { UserPrincipal } from '../context';
+import { checkPlatformChange } from '../../services/identity';
 import { parsePaging } from '../pagination';
 import { authorizeSite, requireScopes, requireSuperadmin, requireUser } from '../plugins/auth';
 import { enforceCapability } from '../ratelimit/limits';
@@ -202,6 +204,9 @@ const siteRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { siteId } = request.params;
       const user = await authorizeSite(request, siteId, site(siteId, 'admin'));
       requireSuperadmin(user);
+      // A new owner becomes a member: site memberships are platform-wide state, which svk_test_ keys never
+      // change (docs/decisions/test-keys.md), even on a sandbox site.
+      if (request.body.ownerUid !== undefined) checkPlatformChange(user);
       if (Object.keys(request.body).length === 0) throw new ApiError('validation_failed', 'send at least one field to change');
       const row = await patchSite(app.deps, siteId, {
         ...request.body,

@@ -249,6 +249,22 @@ describe('PATCH /api/sites/{siteId}', () => {
     expect(chain.json().verification).toMatchObject({ hashValid: true, linkageValid: true, ok: true });
   });
 
+  it('refuses ownerUid from a svk_test_ key, even on a sandbox site (memberships are platform-wide)', async () => {
+    const sandbox = (await su('POST', '/api/sites', { name: name(), environment: 'test' })).json().siteId;
+    const testKey = (
+      await insertKey(h.deps.db, { uid: h.userId, scopes: [{ resource: 'site', id: '*', permissions: ['admin'] }], environment: 'test' })
+    ).raw;
+    const heir = await makeUser(h.deps.db, { role: 'admin' });
+    const patch = (body: unknown) => h.request({ method: 'PATCH', url: `/api/sites/${sandbox}`, key: testKey, body, idempotencyKey: true });
+    for (const body of [{ ownerUid: heir.uid }, { ownerUid: heir.uid, tier: 'pro' }, { ownerUid: h.userId }]) {
+      expect(expectProblem(await patch(body), 403, 'forbidden').detail).toContain('svk_test_');
+    }
+    expect((await su('GET', `/api/sites/${sandbox}`)).json()).toMatchObject({ owner: h.userId, tier: 'standard' });
+    expect(await count('SELECT count(*)::int AS n FROM site_members WHERE site_id = $1 AND uid = $2', [sandbox, heir.uid])).toBe(0);
+    // The sandbox site's own settings stay the test key's to change.
+    expect((await patch({ tier: 'pro' })).json()).toMatchObject({ tier: 'pro', owner: h.userId });
+  });
+
   it('refuses the roost routes of a site with roostEnabled false (403 roost_disabled) and allows them again', async () => {
     const body = { name: `roost-${randomBytes(3).toString('hex')}`, siteId: h.siteId };
     expect((await su('PATCH', `/api/sites/${h.siteId}`, { roostEnabled: false })).json().roostEnabled).toBe(false);
