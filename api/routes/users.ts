@@ -143,15 +143,11 @@ function userView(u: UserRow, deletion: DeletionRow | null = null): UserView {
 // Authorisation
 
 /**
- * The superadmin making a platform request whose key (if any) grants `<resource>=<id>:<permission>`. A
+ * The superadmin making a platform request whose key (if any) grants `<resource>=*:<permission>` (platform
+ * scopes take only the id `*`, services/keys.ts, so a 403's `required` names a scope a key can hold). A
  * change (any permission but read) with a `svk_test_` key is 403 forbidden (docs/decisions/test-keys.md).
  */
-export function authorizePlatform(
-  request: FastifyRequest,
-  resource: 'user' | 'installer',
-  id: string,
-  permission: Permission,
-): UserPrincipal {
+export function authorizePlatform(request: FastifyRequest, resource: 'user' | 'installer', id: '*', permission: Permission): UserPrincipal {
   const user = requireSuperadmin(requireUser(request));
   if (permission !== 'read') checkPlatformChange(user);
   requireScopes(user, [{ resource, id, permission }]);
@@ -201,7 +197,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request) => {
-      authorizePlatform(request, 'user', request.params.uid, 'read');
+      authorizePlatform(request, 'user', '*', 'read');
       const { user, deletion } = await getUser(app.deps, request.params.uid);
       return userView(user, deletion);
     },
@@ -220,7 +216,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request) => {
-      authorizePlatform(request, 'user', request.params.uid, 'admin');
+      authorizePlatform(request, 'user', '*', 'admin');
       return promoteUser(app.deps, { uid: request.params.uid, role: request.body.role, beforeChange: bucket(request, 'USER_ROLE_MANAGE') });
     },
   );
@@ -238,7 +234,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request) => {
-      authorizePlatform(request, 'user', request.params.uid, 'admin');
+      authorizePlatform(request, 'user', '*', 'admin');
       return demoteUser(app.deps, { uid: request.params.uid, beforeChange: bucket(request, 'USER_ROLE_MANAGE') });
     },
   );
@@ -259,7 +255,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request) => {
-      const user = authorizePlatform(request, 'user', request.params.uid, 'admin');
+      const user = authorizePlatform(request, 'user', '*', 'admin');
       return assignSites(app.deps, {
         uid: request.params.uid,
         siteIds: request.body.siteIds,
@@ -285,7 +281,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request) => {
-      const user = authorizePlatform(request, 'user', request.params.uid, 'admin');
+      const user = authorizePlatform(request, 'user', '*', 'admin');
       return removeSites(app.deps, {
         uid: request.params.uid,
         siteIds: request.body.siteIds,
@@ -317,7 +313,7 @@ const userRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request, reply) => {
-      const user = authorizePlatform(request, 'user', request.params.uid, 'admin');
+      const user = authorizePlatform(request, 'user', '*', 'admin');
       const r = await deleteUser(app.deps, {
         uid: request.params.uid,
         successorUid: request.query.successorUid,

@@ -156,11 +156,14 @@ describe('the Users routes: who may call them', () => {
     );
     const readOnly = (await insertKey(h.deps.db, { uid: h.userId, scopes: [{ resource: 'user', id: '*', permissions: ['read'] }] })).raw;
     expect((await h.request({ method: 'GET', url: `/api/users/${member.uid}`, key: readOnly })).statusCode).toBe(200);
-    expectProblem(
-      await h.request({ method: 'POST', url: `/api/users/${member.uid}/demote`, key: readOnly, idempotencyKey: true }),
-      403,
-      'scope_insufficient',
-    );
+    // `required` names a scope a key can hold: user scopes take only the id `*`.
+    expect(
+      expectProblem(
+        await h.request({ method: 'POST', url: `/api/users/${member.uid}/demote`, key: readOnly, idempotencyKey: true }),
+        403,
+        'scope_insufficient',
+      ).required,
+    ).toEqual({ resource: 'user', id: '*', permission: 'admin' });
   });
 
   it("stop working for a demoted superadmin's keys at once (the scope holds only while the owner keeps the role)", async () => {
