@@ -15,20 +15,22 @@ export interface SiteUser {
 
 /**
  * The ids of sites `user` may act on, in ascending id order: among `opts.siteIds` when given (absent
- * sites are left out), else among every site. `opts.limit` caps the rows (default: no cap).
+ * sites are left out), else among every site; only sites of `opts.environments` when given. `opts.limit`
+ * caps the rows (default: no cap).
  */
 export async function accessibleSiteIds(
   q: Queryable,
   user: SiteUser,
-  opts: { siteIds?: string[]; limit?: number } = {},
+  opts: { siteIds?: string[]; limit?: number; environments?: readonly ('live' | 'test')[] } = {},
 ): Promise<string[]> {
   if (opts.siteIds && opts.siteIds.length === 0) return [];
   const { rows } = await q.query<{ site_id: string }>(
     `SELECT s.site_id FROM sites s
       WHERE ($1::text[] IS NULL OR s.site_id = ANY($1::text[]))
         AND ($3 OR s.owner_uid = $2 OR EXISTS (SELECT 1 FROM site_members m WHERE m.site_id = s.site_id AND m.uid = $2))
+        AND ($5::text[] IS NULL OR s.environment = ANY($5::text[]))
       ORDER BY s.site_id LIMIT $4`,
-    [opts.siteIds ?? null, user.uid, user.role === 'superadmin', opts.limit ?? null],
+    [opts.siteIds ?? null, user.uid, user.role === 'superadmin', opts.limit ?? null, opts.environments ?? null],
   );
   return rows.map((r) => r.site_id);
 }

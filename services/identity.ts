@@ -25,7 +25,7 @@ import { createSignInUser, linkIdentity, userForIdTokenClaims } from '../db/user
 import { ApiError, serviceUnavailable } from '../domain/errors';
 import { hexEqual, sha256Hex } from '../domain/hex';
 import { EMAIL_RE } from '../domain/users';
-import { API_KEY_RE, keyMayActOnSiteEnvironment, keyMayChangePlatform, keyRejection } from '../domain/keys';
+import { API_KEY_RE, keyMayActOnSiteEnvironment, keyMayChangePlatform, keyRejection, siteEnvironmentsFor } from '../domain/keys';
 import type { AgentPrincipal, Principal, UserPrincipal, UserRole } from '../domain/principal';
 import { pingTemporal } from '../workflows/client';
 import type { ServiceDeps } from './deps';
@@ -347,10 +347,16 @@ export interface WhoamiFacts {
 /** The primary site of `user` and its quota (`GET /api/whoami`; docs/decisions/whoami.md). */
 export async function whoamiFacts(deps: Pick<ServiceDeps, 'db' | 'cfg'>, user: UserPrincipal): Promise<WhoamiFacts> {
   const preferred = user.key?.primarySiteId ?? null;
+  // A key names only sites of its own environment (a svk_test_ key acts on sandbox sites only).
+  const environments = siteEnvironmentsFor(user.key?.environment);
   let primarySiteId: string | null = null;
-  if (preferred !== null && (await canActOnSite(deps.db, { uid: user.userId, role: user.role }, preferred))) primarySiteId = preferred;
+  if (
+    preferred !== null &&
+    (await accessibleSiteIds(deps.db, { uid: user.userId, role: user.role }, { siteIds: [preferred], limit: 1, environments })).length
+  )
+    primarySiteId = preferred;
   // Own and member sites only (a superadmin's fallback is not "every site").
-  primarySiteId ??= (await accessibleSiteIds(deps.db, { uid: user.userId, role: 'member' }, { limit: 1 }))[0] ?? null;
+  primarySiteId ??= (await accessibleSiteIds(deps.db, { uid: user.userId, role: 'member' }, { limit: 1, environments }))[0] ?? null;
   const quota = primarySiteId ? await siteQuota(deps, primarySiteId) : null;
   return { primarySiteId, quota };
 }

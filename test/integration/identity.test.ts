@@ -327,7 +327,7 @@ describe('API key credential forms and whoami', () => {
     const { raw, keyId } = await insertKey(h.deps.db, {
       uid: member.uid,
       scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
-      environment: 'test',
+      environment: 'live',
       primarySiteId: h.siteId,
     });
     const res = await whoami(raw);
@@ -338,13 +338,32 @@ describe('API key credential forms and whoami', () => {
       name: 'test key',
       keyPrefix: raw.slice(0, 12),
       scopes: [{ resource: 'site', id: h.siteId, permissions: ['read'] }],
-      environment: 'test',
+      environment: 'live',
       expiresAt: expect.any(Number),
       lastUsedAt: expect.any(Number),
       isLegacy: false,
     });
     expect(body.primarySiteId).toBe(h.siteId);
     expect(res.body).not.toContain(raw);
+  });
+
+  it("names only a site of the key's environment: a svk_test_ key's live primary site falls back to a sandbox site", async () => {
+    const user = await makeUser(h.deps.db);
+    await addMember(h.deps.db, h.siteId, user.uid);
+    const { raw } = await insertKey(h.deps.db, { uid: user.uid, scopes: [], environment: 'test', primarySiteId: h.siteId });
+    expect((await whoami(raw)).json().primarySiteId).toBeNull();
+    const sandbox = await h.request({
+      method: 'POST',
+      url: '/api/sites',
+      body: { name: `sandbox ${user.uid}`, environment: 'test' },
+      idempotencyKey: true,
+    });
+    expect(sandbox.statusCode).toBe(201);
+    await addMember(h.deps.db, sandbox.json().siteId, user.uid);
+    expect((await whoami(raw)).json().primarySiteId).toBe(sandbox.json().siteId);
+    // The same user's live key keeps its live primary site.
+    const live = await insertKey(h.deps.db, { uid: user.uid, scopes: [], environment: 'live', primarySiteId: h.siteId });
+    expect((await whoami(live.raw)).json().primarySiteId).toBe(h.siteId);
   });
 
   it("falls back to the user's own site when the key's primary site is no longer accessible", async () => {
