@@ -172,6 +172,9 @@ export function retryAfterMs(header: string | null | undefined, body?: unknown, 
  */
 export function isRetryable(status: number | undefined, replayable: boolean, code?: string): boolean {
   if (status === 429) return true;
+  // A 503 with its own code is a state of what was asked about, not an outage (`cortex_unavailable`: the
+  // machine is offline or no assistant model is configured): it does not pass by waiting a few seconds.
+  if (status === 503 && code !== undefined && code !== 'service_unavailable') return false;
   // The first attempt of this keyed request is still running on the server: wait for its replay.
   if (status === 409 && code === 'idempotency_key_in_use') return replayable;
   if (status === undefined) return replayable;

@@ -126,6 +126,21 @@ describe('retries', () => {
     expect(delays).toEqual([250, 500, 1000, 2000]);
   });
 
+  it('answers a 503 with a code of its own (cortex_unavailable: the machine is offline) at once, Retry-After or not', async () => {
+    script = [
+      { ...problem(503, 'cortex_unavailable'), headers: { 'retry-after': '30' } },
+      { status: 201, body: {} },
+    ];
+    const delays: number[] = [];
+    await expect(client(delays).request('POST', '/api/x', { body: {}, idempotencyKey: true })).rejects.toMatchObject({
+      status: 503,
+      code: 'cortex_unavailable',
+      attempts: 1,
+    });
+    expect(seen).toHaveLength(1);
+    expect(delays).toEqual([]);
+  });
+
   it('gives up after 6 attempts with the last problem', async () => {
     script = Array.from({ length: 8 }, () => problem(502, 'bad_gateway'));
     const delays: number[] = [];
@@ -276,6 +291,8 @@ describe('retries', () => {
     expect(isRetryable(429, false)).toBe(true);
     expect(isRetryable(503, false)).toBe(false);
     expect(isRetryable(503, true)).toBe(true);
+    expect(isRetryable(503, true, 'service_unavailable')).toBe(true);
+    expect(isRetryable(503, true, 'cortex_unavailable')).toBe(false);
     expect(isRetryable(501, true)).toBe(false);
     expect(isRetryable(undefined, false)).toBe(false);
     expect(isRetryable(undefined, true)).toBe(true);
