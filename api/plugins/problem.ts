@@ -100,7 +100,11 @@ export default fp(async function problemPlugin(app: FastifyInstance) {
       const allow = allowed(request, request.url.split('?')[0], true);
       if (allow.length > 0) return methodNotAllowed(request, reply, allow);
     }
-    if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
+    // A 503 with a code of its own answers a state the client asked about (`cortex_unavailable`: the machine
+    // is offline), not a failure of ours: one info line without the stack.
+    if (apiErr.status === 503 && apiErr.code !== 'service_unavailable')
+      request.log.info({ code: apiErr.code, detail: apiErr.detail }, 'request refused: unavailable');
+    else if (apiErr.status >= 500) request.log.error({ err: error }, 'request failed');
     return sendProblem(request, reply, apiErr);
   });
   // Every registered route, by method, so a known path asked with another method is 405 with `Allow`

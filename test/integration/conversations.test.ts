@@ -7,6 +7,7 @@
  * frame by frame. Replies come from the built-in retrieval assistant (the embedded default) or from the AI
  * SDK's test model with scripted tool calls; the tools, scoping, storage and streaming around them are real.
  */
+import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { MockLanguageModelV3 } from 'ai/test';
@@ -19,6 +20,7 @@ import { markMachineOffline } from '../../db/sweeps';
 import { LOCAL_DISCLOSURE } from '../../services/cortex-local';
 import { enrolMachineRows, seedRoost, startTestWorker, type TestWorker } from './rollout-fixtures';
 import { recordHistory } from '../../scripts/record-history';
+import { testLogFile } from '../support/test-log';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
 const BASE = '/api/cortex/conversations';
@@ -564,8 +566,20 @@ describe('send (local assistant, the embedded default)', () => {
     await goOffline(machineId);
     const offline = await send(id, 'and now?');
     expect(offline.status).toBe(503);
-    expect(await offline.json()).toMatchObject({ code: 'cortex_unavailable', machineId });
+    const refused = (await offline.json()) as { requestId: string };
+    expect(refused).toMatchObject({ code: 'cortex_unavailable', machineId });
     expect((await read(id)).json().messageCount).toBe(2);
+    // A state of the machine, not a failure of ours: logged as one info line, no error with a stack.
+    const logFile = testLogFile();
+    if (logFile) {
+      const lines = fs
+        .readFileSync(logFile, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes(refused.requestId))
+        .map((l) => JSON.parse(l) as { level: number; msg: string });
+      expect(lines.filter((l) => l.msg === 'request refused: unavailable').map((l) => l.level)).toEqual([30]);
+      expect(lines.filter((l) => l.level >= 50)).toEqual([]);
+    }
   });
 
   it('proposes no change the key cannot make, and proposes a deploy with its dry run to a key that can', async () => {
