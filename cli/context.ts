@@ -186,6 +186,39 @@ export function positiveInt(name: string): (raw: string) => number {
   };
 }
 
+/**
+ * Parses a flag whose value is one of `values` (docs/decisions/cli-output.md: a bad flag value is a usage
+ * error, exit 2, before any request). @throws UsageError naming the allowed values
+ */
+export function oneOf<T extends string>(name: string, values: readonly T[]): (raw: string) => T {
+  return (raw) => {
+    if (!(values as readonly string[]).includes(raw)) throw new UsageError(`${name} must be one of ${values.join(', ')}; got "${raw}"`);
+    return raw as T;
+  };
+}
+
+/** Parses a comma/space separated list whose every item is one of `values`. @throws UsageError naming the unknown ones */
+export function listOf<T extends string>(name: string, values: readonly T[]): (raw: string) => T[] {
+  return (raw) => {
+    const items = idList(raw);
+    const unknown = items.filter((i) => !(values as readonly string[]).includes(i));
+    if (items.length === 0 || unknown.length > 0)
+      throw new UsageError(
+        `${name}: ${unknown.length ? `unknown ${unknown.map((u) => `"${u}"`).join(', ')}` : 'empty'}; known: ${values.join(', ')}`,
+      );
+    return items as T[];
+  };
+}
+
+/** Parses a date or date-time flag (ISO 8601, as the API reads it). @throws UsageError */
+export function isoTime(name: string): (raw: string) => string {
+  return (raw) => {
+    if (!/^\d{4}-\d{2}-\d{2}([T ].+)?$/.test(raw) || Number.isNaN(Date.parse(raw)))
+      throw new UsageError(`${name} must be an ISO 8601 date or time (e.g. 2026-11-29 or 2026-11-29T08:00:00Z); got "${raw}"`);
+    return raw;
+  };
+}
+
 /** Splits a comma/space separated id list, dropping empties. */
 export function idList(raw: string): string[] {
   return raw

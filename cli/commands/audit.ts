@@ -14,7 +14,7 @@
  */
 import { type Command } from 'commander';
 import { seg } from '../client';
-import { commandContext, table, withJson } from '../context';
+import { commandContext, isoTime, table, withJson } from '../context';
 import { addPagingOptions, fetchList, morePagesHint, type PagingOptions } from '../listing';
 import { type AuditRecord, type VerificationReport, verifyRecord } from '../../domain/audit';
 
@@ -67,7 +67,7 @@ export function registerAudit(program: Command): void {
         .description('audit records, newest first')
         .option('--kind <kind>', 'only this kind (exact), e.g. roost_created')
         .option('--actor <actor>', 'only this actor (exact): apiKey:<keyId> or user:<uid>')
-        .option('--since <iso>', 'only records at or after this ISO 8601 date or time'),
+        .option('--since <iso>', 'only records at or after this ISO 8601 date or time', isoTime('--since')),
       'records',
     ),
   ).action(async (opts: PagingOptions & { kind?: string; actor?: string; since?: string }, cmd: Command) => {

@@ -49,10 +49,16 @@ interface MessageView {
   error: string | null;
 }
 
+/**
+ * The message piped to `send -`: stdin as UTF-8 without the one line ending that ends it (`echo`, a file's
+ * last line), as a shell's `$(…)` would drop it; other whitespace is the message's own.
+ */
 async function readStdin(): Promise<string> {
   const parts: Buffer[] = [];
   for await (const chunk of process.stdin) parts.push(chunk as Buffer);
-  return Buffer.concat(parts).toString('utf8');
+  return Buffer.concat(parts)
+    .toString('utf8')
+    .replace(/\r?\n$/, '');
 }
 
 /** Registers `roost conversations`. */

@@ -13,7 +13,7 @@
 import { type Command } from 'commander';
 import { EventSource } from 'eventsource';
 import { ClientError } from '../client';
-import { commandContext, idList, positiveInt, UsageError } from '../context';
+import { commandContext, listOf, positiveInt, UsageError } from '../context';
 import { CLI_VERSION } from '../version';
 import { EVENT_TYPES } from '../../domain/events';
 
@@ -31,7 +31,7 @@ export function registerEvents(program: Command): void {
   events
     .command('tail')
     .description('follow the event stream (reconnects and resumes with Last-Event-ID)')
-    .option('--events <names>', `only these events (comma-separated): ${EVENT_TYPES.join(', ')}`, idList)
+    .option('--events <names>', `only these events (comma-separated): ${EVENT_TYPES.join(', ')}`, listOf('--events', EVENT_TYPES))
     .option('--last-event-id <id>', 'resume after this event id')
     .option('--count <n>', 'stop after this many events', positiveInt('--count'))
     .option('--json', 'one JSON document per event and line (NDJSON)')

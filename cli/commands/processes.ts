@@ -6,7 +6,8 @@
  */
 import { type Command } from 'commander';
 import { seg } from '../client';
-import { type CommandContext, UsageError, commandContext, positiveInt, table, withJson } from '../context';
+import { type CommandContext, UsageError, commandContext, oneOf, positiveInt, table, withJson } from '../context';
+import { LAUNCH_MODES, PRIORITIES, VISIBILITIES } from '../../domain/processes';
 import { waitForCommand } from './machines';
 
 interface ProcessRecord {
@@ -31,9 +32,9 @@ function configOptions(cmd: Command): Command {
     .option('--exe <path>', 'absolute path of the executable')
     .option('--args <text>', 'arguments / document (file_path)')
     .option('--cwd <path>', 'absolute working directory')
-    .option('--priority <p>', 'idle|below|normal|above|high|realtime')
-    .option('--visibility <v>', 'visible|hidden|minimized|maximized')
-    .option('--launch <mode>', 'off|always|scheduled')
+    .option('--priority <p>', PRIORITIES.join('|'), oneOf('--priority', PRIORITIES))
+    .option('--visibility <v>', VISIBILITIES.join('|'), oneOf('--visibility', VISIBILITIES))
+    .option('--launch <mode>', LAUNCH_MODES.join('|'), oneOf('--launch', LAUNCH_MODES))
     .option('--delay <seconds>', 'time_delay', positiveInt('--delay'))
     .option('--init <seconds>', 'time_to_init', positiveInt('--init'))
     .option('--relaunch <n>', 'relaunch_attempts', (v) => Number(v))

@@ -16,6 +16,7 @@ import { type Command } from 'commander';
 import { seg } from '../client';
 import { type CommandContext, commandContext, positiveInt, table, UsageError, withJson } from '../context';
 import { addPagingOptions, fetchList, morePagesHint, type PagingOptions } from '../listing';
+import { isIanaTimeZone } from '../../domain/users';
 
 /** A site record (api/routes/sites.ts SiteView). */
 interface SiteView {
@@ -59,7 +60,10 @@ function bool(flag: string): (raw: string) => boolean {
 function settingOptions(cmd: Command): Command {
   return cmd
     .option('--owner <uid>', 'owner (an admin or superadmin)')
-    .option('--timezone <tz>', 'IANA time zone, e.g. Europe/Berlin')
+    .option('--timezone <tz>', 'IANA time zone, e.g. Europe/Berlin', (tz: string) => {
+      if (!isIanaTimeZone(tz)) throw new UsageError(`--timezone ${tz} is not an IANA time zone (e.g. Europe/Berlin, UTC)`);
+      return tz;
+    })
     .option('--tier <tier>', 'tier')
     .option('--roost-enabled <bool>', 'false: the roost routes answer 403 roost_disabled', bool('--roost-enabled'))
     .option('--deploy-quota <n>', 'classic deployment target ceiling', positiveInt('--deploy-quota'));

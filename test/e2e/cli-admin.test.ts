@@ -163,6 +163,8 @@ describe('roost conversations', () => {
     expect(reply.status).toBe('complete');
     expect(streamed.stdout).toBe(reply.content.endsWith('\n') ? reply.content : `${reply.content}\n`);
     expect(shown.messages[3]).toMatchObject({ messageId: viaStdin.messageId, content: viaStdin.content, status: 'complete' });
+    // The piped message is stored without the line ending that ended it.
+    expect(shown.messages[2].content).toBe('List the machines');
     expect(await human(['conversations', 'show', c.conversationId])).toContain('Which machines are offline?');
 
     expect((await json(['conversations', 'rename', c.conversationId, 'renamed'])).title).toBe('renamed');

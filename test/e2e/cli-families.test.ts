@@ -244,6 +244,22 @@ describe('usage errors', () => {
     expect([plain.code, plain.stdout]).toEqual([2, '']);
     expect(plain.stderr).toMatch(/^error: unknown option '--bogus'\n\nUsage: roost machines list/);
   });
+
+  it('refuses a flag value the CLI can check before any request (exit 2), naming what it accepts', async () => {
+    const cases: [string[], RegExp][] = [
+      [['deployments', 'list', '--status', 'bogus'], /--status must be one of pending, in_progress, completed/],
+      [
+        ['processes', 'create', 'm1', 'kiosk', '--exe', '/bin/true', '--launch', 'sometimes'],
+        /--launch must be one of off, always, scheduled/,
+      ],
+      [['processes', 'create', 'm1', 'kiosk', '--exe', '/bin/true', '--priority', 'urgent'], /--priority must be one of idle, below/],
+      [['audit', 'list', '--since', 'yesterday'], /--since must be an ISO 8601 date or time/],
+      [['events', 'tail', '--events', 'deployment.started,bogus'], /--events: unknown "bogus"; known: /],
+      [['sites', 'update', '--timezone', 'Mars/Olympus'], /--timezone Mars\/Olympus is not an IANA time zone/],
+    ];
+    for (const [args, detail] of cases)
+      expect([args.join(' '), (await refused(args, 2, 'usage_error')).detail]).toEqual([args.join(' '), expect.stringMatching(detail)]);
+  });
 });
 
 describe('an API that is not there', () => {
