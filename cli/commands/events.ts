@@ -12,7 +12,7 @@
  */
 import { type Command } from 'commander';
 import { EventSource } from 'eventsource';
-import { ClientError } from '../client';
+import { ClientError, DEFAULT_OUTAGE_WINDOW_MS } from '../client';
 import { commandContext, listOf, positiveInt, UsageError } from '../context';
 import { CLI_VERSION } from '../version';
 import { EVENT_TYPES } from '../../domain/events';
@@ -60,6 +60,8 @@ async function tail(
   let refusal: ClientError | undefined;
   let printed = 0;
   let wasOpen = false;
+  // When the first outage answer of the current run of them came (epoch ms), undefined while the API answers.
+  let outageSince: number | undefined;
   const es = new EventSource(url, {
     // Headers the browser form cannot send: the key, and the problem body of a refusal is kept for the error.
     fetch: async (input, init) => {
@@ -67,11 +69,26 @@ async function tail(
         ...init,
         headers: { ...(init?.headers ?? {}), authorization: `Bearer ${key}`, 'user-agent': `roost-cli/${CLI_VERSION}` },
       });
-      if (!res.ok) {
+      if (res.ok) outageSince = undefined;
+      else {
         const body = (await res
           .clone()
           .json()
           .catch(() => ({}))) as Record<string, unknown>;
+        // An outage answer (503 service_unavailable, 502, 504: docs/decisions/outages.md) is ridden out like
+        // a lost connection for the CLI's outage window: thrown, the client reconnects after its delay and
+        // resumes with Last-Event-ID. Any other refusal (or the window spent) ends the tail below.
+        const outage =
+          res.status === 502 ||
+          res.status === 504 ||
+          (res.status === 503 && (body.code ?? 'service_unavailable') === 'service_unavailable');
+        if (outage) {
+          outageSince ??= Date.now();
+          if (Date.now() - outageSince < DEFAULT_OUTAGE_WINDOW_MS) {
+            await res.body?.cancel().catch(() => undefined);
+            throw new Error(`HTTP ${res.status}${typeof body.code === 'string' ? ` ${body.code}` : ''}`);
+          }
+        }
         refusal = new ClientError({
           code: typeof body.code === 'string' ? body.code : `http_${res.status}`,
           status: res.status,

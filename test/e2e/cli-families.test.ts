@@ -325,9 +325,71 @@ describe('roost events tail', () => {
     expect(stderr).toMatch(/reconnected/);
   });
 
-  it('exits with the refusal of a bad filter (1) and of a key without site read (5)', async () => {
-    await refused(['events', 'tail', '--events', 'nope'], 1, 'validation_failed');
+  it('exits on an unknown event name before connecting (2) and with the refusal of a key without site read (5)', async () => {
+    await refused(['events', 'tail', '--events', 'nope'], 2, 'usage_error');
     const roostOnly = await scopedKey(h, [{ resource: 'roost', id: '*', permissions: ['read'] }]);
     await refused(['events', 'tail'], 5, 'scope_insufficient', { ROOST_API_KEY: roostOnly });
+  });
+
+  it('rides out 503 service_unavailable answers to its connection (the outage window), then follows the stream', async () => {
+    // A front that answers the first two stream requests as an API whose database is down, then passes
+    // every request through to the real API.
+    const target = new URL(api);
+    let refusedSoFar = 0;
+    const front = http.createServer((req, res) => {
+      if (req.url?.startsWith('/api/events/stream') && refusedSoFar < 2) {
+        refusedSoFar++;
+        res.writeHead(503, { 'content-type': 'application/problem+json', 'retry-after': '1' });
+        res.end(
+          JSON.stringify({
+            type: 'about:blank',
+            title: 'Service Unavailable',
+            status: 503,
+            code: 'service_unavailable',
+            detail: 'the database is unavailable',
+            retryAfter: 1,
+          }),
+        );
+        return;
+      }
+      const up = http.request(
+        { host: target.hostname, port: target.port, path: req.url, method: req.method, headers: req.headers },
+        (r) => {
+          res.writeHead(r.statusCode ?? 502, r.headers);
+          r.pipe(res);
+        },
+      );
+      req.pipe(up);
+    });
+    await new Promise<void>((r) => front.listen(0, '127.0.0.1', r));
+    try {
+      const seeded = await seedRoost(h, { files: { 'x.txt': 'x\n' } });
+      const child = spawn(process.execPath, [ROOST_BIN, 'events', 'tail', '--events', 'version.published', '--count', '1', '--json'], {
+        env: {
+          ...process.env,
+          ROOST_API_URL: `http://127.0.0.1:${(front.address() as AddressInfo).port}`,
+          ROOST_API_KEY: h.apiKey,
+          ROOST_SITE_ID: h.siteId,
+          ROOST_CONFIG: configFile,
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (d) => (stdout += d));
+      child.stderr.on('data', (d) => (stderr += d));
+      const exited = new Promise<number | null>((r) => child.on('close', r));
+      const deadline = Date.now() + 30_000;
+      while (!stderr.includes('connected to')) {
+        if (Date.now() > deadline) throw new Error(`never connected: ${stderr}`);
+        await new Promise((r) => setTimeout(r, 25));
+      }
+      const v = await publishFiles(h, seeded.roostId, { 'y.txt': 'y\n' });
+      expect({ code: await exited, refusedSoFar }).toEqual({ code: 0, refusedSoFar: 2 });
+      expect(JSON.parse(stdout.trim())).toMatchObject({ event: 'version.published', data: { versionId: v.versionId } });
+      expect(stderr.match(/stream interrupted \(HTTP 503 service_unavailable\); reconnecting/g)).toHaveLength(2);
+    } finally {
+      await new Promise((r) => front.close(r));
+    }
   });
 });
