@@ -22,11 +22,10 @@ import fs from 'node:fs/promises';
 import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
-import { spawn } from 'node:child_process';
 import { CLASSIC_UNINSTALL, type ClassicCommandParams } from '../domain/classic';
 import type { CommandOutcome } from './commands';
 import { errMessage } from './errors';
-import type { AgentOs } from './os';
+import type { AgentOs, Invocation } from './os';
 import type { AgentCommand, AgentTransport } from './transport';
 
 /** What a classic install needs from the agent. */
@@ -93,7 +92,7 @@ export async function runClassicCommand(ctx: InstallContext, cmd: AgentCommand):
     await report('installing', { progress: 100 });
     await fs.chmod(file, 0o755);
     const inv = ctx.os.installerInvocation(file, p.silent_flags ?? '', mode);
-    const code = await runWithTimeout(inv.command, inv.args, path.dirname(file), (p.timeout_seconds ?? 1800) * 1000, ctx.signal);
+    const code = await runWithTimeout(ctx.os, inv, path.dirname(file), (p.timeout_seconds ?? 1800) * 1000, ctx.signal);
     if (!ctx.os.installerSucceeded(code)) throw new StepFailure(`installer exited with code ${code}`);
     if (p.verify_path) {
       const exists = await ctx.os.pathExists(p.verify_path);
@@ -192,17 +191,32 @@ function download(ctx: InstallContext, url: string, file: string, progress: (pct
   });
 }
 
-/** Runs a command; resolves its exit code. Killed (then failed) after `timeoutMs`. */
-function runWithTimeout(command: string, args: string[], cwd: string, timeoutMs: number, signal: AbortSignal): Promise<number> {
+/**
+ * Runs an installer; resolves its exit code. Killed (then failed) after `timeoutMs`, and killed when the
+ * agent stops (`signal`: the command is abandoned). A kill ends the installer's whole process tree
+ * (`AgentOs.killTree`), so a hung msiexec or setup.exe child does not keep running, holding the MSI lock,
+ * while a retry starts another copy; should that kill fail, at least the installer itself is killed.
+ */
+function runWithTimeout(os: AgentOs, inv: Invocation, cwd: string, timeoutMs: number, signal: AbortSignal): Promise<number> {
   return new Promise((resolve, reject) => {
-    const child = spawn(command, args, { cwd, stdio: 'ignore', windowsHide: true });
+    const child = os.startInstaller(inv, cwd);
+    const killAll = () => {
+      const pid = child.pid;
+      if (pid === undefined) return;
+      void os.killTree(pid).then(
+        (killed) => killed || child.kill('SIGKILL'),
+        () => child.kill('SIGKILL'),
+      );
+    };
     let timedOut = false;
     const timer = setTimeout(() => {
       timedOut = true;
-      child.kill('SIGKILL');
+      killAll();
     }, timeoutMs);
-    const onAbort = () => child.kill('SIGKILL');
+    const onAbort = () => killAll();
     signal.addEventListener('abort', onAbort, { once: true });
+    // The agent stopped while the installer was being started: the listener above will not fire.
+    if (signal.aborted) killAll();
     child.on('error', (err) => {
       clearTimeout(timer);
       signal.removeEventListener('abort', onAbort);

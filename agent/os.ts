@@ -3,12 +3,14 @@
  * machine commands do to the host goes through `AgentOs`, one small interface with two implementations.
  *
  * - `PosixOs` (Linux, what runs here; real): spawns processes (priority through `os.setPriority`), signals
- *   them (SIGTERM, then SIGKILL), lists them from /proc, runs installers as executables with a time limit,
- *   closes named processes. Reboot and shutdown are the agent restarting itself (agent/agent.ts), never the
- *   host's. Screenshots are rendered from the machine's state (no display here).
+ *   them (SIGTERM, then SIGKILL), lists them from /proc, runs installers as executables with a time limit
+ *   in their own process group (killed as a group), closes named processes. Reboot and shutdown are the
+ *   agent restarting itself (agent/agent.ts), never the host's. Screenshots are rendered from the machine's
+ *   state (no display here).
  * - `WindowsOs` (written for Windows, NOT exercised on this Linux host; its command lines are unit-tested
  *   with `path.win32`): `msiexec.exe /i|/x` for .msi installers, `shutdown.exe /r|/s /t <delay>`,
- *   `taskkill.exe` (graceful, then `/F`), `tasklist.exe /FO CSV`, and a PowerShell screen capture.
+ *   `taskkill.exe` (graceful, then `/F`, always the tree: `/T`), `tasklist.exe /FO CSV`, and a PowerShell
+ *   screen capture.
  *
  * The pure parts (argument vectors, exit-code meaning) are exported for tests.
  */
@@ -113,6 +115,16 @@ export interface AgentOs {
   processIdentity(pid: number): Promise<ProcessIdentity | null>;
   /** The argument vector that runs an installer file. */
   installerInvocation(file: string, silentFlags: string, mode: 'install' | 'uninstall'): Invocation;
+  /**
+   * Starts an installer run (stdio ignored, no window) so that `killTree` reaches every process it starts:
+   * on POSIX in a process group of its own.
+   */
+  startInstaller(inv: Invocation, cwd: string): ChildProcess;
+  /**
+   * Ends at once a process `startInstaller` started and every process it started in turn (POSIX: SIGKILL to
+   * its process group; Windows: `taskkill /T /F`). False when nothing was there to end.
+   */
+  killTree(pid: number): Promise<boolean>;
   /** True when an installer's exit code means success. */
   installerSucceeded(exitCode: number): boolean;
   /** True when `p` exists on the host. */
@@ -190,6 +202,18 @@ export class PosixOs implements AgentOs {
     return posixInstallerInvocation(file, silentFlags, mode);
   }
 
+  startInstaller(inv: Invocation, cwd: string): ChildProcess {
+    // `detached` makes the installer the leader of a new process group (setsid), so its children (an
+    // installer that backgrounds its work, a shell that runs other programs) can be killed with it. Nothing
+    // else changes: stdio stays ignored and the handle stays referenced, so the agent waits for the
+    // installer and, when it stops, kills the group (agent/installer.ts) instead of leaving it behind.
+    return spawn(inv.command, inv.args, { cwd, stdio: 'ignore', detached: true });
+  }
+
+  async killTree(pid: number): Promise<boolean> {
+    return killProcessGroup(pid);
+  }
+
   installerSucceeded(exitCode: number): boolean {
     return exitCode === 0;
   }
@@ -213,6 +237,22 @@ function signal(pid: number, sig: NodeJS.Signals): boolean {
     return true;
   } catch {
     return false;
+  }
+}
+
+/**
+ * SIGKILL to the process group that `pid` leads (a process spawned with `detached`), which ends the
+ * processes it started too, unless one left the group (setsid, setpgid). A group that is gone (ESRCH) or
+ * that cannot be signalled falls back to the pid alone; false when that is gone too. Never signals group 0
+ * or 1 (the caller's own group, init).
+ */
+export function killProcessGroup(pid: number): boolean {
+  if (!Number.isInteger(pid) || pid <= 1) return false;
+  try {
+    process.kill(-pid, 'SIGKILL');
+    return true;
+  } catch {
+    return signal(pid, 'SIGKILL');
   }
 }
 
@@ -365,6 +405,17 @@ export class WindowsOs implements AgentOs {
 
   installerInvocation(file: string, silentFlags: string, mode: 'install' | 'uninstall'): Invocation {
     return windowsInstallerInvocation(file, silentFlags, mode, this.systemRoot);
+  }
+
+  startInstaller(inv: Invocation, cwd: string): ChildProcess {
+    // Not `detached` (on Windows that gives the child a console of its own); taskkill /T finds the tree by
+    // parent process id. A Job Object would hold the tree for certain, but needs a native addon.
+    return spawn(inv.command, inv.args, { cwd, stdio: 'ignore', windowsHide: true });
+  }
+
+  async killTree(pid: number): Promise<boolean> {
+    // taskkill /PID n /T /F: the process and every descendant it can find.
+    return this.taskkill(pid, true);
   }
 
   installerSucceeded(exitCode: number): boolean {

@@ -8,7 +8,10 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { startFleet, type Fleet } from '../../agent/fleet';
-import { classicDeploymentWorkflowId } from '../../domain/classic';
+import { runClassicCommand } from '../../agent/installer';
+import { PosixOs } from '../../agent/os';
+import type { AgentTransport } from '../../agent/transport';
+import { CLASSIC_INSTALL, classicDeploymentWorkflowId } from '../../domain/classic';
 import { recordHistory } from '../../scripts/record-history';
 import { CONTROL_UPDATE_WAIT_MS, controlClassicDeployment } from '../../workflows/client';
 import { closeRolloutSuite, openRolloutSuite, scopedKey, enrolMachineRows, startTestWorker, type TestWorker } from './rollout-fixtures';
@@ -16,7 +19,7 @@ import { type Harness, idemKey } from '../support/harness';
 import { type InstallerServer, installerScript, startInstallerServer } from '../support/installers';
 import { killHard } from '../support/api-child';
 import { startWorkerChild } from '../support/worker-child';
-import { waitFor } from '../support/wait';
+import { waitFor, waitUntil } from '../support/wait';
 
 const RECORD = process.env.ROOST_RECORD_HISTORIES === '1';
 const HISTORIES = path.join(__dirname, '..', 'replay', 'histories', 'classic');
@@ -68,6 +71,22 @@ async function detail(deploymentId: string) {
   const res = await h.request({ method: 'GET', url: `${base()}/${deploymentId}` });
   expect(res.statusCode).toBe(200);
   return res.json();
+}
+
+/** The pid an installer's child wrote (installerScript `childPidFile`). */
+async function childPid(file: string): Promise<number> {
+  return waitFor(`the installer child's pid in ${file}`, async () => Number(await fs.readFile(file, 'utf8').catch(() => '')), 10_000);
+}
+
+/**
+ * Asserts that the process `pid` ended within a short grace (a zombie counts as ended: nobody may reap it
+ * here); one left running is killed so the suite leaks nothing.
+ */
+async function expectTreeEnded(pid: number): Promise<void> {
+  const posix = new PosixOs();
+  const ended = await waitUntil(async () => (await posix.processIdentity(pid)) === null, 2000);
+  if (!ended) process.kill(pid, 'SIGKILL');
+  expect({ pid, running: !ended }).toEqual({ pid, running: false });
 }
 
 async function lines(file: string): Promise<string[]> {
@@ -256,7 +275,9 @@ describe('classic deployment fan-out to reference agents', () => {
     expect(t.error).toMatch(/^sha256_mismatch: expected f{64}, got [0-9a-f]{64}; nothing was run$/);
     expect(await lines(marker)).toEqual([]);
 
-    const hang = server.add('hang.sh', installerScript({ marker, installs, sleepSeconds: 30 }));
+    // The hanging installer's work is a child process (as setup.exe runs msiexec): the timeout ends it too.
+    const hangChild = path.join(tmpRoot, 'hang-child.pid');
+    const hang = server.add('hang.sh', installerScript({ marker, installs, sleepSeconds: 30, childPidFile: hangChild }));
     const verify = server.add('noverify.sh', installerScript({ marker: path.join(tmpRoot, 'runs-4.log'), installs }));
     const [a, b] = await Promise.all([
       create({
@@ -278,10 +299,75 @@ describe('classic deployment fan-out to reference agents', () => {
     ]);
     expect(await finished(a.json().deploymentId)).toMatchObject({ status: 'failed' });
     expect((await detail(a.json().deploymentId)).targets[0].error).toBe('installer timed out after 1 s and was killed');
+    await expectTreeEnded(await childPid(hangChild));
     expect(await finished(b.json().deploymentId)).toMatchObject({ status: 'failed' });
     expect((await detail(b.json().deploymentId)).targets[0].error).toBe(
       `verify_path ${path.join(tmpRoot, 'never-there')} does not exist after the install`,
     );
+  });
+});
+
+describe('installer process trees', () => {
+  // agent/installer.ts through a recording transport: what the agent does to the installer's processes when
+  // it stops mid-install (the command is abandoned) or the time limit passes, without a deployment around it.
+  it.each([
+    ['the agent stops mid-install', 60, 'abandoned', 'agent stopped'],
+    ['the time limit passes', 1, 'failed', 'installer timed out after 1 s and was killed'],
+  ])('kills every process the installer started when %s', async (_when, timeoutSeconds, status, error) => {
+    const name = `tree-${timeoutSeconds}`;
+    const pidFile = path.join(tmpRoot, `${name}.pid`);
+    const inst = server.add(
+      `${name}.sh`,
+      installerScript({
+        marker: path.join(tmpRoot, `${name}.log`),
+        installs: path.join(tmpRoot, name),
+        sleepSeconds: 30,
+        childPidFile: pidFile,
+      }),
+    );
+    const reports: string[] = [];
+    const transport = {
+      reportCommand: async (_id: string, body: { status: string }) => {
+        reports.push(body.status);
+        return { status: body.status, applied: true };
+      },
+    } as unknown as AgentTransport;
+    const stop = new AbortController();
+    const run = runClassicCommand(
+      {
+        transport,
+        os: new PosixOs(),
+        downloadDir: path.join(tmpRoot, `${name}-downloads`),
+        ca: server.ca,
+        progressIntervalMs: 50,
+        closeGraceMs: 500,
+        signal: stop.signal,
+        warn: () => undefined,
+      },
+      {
+        commandId: `cmd-${name}`,
+        type: CLASSIC_INSTALL,
+        createdAt: new Date().toISOString(),
+        expiresAt: null,
+        params: {
+          deploymentId: `dep-${name}`,
+          installer_url: inst.url,
+          installer_name: `${name}.sh`,
+          silent_flags: '',
+          verify_path: null,
+          sha256: inst.sha256,
+          close_processes: [],
+          suppress_projects: [],
+          timeout_seconds: timeoutSeconds,
+          attempt: 1,
+        },
+      },
+    );
+    const pid = await childPid(pidFile);
+    if (status === 'abandoned') stop.abort();
+    expect(await run).toMatchObject({ status, error });
+    expect(reports).toContain('installing');
+    await expectTreeEnded(pid);
   });
 });
 

@@ -68,7 +68,9 @@ export async function startInstallerServer(): Promise<InstallerServer> {
  * - writes `marker` (a path) with the machine folder's name appended as a line when it runs (install or uninstall);
  * - install: creates `installs` (a folder path) + `/<machine>`; uninstall (`--uninstall`) removes it;
  * - exits `failCode` when the machine id is one of `failOn` (on attempt 1 only unless `always`);
- * - sleeps `sleepSeconds` first (a long sleep is a hanging installer).
+ * - sleeps `sleepSeconds` first (a long sleep is a hanging installer); with `childPidFile`, the sleep is a
+ *   background child whose pid is written to that file and the script waits for it (an installer whose
+ *   work is done by a process it started, as setup.exe runs msiexec).
  */
 export function installerScript(opts: {
   marker: string;
@@ -77,6 +79,7 @@ export function installerScript(opts: {
   always?: boolean;
   failCode?: number;
   sleepSeconds?: number;
+  childPidFile?: string;
 }): string {
   const fail = (opts.failOn ?? []).map((m) => `${m}/state/installers/*/${opts.always ? '*' : '1'}`);
   return [
@@ -85,7 +88,11 @@ export function installerScript(opts: {
     'attempt_dir="$PWD"',
     'machine=$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$attempt_dir")")")")")',
     `echo "$machine $*" >> '${opts.marker}'`,
-    opts.sleepSeconds ? `sleep ${opts.sleepSeconds}` : '',
+    opts.sleepSeconds && opts.childPidFile
+      ? `sleep ${opts.sleepSeconds} & echo $! > '${opts.childPidFile}.tmp' && mv '${opts.childPidFile}.tmp' '${opts.childPidFile}'; wait $!`
+      : opts.sleepSeconds
+        ? `sleep ${opts.sleepSeconds}`
+        : '',
     ...fail.map((pattern) => `case "$attempt_dir" in */${pattern}) exit ${opts.failCode ?? 3};; esac`),
     `mkdir -p '${opts.installs}'`,
     `if [ "$1" = "--uninstall" ]; then rm -f '${opts.installs}'/"$machine"; else touch '${opts.installs}'/"$machine"; fi`,

@@ -4,11 +4,13 @@
  * implementation's process operations are exercised for real by the integration tests.
  */
 import { spawn } from 'node:child_process';
+import fs from 'node:fs/promises';
 import path from 'node:path';
 import {
   PosixOs,
   WINDOWS_SUCCESS_EXIT_CODES,
   WindowsOs,
+  killProcessGroup,
   parseProcStat,
   parseTasklistCsv,
   parseWindowsProcessIdentity,
@@ -106,6 +108,21 @@ describe('POSIX command lines', () => {
   it('runs the installer file itself; --uninstall first for an uninstall', () => {
     expect(posixInstallerInvocation('/tmp/a/setup.sh', '-q', 'install')).toEqual({ command: '/tmp/a/setup.sh', args: ['-q'] });
     expect(posixInstallerInvocation('/tmp/a/setup.sh', '', 'uninstall')).toEqual({ command: '/tmp/a/setup.sh', args: ['--uninstall'] });
+  });
+
+  it('starts an installer leading its own process group, which killTree ends; never signals group 0 or 1', async () => {
+    const posix = new PosixOs();
+    const child = posix.startInstaller({ command: '/bin/sleep', args: ['30'] }, '/');
+    const exited = new Promise<NodeJS.Signals | null>((r) => child.once('exit', (_code, sig) => r(sig)));
+    const stat = await fs.readFile(`/proc/${child.pid}/stat`, 'utf8');
+    // Field 5 (the process group) after the command name: the installer leads its group.
+    expect(Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[2])).toBe(child.pid);
+    await expect(posix.killTree(child.pid!)).resolves.toBe(true);
+    expect(await exited).toBe('SIGKILL');
+    await expect(posix.killTree(child.pid!)).resolves.toBe(false);
+    expect(killProcessGroup(0)).toBe(false);
+    expect(killProcessGroup(1)).toBe(false);
+    expect(killProcessGroup(-7)).toBe(false);
   });
 });
 
