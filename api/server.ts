@@ -10,6 +10,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../config/env';
 import { loadConfig } from '../config/env';
 import { buildApp } from './app';
+import { startLostStartPass } from './lost-starts';
 import type { AppDeps } from './context';
 import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../services/deps';
 import { startMetricsListener, type MetricsListener } from '../telemetry/metrics';
@@ -52,6 +53,7 @@ export async function startApi(cfg: Config, opts: { logger?: boolean; loggerInst
       );
     }
   }
+  const lostStarts = startLostStartPass(deps, app.log);
   const closeMetrics = async () => {
     const m = metrics;
     metrics = undefined;
@@ -64,6 +66,7 @@ export async function startApi(cfg: Config, opts: { logger?: boolean; loggerInst
     metricsUrl: metrics?.url,
     closeMetrics,
     async close() {
+      lostStarts.stop();
       await closeMetrics();
       await app.close();
       await closeDeps(deps);

@@ -60,6 +60,11 @@ export const EnvSchema = Type.Object({
   ROOST_CLASSIC_PARALLELISM: Type.Integer({ minimum: 1, maximum: 10000, default: 50 }),
   /** Seconds without a heartbeat after which a machine counts as offline. */
   ROOST_HEARTBEAT_STALE_SECONDS: Type.Integer({ minimum: 5, default: 90 }),
+  /**
+   * Seconds between the API's passes over rollouts and classic deployments whose workflow start was lost to a
+   * killed API process (api/lost-starts.ts; docs/decisions/outages.md); 0 turns the pass off.
+   */
+  ROOST_LOST_START_PASS_SECONDS: Type.Integer({ minimum: 0, default: 60 }),
   /** Background sweeps (docs/decisions/sweeps.md): seconds between heartbeat-staleness runs (machine.offline). */
   ROOST_SWEEP_STALENESS_INTERVAL_SECONDS: Type.Integer({ minimum: 1, default: 30 }),
   /** Seconds between chunk garbage-collection runs (chunk.garbage_collected). */

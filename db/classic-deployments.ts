@@ -650,3 +650,26 @@ export async function deleteTemplate(q: Queryable, siteId: string, templateId: s
   const r = await q.query('DELETE FROM installer_templates WHERE site_id = $1 AND template_id = $2', [siteId, templateId]);
   return (r.rowCount ?? 0) > 0;
 }
+
+/**
+ * Deployments still `pending`, created at least `olderThanMs` ago (database clock), none of whose targets
+ * was ever dispatched, oldest first, at most `limit`: the candidates for a create whose API process died
+ * between committing the rows and starting the workflow (services/classic-deployments.ts
+ * `dropLostDeploymentStarts` asks Temporal which have no workflow). Reads the partial index of migration 029.
+ */
+export async function unstartedDeployments(
+  q: Queryable,
+  olderThanMs: number,
+  limit: number,
+): Promise<{ siteId: string; deploymentId: string; workflowId: string }[]> {
+  const { rows } = await q.query<{ site_id: string; deployment_id: string; workflow_id: string }>(
+    `SELECT d.site_id, d.deployment_id, d.workflow_id FROM classic_deployments AS d
+      WHERE d.status = 'pending' AND d.created_at <= now() - $1::float8 * INTERVAL '1 millisecond'
+        AND NOT EXISTS (SELECT 1 FROM classic_deployment_targets AS t
+                         WHERE t.site_id = d.site_id AND t.deployment_id = d.deployment_id
+                           AND (t.command_id IS NOT NULL OR t.status <> 'pending' OR t.attempts > 0))
+      ORDER BY d.created_at, d.deployment_id LIMIT $2`,
+    [olderThanMs, limit],
+  );
+  return rows.map((r) => ({ siteId: r.site_id, deploymentId: r.deployment_id, workflowId: r.workflow_id }));
+}

@@ -1148,3 +1148,29 @@ export async function countRolloutsByStageAndState(db: Queryable): Promise<{ sta
   );
   return rows.map((r) => ({ stage: r.stage, state: r.state, count: Number(r.n) }));
 }
+
+/** An active rollout that may have lost its workflow start (`unstartedRollouts`). */
+export interface UnstartedRollout {
+  siteId: string;
+  rolloutId: string;
+  workflowId: string;
+}
+
+/**
+ * Active rollouts created at least `olderThanMs` ago (database clock) none of whose machines was ever
+ * dispatched, oldest first, at most `limit`: the candidates for a rollout whose API process died between
+ * committing the row and starting its workflow (services/rollouts.ts `failLostRolloutStarts` asks Temporal
+ * which of them have no workflow). A scheduled rollout, or one waiting for its window, is a candidate too
+ * and is then found running.
+ */
+export async function unstartedRollouts(q: Queryable, olderThanMs: number, limit: number): Promise<UnstartedRollout[]> {
+  const { rows } = await q.query<{ site_id: string; rollout_id: string; workflow_id: string }>(
+    `SELECT r.site_id, r.rollout_id, r.workflow_id FROM rollouts AS r
+      WHERE r.active AND r.created_at <= now() - $1::float8 * INTERVAL '1 millisecond'
+        AND NOT EXISTS (SELECT 1 FROM rollout_machines AS rm
+                         WHERE rm.site_id = r.site_id AND rm.rollout_id = r.rollout_id AND (rm.status <> 'pending' OR rm.attempts > 0))
+      ORDER BY r.created_at, r.rollout_id LIMIT $2`,
+    [olderThanMs, limit],
+  );
+  return rows.map((r) => ({ siteId: r.site_id, rolloutId: r.rollout_id, workflowId: r.workflow_id }));
+}

@@ -60,3 +60,10 @@ export function unavailableDependency(err: unknown): 'database' | 'blob storage'
   }
   return null;
 }
+
+/**
+ * How old a rollout or classic deployment with nothing dispatched must be before the API's lost-start pass
+ * (api/plugins/lost-starts.ts) asks Temporal whether its workflow was ever started (ms). Far beyond the time a
+ * create or deploy takes to start its workflow or answer 503 (under 20 s in the fault runs).
+ */
+export const LOST_START_AFTER_MS = 2 * 60_000;

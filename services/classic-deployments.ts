@@ -19,6 +19,7 @@ import {
   classicDeploymentWorkflowId,
 } from '../domain/classic';
 import { absolutePathProblem, fileNameProblem } from '../domain/paths';
+import { LOST_START_AFTER_MS } from '../domain/outage';
 import {
   type DeploymentRow,
   type TargetRow,
@@ -36,6 +37,7 @@ import {
   listTemplates,
   siteDeployQuota,
   unknownMachines,
+  unstartedDeployments,
   updateTemplate as updateTemplateRow,
 } from '../db/classic-deployments';
 import {
@@ -45,6 +47,7 @@ import {
   classicControlOutcome,
   controlClassicDeployment,
   controlUpdateId,
+  describeWorkflow,
   startClassicDeploymentWorkflow,
   workflowUiUrl,
 } from '../workflows/client';
@@ -386,3 +389,26 @@ export async function deleteTemplate(
 
 /** Default installer run time limit shown when a deployment sets none (seconds). */
 export const DEFAULT_TIMEOUT_SECONDS = DEFAULT_INSTALL_TIMEOUT_SECONDS;
+
+/**
+ * Deletes each `pending` deployment whose workflow was never started, as the create itself does when the
+ * start fails: its API process died between committing the rows and starting the workflow (a kill while
+ * Temporal was down), so nothing would ever install it. Candidates come from db/classic-deployments.ts
+ * `unstartedDeployments` (older than `olderThanMs`, default LOST_START_AFTER_MS, no target dispatched); one whose
+ * workflow exists is left alone. Idempotent; run periodically by the API (api/plugins/lost-starts.ts).
+ * Returns the deployment ids deleted.
+ * @throws Temporal client errors when Temporal cannot answer
+ */
+export async function dropLostDeploymentStarts(
+  deps: Pick<ServiceDeps, 'db' | 'temporal'>,
+  opts: { olderThanMs?: number; limit?: number; log?: { warn(obj: object, msg: string): void } } = {},
+): Promise<string[]> {
+  const dropped: string[] = [];
+  for (const d of await unstartedDeployments(deps.db, opts.olderThanMs ?? LOST_START_AFTER_MS, opts.limit ?? 100)) {
+    if (await describeWorkflow(deps.temporal, d.workflowId)) continue;
+    if ((await deleteDeploymentRow(deps.db, d.siteId, d.deploymentId, ['pending'])) !== 'deleted') continue;
+    opts.log?.warn({ siteId: d.siteId, deploymentId: d.deploymentId }, 'deployment whose workflow never started deleted');
+    dropped.push(d.deploymentId);
+  }
+  return dropped;
+}

@@ -10,6 +10,7 @@
  * failures are `ApiError`s. Authorisation and capability limits stay in the routes.
  */
 import { ApiError, serviceUnavailable } from '../domain/errors';
+import { LOST_START_AFTER_MS } from '../domain/outage';
 import { newId } from '../domain/hex';
 import { parseVersionRef, type VersionRef } from '../domain/versionRef';
 import type { Rollout, RolloutMachine, RolloutMachineStatus, RolloutStage, WaveCounts, WavePlan } from '../domain/rollout';
@@ -34,6 +35,7 @@ import {
   listRolloutMachines,
   listRollouts,
   unknownMachines,
+  unstartedRollouts,
 } from '../db/rollouts';
 import { type BlobStore, versionUrlOf } from '../storage/blob';
 import {
@@ -43,6 +45,7 @@ import {
   controlUpdateId,
   rolloutControlApplied,
   controlRollout,
+  describeWorkflow,
   rolloutWorkflowId,
   startRolloutWorkflow,
   workflowUiUrl,
@@ -529,4 +532,32 @@ export async function rollbackRollout(
     throw serviceUnavailable('the rollback could not be started (workflow service unavailable); retry later');
   }
   return { ...(await overviewOf(deps, rb)), runUrl };
+}
+
+/**
+ * Fails (`workflow_start_failed`, as the deploy itself does when the start fails) each active rollout whose
+ * workflow was never started: its API process died between committing the row and starting the workflow
+ * (a kill while Temporal was down). Such a rollout would otherwise stay `running` with nothing behind it,
+ * refusing pause and abort. Candidates come from db/rollouts.ts `unstartedRollouts` (older than
+ * LOST_START_AFTER_MS, nothing dispatched); a candidate whose workflow id has a run for this rollout (memo
+ * `rolloutId`; a scheduled rollout waiting, say) is left alone. Idempotent; run periodically by the API
+ * (api/plugins/lost-starts.ts). Returns the rollout ids failed.
+ * @throws Temporal client errors when Temporal cannot answer (nothing is changed for the rest of the pass)
+ */
+export async function failLostRolloutStarts(
+  deps: Pick<ServiceDeps, 'db' | 'temporal'>,
+  opts: { olderThanMs?: number; limit?: number; log?: RolloutLog } = {},
+): Promise<string[]> {
+  const failed: string[] = [];
+  for (const r of await unstartedRollouts(deps.db, opts.olderThanMs ?? LOST_START_AFTER_MS, opts.limit ?? 100)) {
+    const run = await describeWorkflow(deps.temporal, r.workflowId);
+    if (run && run.memo?.rolloutId === r.rolloutId) continue;
+    await failUnstartedRollout(deps.db, r.siteId, r.rolloutId, 'workflow_start_failed');
+    (opts.log ?? silent).warn(
+      { siteId: r.siteId, rolloutId: r.rolloutId, workflowId: r.workflowId },
+      'rollout whose workflow never started marked failed',
+    );
+    failed.push(r.rolloutId);
+  }
+  return failed;
 }

@@ -23,6 +23,9 @@ export default async function globalSetup(): Promise<void> {
   // The suite sends hundreds of requests per key within minutes: every rate limit is multiplied (the
   // rate-limit tests set their own numbers; docs/decisions/rate-limit-buckets.md).
   if (!process.env.ROOST_RATE_LIMIT_SCALE) process.env.ROOST_RATE_LIMIT_SCALE = '1000';
+  // Tests insert rollout rows without workflows into the shared database; an API process's lost-start pass
+  // would fail them after two minutes. test/integration/lost-starts.test.ts runs the pass itself.
+  if (!process.env.ROOST_LOST_START_PASS_SECONDS) process.env.ROOST_LOST_START_PASS_SECONDS = '0';
   // Every app, worker and agent of the run logs into this folder (test/support/test-log.ts); the logs are
   // grepped for secrets after the run (scripts/run-tests.ts, global-teardown.ts).
   if (!process.env.ROOST_TEST_LOG_DIR)
