@@ -26,7 +26,7 @@ import { ChunkStore, type Limiter, createLimiter } from './download';
 import { errMessage } from './errors';
 import { type AgentFaults, FaultInjector } from './faults';
 import type { CommandJournal } from './journal';
-import { type ApiClient, sleep, withCommandContext } from './http';
+import { type ApiClient, isTransient, sleep, withCommandContext } from './http';
 import { MachineRoot, type Manifest } from './machine-root';
 import { recoverActivations } from './assembly';
 import { NOT_STAGED, type SyncContext, reportRecoveredActivation, runActivate, runSyncPull } from './sync';
@@ -214,6 +214,18 @@ export class Agent extends EventEmitter {
    * enrolment throws.
    */
   async start(): Promise<void> {
+    await this.boot(false);
+  }
+
+  /**
+   * start(), and the restart after a reboot or shutdown (`restart`). A start tries its first contact (the
+   * heartbeat or enrolment) a few times and throws, so its caller decides (agent/service.ts retries the
+   * whole start with its own backoff); a restart has no caller to do that, so its first contact is
+   * retried the way a report is (AgentTransport.retrying 'untilStopped': network failures and 503 with
+   * backoff and Retry-After) until the API answers or the agent stops, each failure a warning. A refusal
+   * (401 revoked token and the like) still throws at once.
+   */
+  private async boot(restart: boolean): Promise<void> {
     if (this.pollLoop) return;
     this.halted = false;
     if (this.abort.signal.aborted) this.abort = Agent.stopController();
@@ -223,14 +235,26 @@ export class Agent extends EventEmitter {
     const recovered = await recoverActivations(this.root);
     if (!this.transport.token && this.opts.persistToken !== false) await this.transport.loadState();
     const every = this.opts.heartbeatMs ?? 30_000;
+    const signal = this.abort.signal;
+    const firstContact = (what: string, fn: () => Promise<unknown>) =>
+      restart
+        ? this.transport.retrying(
+            () =>
+              fn().catch((err: unknown) => {
+                if (isTransient(err) && !signal.aborted) this.warn(`${what} after restart failed, retrying: ${errMessage(err)}`, err);
+                throw err;
+              }),
+            'untilStopped',
+          )
+        : this.transport.retrying(fn);
     if (this.transport.token) {
       // A saved token: the first heartbeat proves it (a 401 re-enrols).
-      await this.transport.retrying(() => this.heartbeat());
+      await firstContact('heartbeat', () => this.heartbeat(restart ? signal : undefined));
       this.scheduleHeartbeats(every, every);
     } else {
       // Enrolment counts as a heartbeat; the first real one follows at a random point of the interval,
       // so a fleet started at once does not heartbeat in lockstep.
-      await this.transport.retrying(() => this.enrol());
+      await firstContact('enrolment', () => this.enrol());
       this.scheduleHeartbeats(every, Math.floor(every * this.random()));
     }
     // stop() while the enrolment or first heartbeat was out: nothing more starts.
@@ -268,7 +292,13 @@ export class Agent extends EventEmitter {
     if (this.halted) return;
     this.power = { rebooting: false, shuttingDown: false };
     this.emit('restarted');
-    await this.start();
+    try {
+      await this.boot(true);
+    } catch (err) {
+      // stop() while the restart waited for the API: nothing to report.
+      if (this.halted) return;
+      throw err;
+    }
   }
 
   private scheduleHeartbeats(every: number, firstIn: number): void {
@@ -521,7 +551,7 @@ export class Agent extends EventEmitter {
         return runPowerCommand(
           {
             transport: this.transport,
-            warn: (m) => this.warn(m),
+            warn: (m, err) => this.warn(m, err),
             signal: this.abort.signal,
             announce: async (flags) => {
               this.power = flags;

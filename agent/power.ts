@@ -16,11 +16,15 @@ import type { AgentCommand, AgentTransport } from './transport';
 /** What a power command needs from the agent. */
 export interface PowerHost {
   transport: AgentTransport;
-  warn: (message: string) => void;
+  /** A warning; `err`, when given, is the failure (agent/service.ts exits on a refused token). */
+  warn: (message: string, err?: unknown) => void;
   signal: AbortSignal;
   /** Sets the flags the heartbeat reports and sends a heartbeat now. */
   announce(flags: { rebooting: boolean; shuttingDown: boolean }): Promise<void>;
-  /** Goes offline for `downtimeMs`, then restarts the agent (unless it was stopped meanwhile). */
+  /**
+   * Goes offline for `downtimeMs`, then restarts the agent (unless it was stopped meanwhile), waiting out an
+   * API outage at the restart; rejects only on a refusal (a revoked token).
+   */
   powerCycle(): Promise<void>;
 }
 
@@ -42,6 +46,6 @@ export async function runPowerCommand(host: PowerHost, cmd: AgentCommand): Promi
   }
   const out = await closeCommand({ transport: host.transport, warn: host.warn }, cmd, 'completed');
   // The restarted agent is not part of this command: its loops must not carry the command's trace context.
-  void outsideCommandContext(() => host.powerCycle()).catch((err) => host.warn(`${kind} restart failed: ${errMessage(err)}`));
+  void outsideCommandContext(() => host.powerCycle()).catch((err) => host.warn(`${kind} restart failed: ${errMessage(err)}`, err));
   return out;
 }

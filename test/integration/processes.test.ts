@@ -10,11 +10,13 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { PNG } from 'pngjs';
+import { Agent, type CommandOutcome } from '../../agent/agent';
 import { startFleet, type Fleet } from '../../agent/fleet';
 import type { ClassicCommandParams } from '../../domain/classic';
 import { createHarness, type Harness } from '../support/harness';
 import { type InstallerServer, startInstallerServer } from '../support/installers';
 import { scopedKey } from './rollout-fixtures';
+import { startTcpProxy } from '../support/tcp-proxy';
 import { waitFor } from '../support/wait';
 import { closeWorkerConnections } from '../../worker/worker';
 
@@ -24,15 +26,19 @@ let tmpRoot: string;
 let M: string;
 let M2: string;
 let installers: InstallerServer;
+let apiUrl: string;
+let secret: string;
 
 beforeAll(async () => {
   h = await createHarness({ ROOST_HEARTBEAT_STALE_SECONDS: '5' });
   tmpRoot = await fs.mkdtemp(path.join(os.tmpdir(), 'roost-processes-test-'));
   installers = await startInstallerServer();
+  apiUrl = await h.listen();
+  secret = await h.enrolmentSecret();
   fleet = await startFleet({
-    baseUrl: await h.listen(),
+    baseUrl: apiUrl,
     siteId: h.siteId,
-    enrolmentSecret: await h.enrolmentSecret(),
+    enrolmentSecret: secret,
     count: 2,
     machinePrefix: 'proc-',
     rootDir: tmpRoot,
@@ -468,5 +474,107 @@ describe('machine commands on the reference agent', () => {
       return m.online && !m.shuttingDown;
     });
     await h.request({ method: 'DELETE', url: `${base(M2)}/${p.processId}`, idempotencyKey: true });
+  });
+
+  it('comes back from a reboot when the API is unreachable at the moment of the restart: it waits the outage out and heartbeats again', async () => {
+    // The agent reaches the API through a proxy, cut after the reboot was reported and before the restart's
+    // first heartbeat, and restored well after the few tries a plain start() makes (agent/agent.ts boot).
+    const proxy = await startTcpProxy(Number(new URL(apiUrl).port));
+    const machineId = 'proc-outage';
+    const agent = new Agent({
+      baseUrl: `http://127.0.0.1:${proxy.port}`,
+      siteId: h.siteId,
+      enrolmentSecret: secret,
+      machineId,
+      rootDir: path.join(tmpRoot, machineId),
+      heartbeatMs: 300,
+      pollWaitSeconds: 1,
+      processSyncMs: 200,
+      processTickMs: 50,
+      rebootDowntimeMs: 500,
+    });
+    const outcomes: CommandOutcome[] = [];
+    const warnings: string[] = [];
+    let restarts = 0;
+    let beatsAfterOutage = 0;
+    let outage = false;
+    agent.on('command', (o: CommandOutcome) => {
+      outcomes.push(o);
+      // Reported completed: the agent is now offline for its downtime; the API goes away before it restarts.
+      if (o.type === 'reboot_machine') {
+        outage = true;
+        void proxy.down();
+      }
+    });
+    agent.on('warn', (m: string) => warnings.push(m));
+    agent.on('restarted', () => restarts++);
+    agent.on('heartbeat', () => {
+      if (outage && restarts > 0) beatsAfterOutage++;
+    });
+    try {
+      await agent.start();
+      const res = await post(`/api/sites/${h.siteId}/machines/${machineId}/commands`, {
+        type: 'reboot_machine',
+        params: { delaySeconds: 0 },
+      });
+      expect(res.statusCode).toBe(202);
+      const commandId = res.json().commandId;
+      await waitFor('the restart', () => restarts > 0, 10_000);
+      // Longer than the few tries a plain start() makes (~3 s): the restart must not give up meanwhile.
+      await new Promise((r) => setTimeout(r, 5000));
+      expect(warnings.filter((w) => w.startsWith('reboot restart failed'))).toEqual([]);
+      expect(warnings.some((w) => w.startsWith('heartbeat after restart failed, retrying'))).toBe(true);
+      expect(beatsAfterOutage).toBe(0);
+      await proxy.up();
+      await waitFor('heartbeats after the outage', () => beatsAfterOutage >= 2, 20_000);
+      expect(agent.running).toBe(true);
+      const m = (await h.request({ method: 'GET', url: `/api/sites/${h.siteId}/machines/${machineId}` })).json();
+      expect(m).toMatchObject({ online: true, rebooting: false });
+      // The reboot was reported completed once, and is not run again after the restart.
+      expect((await commandDone(commandId, machineId)).status).toBe('completed');
+      expect(outcomes.filter((o) => o.commandId === commandId)).toEqual([expect.objectContaining({ status: 'completed' })]);
+      expect(restarts).toBe(1);
+    } finally {
+      await agent.stop();
+      await proxy.close();
+    }
+  });
+
+  it('does not wait out a refusal at the restart: a token revoked during the downtime ends the restart at once, with the 401', async () => {
+    const machineId = 'proc-revoked';
+    const rootDir = path.join(tmpRoot, machineId);
+    const opts = { baseUrl: apiUrl, siteId: h.siteId, machineId, rootDir, heartbeatMs: 300, pollWaitSeconds: 1, rebootDowntimeMs: 2000 };
+    const enrolled = new Agent({ ...opts, enrolmentSecret: secret });
+    await enrolled.start();
+    await enrolled.stop();
+    // As the installed service runs it (agent/service.ts): the saved token and no secret, so a refused token is final.
+    const agent = new Agent({ ...opts, enrolmentSecret: '' });
+    const refusals: Array<{ message: string; err: unknown }> = [];
+    agent.on('warn', (message: string, err?: unknown) => {
+      if (message.startsWith('reboot restart failed')) refusals.push({ message, err });
+    });
+    agent.on('command', (o: CommandOutcome) => {
+      // Enrolling the machine again during the downtime revokes the agent's token.
+      if (o.type === 'reboot_machine')
+        void h.request({
+          method: 'POST',
+          url: '/api/agent/enrol',
+          key: null,
+          body: { siteId: h.siteId, enrolmentSecret: secret, machineId, hostname: machineId, agentVersion: '1.0.0' },
+        });
+    });
+    try {
+      await agent.start();
+      const res = await post(`/api/sites/${h.siteId}/machines/${machineId}/commands`, {
+        type: 'reboot_machine',
+        params: { delaySeconds: 0 },
+      });
+      expect(res.statusCode).toBe(202);
+      const [refused] = await waitFor('the refused restart', () => (refusals.length > 0 ? refusals : undefined), 10_000);
+      expect(refused.err).toMatchObject({ status: 401 });
+      expect(agent.running).toBe(false);
+    } finally {
+      await agent.stop();
+    }
   });
 });
