@@ -15,6 +15,7 @@ import type { AppDeps } from './context';
 import { closeServiceDeps as closeDeps, createServiceDeps as createDeps } from '../services/deps';
 import { startMetricsListener, type MetricsListener } from '../telemetry/metrics';
 import { activeTracing } from '../telemetry/tracing';
+import { createLogger } from '../telemetry/logging';
 
 export interface RunningApi {
   app: FastifyInstance;
@@ -31,11 +32,12 @@ export interface RunningApi {
 
 /** Starts one API process. Port 0 picks a free port (the returned url names it). `loggerInstance` replaces the process logger (tests). */
 export async function startApi(cfg: Config, opts: { logger?: boolean; loggerInstance?: Logger } = {}): Promise<RunningApi> {
-  const deps = await createDeps(cfg);
-  const app = await buildApp(
-    deps,
-    opts.loggerInstance ? { loggerInstance: opts.loggerInstance } : opts.logger === false ? { logger: false } : {},
-  );
+  // The app's logger, made here so start-up work that waits on a dependency in the background logs with it.
+  const logger =
+    opts.logger === false ? undefined : (opts.loggerInstance ?? createLogger({ service: 'roost-api', level: cfg.ROOST_LOG_LEVEL }));
+  // Waits on no dependency: the API listens (liveness, readiness naming what is down, 503s) whatever is down.
+  const deps = await createDeps(cfg, undefined, { log: logger });
+  const app = await buildApp(deps, logger ? { loggerInstance: logger } : { logger: false });
   await app.listen({ host: cfg.ROOST_API_HOST, port: cfg.ROOST_API_PORT });
   const addr = app.server.address();
   const port = typeof addr === 'object' && addr ? addr.port : cfg.ROOST_API_PORT;

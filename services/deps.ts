@@ -27,21 +27,68 @@ export interface ServiceDeps {
   cortexModel?: LanguageModelV3;
 }
 
+/** What start-up work still running in the background reports (the API logs it). */
+export interface StartupLog {
+  info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
+}
+
+/** First and longest wait (ms) between attempts at start-up work a dependency that is down holds back. */
+const STARTUP_RETRY_MS = { first: 500, max: 15_000 } as const;
+
+/** Start-up work still running, by the deps it belongs to; `closeServiceDeps` stops it. */
+const background = new WeakMap<ServiceDeps, AbortController>();
+
 /**
- * Connects to PostgreSQL (a pool of `poolSize`, default 20), Azure Blob (ensuring the containers) and
- * Temporal. Call `closeServiceDeps` on shutdown.
- * @throws when blob containers cannot be ensured or Temporal cannot be reached.
+ * Ensures the blob containers in the background: tries at once, then again with doubling waits (up to
+ * STARTUP_RETRY_MS.max) until blob storage answers or `signal` aborts. Never throws.
  */
-export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<ServiceDeps> {
+async function ensureContainersInBackground(blob: BlobStore, signal: AbortSignal, log?: StartupLog): Promise<void> {
+  for (
+    let attempt = 1, wait: number = STARTUP_RETRY_MS.first;
+    !signal.aborted;
+    attempt++, wait = Math.min(wait * 2, STARTUP_RETRY_MS.max)
+  ) {
+    try {
+      await blob.ensureContainers({ abortSignal: signal });
+      if (attempt > 1) log?.info({ attempt }, 'blob containers ensured');
+      return;
+    } catch (err) {
+      if (signal.aborted) return;
+      log?.warn({ err, attempt, retryInMs: wait }, 'blob storage unreachable: blob containers not ensured yet, retrying');
+    }
+    await new Promise<void>((resolve) => {
+      const t = setTimeout(done, wait);
+      function done() {
+        clearTimeout(t);
+        signal.removeEventListener('abort', done);
+        resolve();
+      }
+      signal.addEventListener('abort', done, { once: true });
+    });
+  }
+}
+
+/**
+ * Creates the PostgreSQL pool (`poolSize`, default 20), the blob store and the Temporal client without
+ * waiting for any of them to answer, so the API starts and listens while a dependency is down
+ * (docs/decisions/outages.md "Starting during an outage"): the Temporal connection is lazy (it connects on
+ * the first call; a call while Temporal is down fails as UNAVAILABLE, answered 503), and the blob containers
+ * are ensured in the background, retried until blob storage answers (`log` hears of each failed attempt).
+ * Call `closeServiceDeps` on shutdown.
+ */
+export async function createServiceDeps(cfg: Config, poolSize = 20, opts: { log?: StartupLog } = {}): Promise<ServiceDeps> {
   const db = createPool(cfg.databaseUrl, poolSize, {
     queryTimeoutMs: cfg.ROOST_DB_QUERY_TIMEOUT_MS,
     connectTimeoutMs: cfg.ROOST_DB_CONNECT_TIMEOUT_MS,
   });
   const blob = BlobStore.fromConfig(cfg);
-  await blob.ensureContainers();
-  // 30 s rather than the SDK's 10 s: a Temporal server that is busy (a loaded machine, a restart in
-  // progress) answers late; one that is down still fails start-up with a clear error.
-  const connection = await Connection.connect({ address: cfg.temporalAddress, connectTimeout: '30 seconds' });
+  const stop = new AbortController();
+  void ensureContainersInBackground(blob, stop.signal, opts.log);
+  // Lazy: `Connection.connect` waited for the server and threw when it was down, so an API restarted during a
+  // Temporal outage never listened (not even /healthz) and exited. The SDK's retry interceptor still rides
+  // out a short blip per call.
+  const connection = Connection.lazy({ address: cfg.temporalAddress });
   // Workflow starts carry the request id for the activities' logs and the caller's trace context (a no-op
   // while tracing is off; docs/observability.md).
   const temporal = new Client({
@@ -50,11 +97,14 @@ export async function createServiceDeps(cfg: Config, poolSize = 20): Promise<Ser
     interceptors: { workflow: [new RequestIdClientInterceptor(), new OpenTelemetryWorkflowClientInterceptor()] },
   });
   const temporalProbe = Connection.lazy({ address: cfg.temporalAddress, interceptors: [] });
-  return { cfg, db, blob, temporal, temporalProbe };
+  const deps: ServiceDeps = { cfg, db, blob, temporal, temporalProbe };
+  background.set(deps, stop);
+  return deps;
 }
 
-/** Closes the Temporal connections and the pool; never throws. */
+/** Stops start-up work still running, closes the Temporal connections and the pool; never throws. */
 export async function closeServiceDeps(deps: ServiceDeps): Promise<void> {
+  background.get(deps)?.abort();
   await deps.temporalProbe.close().catch(() => undefined);
   await deps.temporal.connection.close().catch(() => undefined);
   await deps.db.end().catch(() => undefined);

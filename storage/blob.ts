@@ -107,6 +107,8 @@ export class BlobStore {
   private readonly listSas = new Map<string, { query: string; renewAt: number }>();
   /** Container URL with a trailing slash by storage container name (null: it has a query, use the SDK). */
   private readonly containerUrls = new Map<string, string | null>();
+  /** Whether `ensureContainers` has succeeded in this process. */
+  private containersEnsured = false;
 
   private constructor(
     readonly service: BlobServiceClient,
@@ -116,7 +118,7 @@ export class BlobStore {
     private readonly prefix = '',
   ) {}
 
-  /** Builds the store from configuration; does no I/O (call `ensureContainers` once at start-up). */
+  /** Builds the store from configuration; does no I/O (call `ensureContainers` once at start-up, or in the background). */
   static fromConfig(cfg: Config): BlobStore {
     if (cfg.AZURE_STORAGE_ACCOUNT_URL && !cfg.AZURE_STORAGE_CONNECTION_STRING) {
       const service = new BlobServiceClient(cfg.AZURE_STORAGE_ACCOUNT_URL, new DefaultAzureCredential());
@@ -139,15 +141,25 @@ export class BlobStore {
 
   /**
    * Resolves when the blob service answers a read of the chunk container's properties within `timeoutMs`
-   * (`GET /healthz`). @throws the SDK's error (or an AbortError) when it does not.
+   * (`GET /readyz`), or, until the containers have been ensured in this process, ensures them within it.
+   * @throws the SDK's error (or an AbortError) when it does not.
    */
   async ping(timeoutMs: number): Promise<void> {
-    await this.container('chunks').exists({ abortSignal: AbortSignal.timeout(timeoutMs) });
+    const abortSignal = AbortSignal.timeout(timeoutMs);
+    // Not ready before the containers exist: a process started while blob storage was down ensures them in
+    // the background (services/deps.ts) and the probe does not wait for that loop's next attempt.
+    if (!this.containersEnsured) await this.ensureContainers({ abortSignal });
+    else await this.container('chunks').exists({ abortSignal });
   }
 
   /** Creates the containers if missing (private access). */
-  async ensureContainers(): Promise<void> {
-    await Promise.all((Object.keys(CONTAINERS) as (keyof typeof CONTAINERS)[]).map((c) => this.container(c).createIfNotExists()));
+  async ensureContainers(opts: { abortSignal?: AbortSignal } = {}): Promise<void> {
+    await Promise.all(
+      (Object.keys(CONTAINERS) as (keyof typeof CONTAINERS)[]).map((c) =>
+        this.container(c).createIfNotExists({ abortSignal: opts.abortSignal }),
+      ),
+    );
+    this.containersEnsured = true;
   }
 
   /** Deletes every container of this store with all its blobs (test runs remove their own; never in production code). */

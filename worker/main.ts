@@ -2,7 +2,8 @@
  * Worker entry point (`tsx worker/main.ts`): reads configuration, opens the pool and blob store, ensures
  * the background workflows (event relay, sweep schedules; ROOST_BACKGROUND_WORKFLOWS), runs the
  * Temporal worker until SIGINT/SIGTERM, then shuts down gracefully (running activities get the grace time,
- * then are cancelled and retried elsewhere), closes the pool and exits 0. Exit code 1 on a start-up or
+ * then are cancelled and retried elsewhere), closes the pool and exits 0. Blob storage or Temporal down at
+ * start is waited for (retried with a warning line), not a failure. Exit code 1 on any other start-up or
  * worker failure.
  */
 // Tracing (when an OTLP endpoint is set) must start before http and pg load: first import.
@@ -11,7 +12,9 @@ import { loadConfig } from '../config/env';
 import { createPool } from '../db/pool';
 import { BlobStore } from '../storage/blob';
 import { Client, Connection } from '@temporalio/client';
-import { closeWorkerConnections, installRuntime, runWorker } from './worker';
+import { TransportError } from '@temporalio/worker';
+import { closeWorkerConnections, installRuntime, runWorker, workerConnection } from './worker';
+import { unavailableDependency } from '../domain/outage';
 import { ensureBackgroundWorkflows } from './background';
 import { collectProcessMetrics, observePool, startMetricsListener } from '../telemetry/metrics';
 import { activeTracing } from '../telemetry/tracing';
@@ -19,6 +22,46 @@ import { createLogger } from '../telemetry/logging';
 
 /** The process's JSON logger (telemetry/logging.ts); the SDK's Runtime writes through it too. */
 const log = createLogger({ service: 'roost-worker', level: process.env.ROOST_LOG_LEVEL ?? 'info' });
+
+/** First and longest wait (ms) between start-up attempts while a dependency is down. */
+const RETRY_MS = { first: 500, max: 15_000 } as const;
+
+/**
+ * Whether `err` says a dependency could not be reached (domain/outage.ts; a worker connection's
+ * TransportError) rather than a mistake a retry cannot mend.
+ */
+function unreachable(err: unknown): boolean {
+  return unavailableDependency(err) !== null || err instanceof TransportError;
+}
+
+/**
+ * Runs the start-up step `step` until it succeeds, retrying with doubling waits (RETRY_MS) and a warning
+ * line while it fails because a dependency is down; any other failure is thrown.
+ * @returns true once it succeeded, false when `signal` aborted first
+ */
+async function untilReachable(what: string, step: () => Promise<unknown>, signal: AbortSignal): Promise<boolean> {
+  for (let attempt = 1, wait: number = RETRY_MS.first; ; attempt++, wait = Math.min(wait * 2, RETRY_MS.max)) {
+    if (signal.aborted) return false;
+    try {
+      await step();
+      if (attempt > 1) log.info({ attempt }, `${what}: done`);
+      return true;
+    } catch (err) {
+      if (signal.aborted) return false;
+      if (!unreachable(err)) throw err;
+      log.warn({ err, attempt, retryInMs: wait }, `${what}: a dependency is unreachable, retrying`);
+    }
+    await new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(t);
+        signal.removeEventListener('abort', done);
+        resolve();
+      };
+      const t = setTimeout(done, wait);
+      signal.addEventListener('abort', done, { once: true });
+    });
+  }
+}
 
 async function main(): Promise<void> {
   // Signals are handled below (one graceful path), not by the SDK's default handlers.
@@ -35,7 +78,6 @@ async function main(): Promise<void> {
     log.info({ url: `http://${cfg.ROOST_TEMPORAL_METRICS_ADDRESS}/metrics` }, 'Temporal SDK metrics exporter started');
   try {
     const blob = BlobStore.fromConfig(cfg);
-    await blob.ensureContainers();
     const stop = new AbortController();
     const onSignal = (signal: NodeJS.Signals) => {
       log.info({ signal }, 'signal received, shutting down');
@@ -43,15 +85,31 @@ async function main(): Promise<void> {
     };
     process.once('SIGINT', onSignal);
     process.once('SIGTERM', onSignal);
+    // A worker started while blob storage or Temporal is down waits for them instead of exiting.
+    if (!(await untilReachable('ensure the blob containers', () => blob.ensureContainers({ abortSignal: stop.signal }), stop.signal)))
+      return;
     if (cfg.ROOST_BACKGROUND_WORKFLOWS) {
-      const connection = await Connection.connect({ address: cfg.temporalAddress });
-      try {
-        await ensureBackgroundWorkflows(new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE }), cfg);
-      } finally {
-        await connection.close();
-      }
+      const ensured = await untilReachable(
+        'ensure the event relay and sweep schedules',
+        async () => {
+          // Lazy: a call while Temporal is down fails as UNAVAILABLE (an outage), where `Connection.connect`
+          // failed with a bare deadline error. The signal cancels a call the SDK is still retrying.
+          const connection = Connection.lazy({ address: cfg.temporalAddress });
+          try {
+            await connection.withAbortSignal(stop.signal, () =>
+              ensureBackgroundWorkflows(new Client({ connection, namespace: cfg.TEMPORAL_NAMESPACE }), cfg),
+            );
+          } finally {
+            await connection.close();
+          }
+        },
+        stop.signal,
+      );
+      if (!ensured) return;
       log.info('event relay and sweep schedules ensured');
     }
+    // The connection runWorker's worker takes (worker/worker.ts workerConnection keeps it once made).
+    if (!(await untilReachable('connect to Temporal', () => workerConnection(cfg), stop.signal))) return;
     log.info({ taskQueue: cfg.ROOST_TASK_QUEUE, temporal: cfg.temporalAddress, namespace: cfg.TEMPORAL_NAMESPACE }, 'serving task queue');
     await runWorker(cfg, { cfg, db, blob }, { signal: stop.signal });
     log.info('stopped');
