@@ -36,6 +36,15 @@ export interface StartupLog {
 /** First and longest wait (ms) between attempts at start-up work a dependency that is down holds back. */
 const STARTUP_RETRY_MS = { first: 500, max: 15_000 } as const;
 
+/**
+ * gRPC reconnect waits of the Temporal connections (ms). After failed connection attempts a channel waits
+ * before the next one, the wait growing to `grpc.max_reconnect_backoff_ms` (120 s by default), and calls in
+ * between fail without trying: after a 5-minute outage the API answered 503 for 92 s while Temporal was
+ * serving again. Capped at 5 s, the API sees Temporal within seconds (docs/decisions/outages.md "Back from
+ * an outage"; test/integration/temporal-reconnect.test.ts); an attempt is one TCP connect, cheap to repeat.
+ */
+const RECONNECT_CHANNEL_ARGS = { 'grpc.initial_reconnect_backoff_ms': 500, 'grpc.max_reconnect_backoff_ms': 5_000 } as const;
+
 /** Start-up work still running, by the deps it belongs to; `closeServiceDeps` stops it. */
 const background = new WeakMap<ServiceDeps, AbortController>();
 
@@ -88,7 +97,7 @@ export async function createServiceDeps(cfg: Config, poolSize = 20, opts: { log?
   // Lazy: `Connection.connect` waited for the server and threw when it was down, so an API restarted during a
   // Temporal outage never listened (not even /healthz) and exited. The SDK's retry interceptor still rides
   // out a short blip per call.
-  const connection = Connection.lazy({ address: cfg.temporalAddress });
+  const connection = Connection.lazy({ address: cfg.temporalAddress, channelArgs: RECONNECT_CHANNEL_ARGS });
   // Workflow starts carry the request id for the activities' logs and the caller's trace context (a no-op
   // while tracing is off; docs/observability.md).
   const temporal = new Client({
@@ -96,7 +105,7 @@ export async function createServiceDeps(cfg: Config, poolSize = 20, opts: { log?
     namespace: cfg.TEMPORAL_NAMESPACE,
     interceptors: { workflow: [new RequestIdClientInterceptor(), new OpenTelemetryWorkflowClientInterceptor()] },
   });
-  const temporalProbe = Connection.lazy({ address: cfg.temporalAddress, interceptors: [] });
+  const temporalProbe = Connection.lazy({ address: cfg.temporalAddress, interceptors: [], channelArgs: RECONNECT_CHANNEL_ARGS });
   const deps: ServiceDeps = { cfg, db, blob, temporal, temporalProbe };
   background.set(deps, stop);
   return deps;
