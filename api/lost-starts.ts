@@ -5,12 +5,13 @@
  * nothing behind it. Every ROOST_LOST_START_PASS_SECONDS (first pass at start) each is settled the way the
  * request itself settles a failed start: the rollout fails with `workflow_start_failed`
  * (services/rollouts.ts failLostRolloutStarts), the deployment is deleted
- * (services/classic-deployments.ts dropLostDeploymentStarts). Several API processes may run it: each step is
- * idempotent. A pass Temporal cannot answer is logged and tried again at the next.
+ * (services/classic-deployments.ts dropLostDeploymentStarts). The same pass sends the abort a roost delete
+ * could not send (a delete during a Temporal outage; services/rollouts.ts abortDeletedRoostRollouts). Several
+ * API processes may run it: each step is idempotent. A pass Temporal cannot answer is logged and tried again at the next.
  */
 import type { FastifyBaseLogger } from 'fastify';
 import type { AppDeps } from './context';
-import { failLostRolloutStarts } from '../services/rollouts';
+import { abortDeletedRoostRollouts, failLostRolloutStarts } from '../services/rollouts';
 import { dropLostDeploymentStarts } from '../services/classic-deployments';
 
 /** Starts the periodic pass (nothing when the interval is 0); `stop()` ends it. */
@@ -24,6 +25,7 @@ export function startLostStartPass(deps: AppDeps, log: FastifyBaseLogger): { sto
     try {
       await failLostRolloutStarts(deps, { log });
       await dropLostDeploymentStarts(deps, { log });
+      await abortDeletedRoostRollouts(deps, { log });
     } catch (err) {
       log.warn({ err }, 'lost workflow start pass failed; trying again at the next');
     } finally {

@@ -1174,3 +1174,21 @@ export async function unstartedRollouts(q: Queryable, olderThanMs: number, limit
   );
   return rows.map((r) => ({ siteId: r.site_id, rolloutId: r.rollout_id, workflowId: r.workflow_id }));
 }
+
+/**
+ * Active rollouts of roosts deleted at least `deletedBeforeMs` ago (database clock), oldest first, at most
+ * `limit`: the rollouts whose abort the delete could not send (services/rollouts.ts
+ * `abortDeletedRoostRollouts`). Starts from the active rollouts (partial index rollouts_one_active) and reads
+ * each one's roost by primary key.
+ */
+export async function activeRolloutsOfDeletedRoosts(q: Queryable, deletedBeforeMs: number, limit: number): Promise<Rollout[]> {
+  const { rows } = await q.query<RolloutRow>(
+    `SELECT ${ROLLOUT_COLUMNS} FROM rollouts AS r
+      WHERE r.active
+        AND EXISTS (SELECT 1 FROM roosts AS ro WHERE ro.site_id = r.site_id AND ro.roost_id = r.roost_id
+                       AND ro.deleted_at <= now() - $1::float8 * INTERVAL '1 millisecond')
+      ORDER BY r.created_at, r.rollout_id LIMIT $2`,
+    [deletedBeforeMs, limit],
+  );
+  return rows.map(toRollout);
+}

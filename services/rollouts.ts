@@ -29,6 +29,7 @@ import {
   failUnstartedRollout,
   findActiveRollout,
   activeRolloutsOfRoost,
+  activeRolloutsOfDeletedRoosts,
   getRollout,
   insertRolloutUnlessActive,
   isActiveRolloutRace,
@@ -467,13 +468,47 @@ export async function abortRoostRollouts(
   const aborted: string[] = [];
   for (const r of await activeRolloutsOfRoost(deps.db, input.siteId, input.roostId)) {
     try {
-      await controlRollout(deps.temporal, r.workflowId, r.rolloutId, 'abort', { by: input.by, reason: 'the roost was deleted' });
-      aborted.push(r.rolloutId);
+      if (await abortForDeletedRoost(deps, r, input.by)) aborted.push(r.rolloutId);
     } catch (err) {
-      // Already ended (closed workflow, or it refused: it is ending) needs nothing; anything else is logged.
-      if (!(err instanceof RolloutControlRefused))
-        (input.log ?? silent).warn({ err, rolloutId: r.rolloutId }, 'rollout of a deleted roost not aborted');
+      (input.log ?? silent).warn({ err, rolloutId: r.rolloutId }, 'rollout of a deleted roost not aborted');
     }
+  }
+  return aborted;
+}
+
+/**
+ * Sends the abort of a rollout whose roost was deleted; false when there was nothing to abort (the workflow
+ * closed, or it refused: it is ending). @throws NoWorker and Temporal client errors
+ */
+async function abortForDeletedRoost(deps: Pick<ServiceDeps, 'temporal'>, r: Rollout, by: string): Promise<boolean> {
+  try {
+    await controlRollout(deps.temporal, r.workflowId, r.rolloutId, 'abort', { by, reason: 'the roost was deleted' });
+    return true;
+  } catch (err) {
+    if (err instanceof RolloutControlRefused) return false;
+    throw err;
+  }
+}
+
+/** Who the API's pass names as the sender of an abort it sends for a deleted roost (`abortDeletedRoostRollouts`). */
+export const DELETED_ROOST_ABORT_BY = 'system';
+
+/**
+ * Aborts the rollouts still running for roosts deleted at least `deletedBeforeMs` ago (default one minute):
+ * a `DELETE /api/roosts/{roostId}` aborts them itself, best effort, so one sent during a Temporal outage left
+ * a rollout waiting for a promotion nobody can send (its routes are 404). Run by the API's periodic pass
+ * (api/lost-starts.ts); the abort's `by` is DELETED_ROOST_ABORT_BY. Returns the rollout ids aborted.
+ * @throws NoWorker, Temporal client errors (the rest of the pass is left for the next)
+ */
+export async function abortDeletedRoostRollouts(
+  deps: Pick<ServiceDeps, 'db' | 'temporal'>,
+  opts: { deletedBeforeMs?: number; limit?: number; log?: RolloutLog } = {},
+): Promise<string[]> {
+  const aborted: string[] = [];
+  for (const r of await activeRolloutsOfDeletedRoosts(deps.db, opts.deletedBeforeMs ?? 60_000, opts.limit ?? 100)) {
+    if (!(await abortForDeletedRoost(deps, r, DELETED_ROOST_ABORT_BY))) continue;
+    (opts.log ?? silent).warn({ siteId: r.siteId, rolloutId: r.rolloutId }, 'rollout of a deleted roost aborted by the periodic pass');
+    aborted.push(r.rolloutId);
   }
   return aborted;
 }

@@ -17,6 +17,7 @@ import { type Harness, idemKey } from '../support/harness';
 import { recordHistory } from '../../scripts/record-history';
 import { CONTROL_UPDATE_WAIT_MS, controlRollout, rollbackWorkflowId, rolloutWorkflowId } from '../../workflows/client';
 import { startFleet } from '../../agent/fleet';
+import { abortDeletedRoostRollouts, DELETED_ROOST_ABORT_BY } from '../../services/rollouts';
 import { resolveExtractDir } from '../../agent/agent';
 import { waitFor } from '../support/wait';
 import {
@@ -349,6 +350,35 @@ describe('control while running', () => {
       // Repeating the delete is harmless: nothing left to abort.
       const again = await h.request({ method: 'DELETE', url: `/api/roosts/${roost.roostId}?siteId=${h.siteId}` });
       expect([again.statusCode, again.json().alreadyDeleted]).toEqual([200, true]);
+    } finally {
+      await fleet.stop();
+    }
+  });
+
+  it('a rollout whose roost was deleted without its abort (a delete during a Temporal outage) is aborted by the API pass', async () => {
+    const ids = machineIds(3);
+    await enrolMachineRows(h, ids);
+    const roost = await seedRoost(h, { targets: ids });
+    const fleet = heldFleet();
+    try {
+      const r = await deploy(roost.roostId, { policy: { requirePromotion: 'canary', canary: { count: 1 } } });
+      await waitFor('the workflow waiting for promotion', async () => (await status(r.workflowId)).waiting === 'promotion');
+      // The delete committed; its abort never reached the workflow.
+      await h.deps.db.query(`UPDATE roosts SET deleted_at = now() - INTERVAL '5 minutes' WHERE site_id = $1 AND roost_id = $2`, [
+        h.siteId,
+        roost.roostId,
+      ]);
+      // Rows deleted a minute ago at least: this test's row, and at most other files' rollouts of deleted roosts.
+      expect(await abortDeletedRoostRollouts(h.deps, { deletedBeforeMs: 4 * 60_000 })).toContain(r.rolloutId);
+      expect(await result(r.workflowId)).toMatchObject({ rolloutId: r.rolloutId, stage: 'failed', abortReason: 'aborted' });
+      const { rows } = await h.deps.db.query<{ active: boolean; state: string; history: { action: string; by?: string }[] }>(
+        'SELECT active, state, history FROM rollouts WHERE site_id = $1 AND rollout_id = $2',
+        [h.siteId, r.rolloutId],
+      );
+      expect(rows[0]).toMatchObject({ active: false, state: 'aborted' });
+      expect(rows[0].history.filter((e) => e.action === 'abort')).toEqual([expect.objectContaining({ by: DELETED_ROOST_ABORT_BY })]);
+      // Nothing left for the next pass.
+      expect(await abortDeletedRoostRollouts(h.deps, { deletedBeforeMs: 4 * 60_000 })).not.toContain(r.rolloutId);
     } finally {
       await fleet.stop();
     }
