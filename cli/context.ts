@@ -186,17 +186,6 @@ export function positiveInt(name: string): (raw: string) => number {
   };
 }
 
-/**
- * Parses a flag whose value is one of `values` (docs/decisions/cli-output.md: a bad flag value is a usage
- * error, exit 2, before any request). @throws UsageError naming the allowed values
- */
-export function oneOf<T extends string>(name: string, values: readonly T[]): (raw: string) => T {
-  return (raw) => {
-    if (!(values as readonly string[]).includes(raw)) throw new UsageError(`${name} must be one of ${values.join(', ')}; got "${raw}"`);
-    return raw as T;
-  };
-}
-
 /** Parses a comma/space separated list whose every item is one of `values`. @throws UsageError naming the unknown ones */
 export function listOf<T extends string>(name: string, values: readonly T[]): (raw: string) => T[] {
   return (raw) => {

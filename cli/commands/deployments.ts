@@ -6,9 +6,9 @@
  * `create --wait` (and `show --wait`) follow the deployment until it ends, showing per-target progress on
  * stderr; every command has `--json`. Mutations send an Idempotency-Key (retried safely).
  */
-import { type Command } from 'commander';
+import { type Command, Option } from 'commander';
 import { seg } from '../client';
-import { type CommandContext, UsageError, commandContext, idList, oneOf, positiveInt, table, withJson } from '../context';
+import { type CommandContext, UsageError, commandContext, idList, positiveInt, table, withJson } from '../context';
 import { DEPLOYMENT_STATUSES } from '../../domain/classic';
 import { createProgress } from '../progress';
 import { fetchList, type PagingOptions } from '../listing';
@@ -130,7 +130,7 @@ export function registerDeployments(program: Command): void {
     deployments
       .command('list')
       .description('list classic deployments, newest first')
-      .option('--status <status>', `only this status: ${DEPLOYMENT_STATUSES.join(', ')}`, oneOf('--status', DEPLOYMENT_STATUSES))
+      .addOption(new Option('--status <status>', 'only this status').choices(DEPLOYMENT_STATUSES))
       .option('--page-size <n>', 'deployments per page (1..100)', positiveInt('--page-size'))
       .option('--page-token <token>', 'next_page_token of the previous page')
       .option('--all', 'follow every page'),

@@ -4,9 +4,9 @@
  * docs/decisions/managed-processes.md). Control commands wait for the agent's answer with `--wait` (a timeout after
  * `--timeout` seconds exits 1 with code `timeout`, like `roost machines command`).
  */
-import { type Command } from 'commander';
+import { type Command, Option } from 'commander';
 import { seg } from '../client';
-import { type CommandContext, UsageError, commandContext, oneOf, positiveInt, table, withJson } from '../context';
+import { type CommandContext, UsageError, commandContext, positiveInt, table, withJson } from '../context';
 import { LAUNCH_MODES, PRIORITIES, VISIBILITIES } from '../../domain/processes';
 import { waitForCommand } from './machines';
 
@@ -32,9 +32,9 @@ function configOptions(cmd: Command): Command {
     .option('--exe <path>', 'absolute path of the executable')
     .option('--args <text>', 'arguments / document (file_path)')
     .option('--cwd <path>', 'absolute working directory')
-    .option('--priority <p>', PRIORITIES.join('|'), oneOf('--priority', PRIORITIES))
-    .option('--visibility <v>', VISIBILITIES.join('|'), oneOf('--visibility', VISIBILITIES))
-    .option('--launch <mode>', LAUNCH_MODES.join('|'), oneOf('--launch', LAUNCH_MODES))
+    .addOption(new Option('--priority <p>', 'process priority').choices(PRIORITIES))
+    .addOption(new Option('--visibility <v>', 'window visibility').choices(VISIBILITIES))
+    .addOption(new Option('--launch <mode>', 'launch mode').choices(LAUNCH_MODES))
     .option('--delay <seconds>', 'time_delay', positiveInt('--delay'))
     .option('--init <seconds>', 'time_to_init', positiveInt('--init'))
     .option('--relaunch <n>', 'relaunch_attempts', (v) => Number(v))

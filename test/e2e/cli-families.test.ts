@@ -247,12 +247,18 @@ describe('usage errors', () => {
 
   it('refuses a flag value the CLI can check before any request (exit 2), naming what it accepts', async () => {
     const cases: [string[], RegExp][] = [
-      [['deployments', 'list', '--status', 'bogus'], /--status must be one of pending, in_progress, completed/],
+      [
+        ['deployments', 'list', '--status', 'bogus'],
+        /option '--status <status>' argument 'bogus' is invalid\. Allowed choices are pending, in_progress, completed, failed, partial, cancelled, uninstalled\./,
+      ],
       [
         ['processes', 'create', 'm1', 'kiosk', '--exe', '/bin/true', '--launch', 'sometimes'],
-        /--launch must be one of off, always, scheduled/,
+        /option '--launch <mode>' argument 'sometimes' is invalid\. Allowed choices are off, always, scheduled\./,
       ],
-      [['processes', 'create', 'm1', 'kiosk', '--exe', '/bin/true', '--priority', 'urgent'], /--priority must be one of idle, below/],
+      [
+        ['processes', 'create', 'm1', 'kiosk', '--exe', '/bin/true', '--priority', 'urgent'],
+        /option '--priority <p>' argument 'urgent' is invalid\. Allowed choices are idle, below, normal, above, high, realtime\./,
+      ],
       [['audit', 'list', '--since', 'yesterday'], /--since must be an ISO 8601 date or time/],
       [['events', 'tail', '--events', 'deployment.started,bogus'], /--events: unknown "bogus"; known: /],
       [['sites', 'update', '--timezone', 'Mars/Olympus'], /--timezone Mars\/Olympus is not an IANA time zone/],
