@@ -49,22 +49,29 @@ const RECONNECT_CHANNEL_ARGS = { 'grpc.initial_reconnect_backoff_ms': 500, 'grpc
 const background = new WeakMap<ServiceDeps, AbortController>();
 
 /**
- * Ensures the blob containers in the background: tries at once, then again with doubling waits (up to
- * STARTUP_RETRY_MS.max) until blob storage answers or `signal` aborts. Never throws.
+ * Runs the start-up step `step` (`what` names it in the log) until it succeeds, waiting between attempts
+ * with doubling waits (STARTUP_RETRY_MS) and a warning line per failure, while `retryIf` says the failure
+ * is worth waiting out (default: every failure); the API ensures its blob containers with it in the
+ * background, worker/main.ts each start-up step while a dependency is unreachable.
+ * @returns true once it succeeded, false when `signal` aborted first
+ * @throws the step's failure when `retryIf` refuses it
  */
-async function ensureContainersInBackground(blob: BlobStore, signal: AbortSignal, log?: StartupLog): Promise<void> {
-  for (
-    let attempt = 1, wait: number = STARTUP_RETRY_MS.first;
-    !signal.aborted;
-    attempt++, wait = Math.min(wait * 2, STARTUP_RETRY_MS.max)
-  ) {
+export async function retryStartupStep(
+  what: string,
+  step: () => Promise<unknown>,
+  signal: AbortSignal,
+  opts: { log?: StartupLog; retryIf?: (err: unknown) => boolean } = {},
+): Promise<boolean> {
+  for (let attempt = 1, wait: number = STARTUP_RETRY_MS.first; ; attempt++, wait = Math.min(wait * 2, STARTUP_RETRY_MS.max)) {
+    if (signal.aborted) return false;
     try {
-      await blob.ensureContainers({ abortSignal: signal });
-      if (attempt > 1) log?.info({ attempt }, 'blob containers ensured');
-      return;
+      await step();
+      if (attempt > 1) opts.log?.info({ attempt }, `${what}: done`);
+      return true;
     } catch (err) {
-      if (signal.aborted) return;
-      log?.warn({ err, attempt, retryInMs: wait }, 'blob storage unreachable: blob containers not ensured yet, retrying');
+      if (signal.aborted) return false;
+      if (opts.retryIf && !opts.retryIf(err)) throw err;
+      opts.log?.warn({ err, attempt, retryInMs: wait }, `${what}: a dependency is unreachable, retrying`);
     }
     await new Promise<void>((resolve) => {
       const t = setTimeout(done, wait);
@@ -93,7 +100,9 @@ export async function createServiceDeps(cfg: Config, poolSize = 20, opts: { log?
   });
   const blob = BlobStore.fromConfig(cfg);
   const stop = new AbortController();
-  void ensureContainersInBackground(blob, stop.signal, opts.log);
+  void retryStartupStep('ensure the blob containers', () => blob.ensureContainers({ abortSignal: stop.signal }), stop.signal, {
+    log: opts.log,
+  });
   // Lazy: `Connection.connect` waited for the server and threw when it was down, so an API restarted during a
   // Temporal outage never listened (not even /healthz) and exited. The SDK's retry interceptor still rides
   // out a short blip per call.

@@ -19,12 +19,10 @@ import { ensureBackgroundWorkflows } from './background';
 import { collectProcessMetrics, observePool, startMetricsListener } from '../telemetry/metrics';
 import { activeTracing } from '../telemetry/tracing';
 import { createLogger } from '../telemetry/logging';
+import { retryStartupStep } from '../services/deps';
 
 /** The process's JSON logger (telemetry/logging.ts); the SDK's Runtime writes through it too. */
 const log = createLogger({ service: 'roost-worker', level: process.env.ROOST_LOG_LEVEL ?? 'info' });
-
-/** First and longest wait (ms) between start-up attempts while a dependency is down. */
-const RETRY_MS = { first: 500, max: 15_000 } as const;
 
 /**
  * Whether `err` says a dependency could not be reached (domain/outage.ts; a worker connection's
@@ -35,32 +33,12 @@ function unreachable(err: unknown): boolean {
 }
 
 /**
- * Runs the start-up step `step` until it succeeds, retrying with doubling waits (RETRY_MS) and a warning
- * line while it fails because a dependency is down; any other failure is thrown.
+ * Runs a start-up step until it succeeds while it fails because a dependency is down (services/deps.ts
+ * retryStartupStep); any other failure is thrown.
  * @returns true once it succeeded, false when `signal` aborted first
  */
-async function untilReachable(what: string, step: () => Promise<unknown>, signal: AbortSignal): Promise<boolean> {
-  for (let attempt = 1, wait: number = RETRY_MS.first; ; attempt++, wait = Math.min(wait * 2, RETRY_MS.max)) {
-    if (signal.aborted) return false;
-    try {
-      await step();
-      if (attempt > 1) log.info({ attempt }, `${what}: done`);
-      return true;
-    } catch (err) {
-      if (signal.aborted) return false;
-      if (!unreachable(err)) throw err;
-      log.warn({ err, attempt, retryInMs: wait }, `${what}: a dependency is unreachable, retrying`);
-    }
-    await new Promise<void>((resolve) => {
-      const done = () => {
-        clearTimeout(t);
-        signal.removeEventListener('abort', done);
-        resolve();
-      };
-      const t = setTimeout(done, wait);
-      signal.addEventListener('abort', done, { once: true });
-    });
-  }
+function untilReachable(what: string, step: () => Promise<unknown>, signal: AbortSignal): Promise<boolean> {
+  return retryStartupStep(what, step, signal, { log, retryIf: unreachable });
 }
 
 async function main(): Promise<void> {
